@@ -1,0 +1,20 @@
+# `make demo` and `make test` set everything up themselves (scripts/setup.sh), then run.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+OUT ?= runs/demo
+
+.PHONY: setup demo test figures
+
+setup:
+	@VENV=$(VENV) bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/bayesadmm paper logreg --out $(OUT)
+
+test: setup
+	$(PY) -m pytest
+
+figures: setup
+	$(VENV)/bin/bayesadmm paper onestep --out docs/figures
+	$(VENV)/bin/bayesadmm paper logreg --out docs/figures
+	$(VENV)/bin/bayesadmm paper outlier --out docs/figures

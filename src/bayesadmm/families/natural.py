@@ -1,0 +1,139 @@
+"""Pure arithmetic on parameter tuples.
+
+Every exponential-family object in :mod:`bayesadmm.families` stores its
+parameters as a plain tuple of tensors, ``Natural = tuple[Tensor, ...]``.  The
+same layout holds natural parameters ``λ``, expectation parameters
+``μ = E_q[T(θ)]`` and dual variables ``η`` (which need not describe a valid
+distribution).  The tuple is treated as one vector in the direct sum of its
+components, so that e.g.
+
+    inner(a, b) = Σ_k <a_k, b_k>_F        (Frobenius inner product per component)
+
+which is exactly the pairing ``<λ, T(θ)>`` used in ``q(θ) ∝ exp(<λ, T(θ)>)``.
+
+All functions are pure: they never modify their arguments and return new
+tuples.  Components must match in shape exactly; broadcasting is refused
+because silently broadcasting a dual variable is almost always a bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+Natural = tuple[Tensor, ...]
+
+__all__ = [
+    "Natural",
+    "add",
+    "sub",
+    "scale",
+    "lincomb",
+    "total",
+    "mean",
+    "inner",
+    "norm",
+    "zeros_like",
+    "allclose",
+    "flatten",
+    "unflatten",
+]
+
+
+def _check_compatible(a: Natural, b: Natural) -> None:
+    if len(a) != len(b):
+        raise ValueError(
+            f"parameter tuples have different lengths: {len(a)} and {len(b)}"
+        )
+    for k, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape:
+            raise ValueError(
+                f"component {k} has mismatched shapes: {tuple(x.shape)} and {tuple(y.shape)}"
+            )
+
+
+def add(a: Natural, b: Natural) -> Natural:
+    """Componentwise ``a + b``."""
+    _check_compatible(a, b)
+    return tuple(x + y for x, y in zip(a, b))
+
+
+def sub(a: Natural, b: Natural) -> Natural:
+    """Componentwise ``a - b``."""
+    _check_compatible(a, b)
+    return tuple(x - y for x, y in zip(a, b))
+
+
+def scale(a: Natural, c: float | Tensor) -> Natural:
+    """``c · a`` for a scalar ``c`` (Python number or 0-dim tensor)."""
+    if isinstance(c, Tensor) and c.dim() != 0:
+        raise ValueError(f"scale factor must be a scalar, got shape {tuple(c.shape)}")
+    return tuple(c * x for x in a)
+
+
+def lincomb(*pairs: tuple[float | Tensor, Natural]) -> Natural:
+    """Linear combination ``Σ_i c_i · a_i`` of ``(c_i, a_i)`` pairs."""
+    if not pairs:
+        raise ValueError("lincomb needs at least one (coefficient, parameters) pair")
+    result = scale(pairs[0][1], pairs[0][0])
+    for c, a in pairs[1:]:
+        result = add(result, scale(a, c))
+    return result
+
+
+def total(items: Iterable[Natural]) -> Natural:
+    """Sum ``Σ_i a_i`` of a non-empty collection of parameter tuples."""
+    items = list(items)
+    if not items:
+        raise ValueError("cannot sum an empty collection of parameter tuples")
+    result = items[0]
+    for a in items[1:]:
+        result = add(result, a)
+    return result
+
+
+def mean(items: Iterable[Natural]) -> Natural:
+    """Average ``(1/n) Σ_i a_i`` of a non-empty collection of parameter tuples."""
+    items = list(items)
+    return scale(total(items), 1.0 / len(items))
+
+
+def inner(a: Natural, b: Natural) -> Tensor:
+    """``Σ_k <a_k, b_k>_F`` as a 0-dim tensor."""
+    _check_compatible(a, b)
+    return sum((x * y).sum() for x, y in zip(a, b))
+
+
+def norm(a: Natural) -> Tensor:
+    """Euclidean norm ``sqrt(inner(a, a))`` as a 0-dim tensor."""
+    return torch.sqrt(inner(a, a))
+
+
+def zeros_like(a: Natural) -> Natural:
+    """All-zero tuple with the shapes, dtypes and devices of ``a``."""
+    return tuple(torch.zeros_like(x) for x in a)
+
+
+def allclose(a: Natural, b: Natural, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
+    """``torch.allclose`` applied to every component."""
+    _check_compatible(a, b)
+    return all(torch.allclose(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))
+
+
+def flatten(a: Natural) -> Tensor:
+    """Concatenate all components (row-major) into one 1-D tensor."""
+    return torch.cat([x.reshape(-1) for x in a])
+
+
+def unflatten(vec: Tensor, like: Sequence[Tensor]) -> Natural:
+    """Inverse of :func:`flatten`: split ``vec`` into the component shapes of ``like``."""
+    if vec.dim() != 1:
+        raise ValueError(f"expected a 1-D tensor, got shape {tuple(vec.shape)}")
+    sizes = [x.numel() for x in like]
+    if vec.numel() != sum(sizes):
+        raise ValueError(
+            f"vector has {vec.numel()} entries but the layout needs {sum(sizes)}"
+        )
+    return tuple(chunk.reshape(x.shape) for chunk, x in zip(torch.split(vec, sizes), like))
