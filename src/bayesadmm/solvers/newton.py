@@ -2,7 +2,7 @@
 
     θ_k = argmin_θ  ℓ_k(θ) + vᵀθ + ρ/2 ‖θ − θ_g‖².
 
-On a quadratic loss the first step is exact. Newton is what the convex experiments need (they compare algorithms,
+Damped (Armijo) Newton steps; on a quadratic loss the first step is exact. Newton is what the convex experiments need (they compare algorithms,
 so their local solves must be converged); stochastic solvers for neural networks live elsewhere.
 """
 
@@ -29,10 +29,19 @@ class ProxNewton:
     def minimize(self, loss, v: Tensor, rho: float, center: Tensor, init: Tensor | None = None) -> PointResult:
         theta = center if init is None else init
         eye = torch.eye(theta.shape[0], dtype=theta.dtype, device=theta.device)
+        def objective(x: Tensor) -> Tensor:
+            return loss.value(x) + v @ x + 0.5 * rho * (x - center).square().sum()
+
         for it in range(1, self.max_iters + 1):
             grad = loss.grad(theta) + v + rho * (theta - center)
-            step = torch.linalg.solve(loss.hess(theta) + rho * eye, grad)
-            theta = theta - step
-            if step.norm() <= self.tol * max(float(theta.norm()), 1.0):
+            direction = -torch.linalg.solve(loss.hess(theta) + rho * eye, grad)
+            size = float(direction.norm()) / max(float(theta.norm()), 1.0)
+            t = 1.0
+            if size > 1e-6:  # pure Newton overshoots on logistic losses far from the optimum: backtrack (Armijo)
+                slope, value = float(grad @ direction), objective(theta)
+                while t > 1e-10 and not bool(objective(theta + t * direction) <= value + 1e-4 * t * slope):
+                    t /= 2
+            theta = theta + t * direction
+            if size <= self.tol:
                 return PointResult(theta, it, True)
         return PointResult(theta, self.max_iters, False)
