@@ -25,14 +25,38 @@ def _parser() -> argparse.ArgumentParser:
     paper.add_argument("--out", type=Path, default=Path("runs/paper"), help="directory for the JSON and PNG files")
     paper.add_argument("--rounds", type=int, default=None, help="communication rounds (default: the experiment's)")
     paper.add_argument("--data-dir", default=None, help="directory with the FashionMNIST IDX files")
+    paper.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override one of the experiment's numeric settings (see its `run` signature)")
     return parser
+
+
+def _overrides(pairs: list[str], run) -> dict[str, float]:
+    """Parse KEY=VALUE pairs against the keyword arguments `run` accepts; unknown keys and non-numbers are errors."""
+    import inspect
+
+    valid = {name for name, p in inspect.signature(run).parameters.items()
+             if name not in ("out", "rounds", "data_dir") and p.default is not inspect.Parameter.empty}
+    result = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in valid:
+            raise ValueError(f"unknown setting {pair!r}; valid keys: {', '.join(sorted(valid)) or '(none)'}")
+        try:
+            result[key] = float(value)
+        except ValueError:
+            raise ValueError(f"setting {key} needs a number, got {value!r}") from None
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "paper":
         module = importlib.import_module(PAPER_EXPERIMENTS[args.experiment][0])
-        options = {"data_dir": args.data_dir}
+        try:
+            options = {"data_dir": args.data_dir, **_overrides(args.set, module.run)}
+        except ValueError as exc:
+            print(f"bayesadmm: {exc}", file=sys.stderr)
+            return 2
         if args.rounds is not None:
             if args.rounds < 1:
                 print("bayesadmm: --rounds must be at least 1", file=sys.stderr)

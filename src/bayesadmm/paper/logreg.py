@@ -6,6 +6,15 @@ full-covariance Gaussians, and every client subproblem is solved to convergence 
 using the delta method (E_q[∇ℓ] ≈ ∇ℓ(m), E_q[∇²ℓ] ≈ ∇²ℓ(m)), which makes the runs deterministic.
 BayesADMM uses ρ = 1; PVI with damping uses 1/K on the dual, as the authors did.
 
+Dual steps. With the derived dual step γ = ρ = 1, BayesADMM breaks down in round 2 on this problem: each client's
+subproblem is a VB problem against the "cavity" q_g/t_k^{1/ρ}, whose precision S_g − V_k/ρ is not positive definite
+after one round (S_g has absorbed only about a third of client k's curvature V_k), and the logistic loss grows only
+linearly, so the subproblem is unbounded below (for any expectation method, not only the delta method). The paper's
+Alg. 1 damps the dual with a separate γ < ρ; we use γ = 0.5, the largest of {1, 0.5, 0.2, 0.1} that ran all rounds
+here (`--set bayes_gamma=1` shows the breakdown). BregmanADMM broke down for ρ = 1 with every γ in that grid;
+ρ = 2, γ = 0.2 runs. Undamped PVI's cavity, π_0 Π_{j≠k} t_j, stays proper, and here it converges — unlike the
+paper's report that it diverges (see docs/paper-figures.md).
+
 The metric is the negative ELBO of q_g, Σ_k E_q[ℓ_k] + KL(q_g ‖ π_0), with the expectation estimated from one fixed
 set of 256 standard-normal draws shared by all methods and rounds (common random numbers, so curves are comparable).
 The dashed line is the same quantity at the centralised solution (VON on all data, same delta method); with the delta
@@ -41,7 +50,8 @@ def negative_elbo(family, lam, losses, delta: float, noise: torch.Tensor) -> flo
     return expected + float(family.kl(lam, prior))
 
 
-def run(out: Path, rounds: int = 25, data_dir: str | None = None) -> dict:
+def run(out: Path, rounds: int = 25, data_dir: str | None = None, bayes_rho: float = 1.0, bayes_gamma: float = 0.5,
+        bregman_rho: float = 2.0, bregman_gamma: float = 0.2) -> dict:
     """Run the experiment, write logreg.json and logreg.png to `out`, return the JSON payload."""
     X, y = fashion_mnist_pairs(NUM_POINTS, SIZE, data_dir, bias=True)
     losses = [SoftmaxLoss(Xk, yk, NUM_CLASSES) for Xk, yk in zip(X, y)]
@@ -56,10 +66,10 @@ def run(out: Path, rounds: int = 25, data_dir: str | None = None) -> dict:
     print(f"centralised VB (VON, {central.iterations} iterations): negative ELBO {optimum:.2f}")
 
     methods = {
-        "bayes-admm": bayes_admm.make(family, solver, rho=1.0, delta=DELTA),
+        "bayes-admm": bayes_admm.make(family, solver, rho=bayes_rho, delta=DELTA, gamma=bayes_gamma),
         "pvi": pvi.make(family, solver, delta=DELTA, damping=1.0),
         "pvi-damped": pvi.make(family, solver, delta=DELTA, damping=1.0 / K),
-        "bregman-admm": bregman_admm.make(family, solver, rho=1.0, delta=DELTA),
+        "bregman-admm": bregman_admm.make(family, solver, rho=bregman_rho, delta=DELTA, gamma=bregman_gamma),
     }
     neg_elbo, kl_to_opt, stopped = {}, {}, {}
     for name, alg in methods.items():
@@ -83,7 +93,8 @@ def run(out: Path, rounds: int = 25, data_dir: str | None = None) -> dict:
     payload = {"rounds": list(range(rounds + 1)), "optimum": optimum, "neg_elbo": neg_elbo,
                "kl_to_optimum": kl_to_opt, "stopped": stopped,
                "settings": {"num_points": NUM_POINTS, "image_size": SIZE, "bias": True, "delta": DELTA, "clients": K,
-                            "rho": 1.0, "pvi_damping": 1.0 / K, "expectation": "delta",
+                            "bayes_admm": {"rho": bayes_rho, "gamma": bayes_gamma}, "pvi_damping": 1.0 / K,
+                            "bregman_admm": {"rho": bregman_rho, "gamma": bregman_gamma}, "expectation": "delta",
                             "elbo_samples": ELBO_SAMPLES, "dataset": "fashion-mnist"}}
     write_json(out / "logreg.json", payload)
     _plot(out / "logreg.png", payload)
