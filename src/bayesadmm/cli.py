@@ -30,21 +30,24 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _overrides(pairs: list[str], run) -> dict[str, float]:
-    """Parse KEY=VALUE pairs against the keyword arguments `run` accepts; unknown keys and non-numbers are errors."""
+def _overrides(pairs: list[str], run) -> dict[str, float | int]:
+    """Parse KEY=VALUE pairs against the numeric keyword arguments of `run`, converting each value to the type of
+    its default; unknown keys and values of the wrong type are errors that name the valid keys."""
     import inspect
 
-    valid = {name for name, p in inspect.signature(run).parameters.items()
-             if name not in ("out", "rounds", "data_dir") and p.default is not inspect.Parameter.empty}
+    defaults = {name: p.default for name, p in inspect.signature(run).parameters.items()
+                if name not in ("out", "rounds", "data_dir") and isinstance(p.default, (int, float))}
     result = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or key not in valid:
-            raise ValueError(f"unknown setting {pair!r}; valid keys: {', '.join(sorted(valid)) or '(none)'}")
+        if not sep or key not in defaults:
+            raise ValueError(f"unknown setting {pair!r}; valid keys: {', '.join(sorted(defaults)) or '(none)'}")
+        kind = type(defaults[key])
         try:
-            result[key] = float(value)
+            result[key] = kind(value)
         except ValueError:
-            raise ValueError(f"setting {key} needs a number, got {value!r}") from None
+            raise ValueError(f"setting {key} needs {'an integer' if kind is int else 'a number'}, "
+                             f"got {value!r}") from None
     return result
 
 

@@ -55,3 +55,28 @@ def format_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def trace_rounds(algorithm, losses, theta0: Tensor, rounds: int, observe) -> tuple[list, str | None]:
+    """Run `rounds` rounds and collect `observe(round, server, clients)` after each (round 0 included).
+
+    A method that breaks down (invalid server state, client subproblem without a valid solution) is stopped and
+    reported, not hidden: the second return value says where and why (None if it ran all rounds).
+    """
+    from bayesadmm.algorithms import DivergenceError
+    from bayesadmm.engine.simulate import run_rounds
+    from bayesadmm.solvers.von import SubproblemError
+
+    values = []
+    try:
+        run_rounds(algorithm, losses, theta0, rounds, on_round=lambda r, s, c: values.append(observe(r, s, c)))
+    except (DivergenceError, SubproblemError, torch.linalg.LinAlgError) as exc:
+        message = f"broke down in round {len(values)}: {exc}"
+        print(f"  {algorithm.name}: {message}")
+        return values, message
+    return values, None
+
+
+def pad(values: list, length: int) -> list:
+    """Extend a stopped method's series with NaN (null in JSON) up to `length`."""
+    return list(values) + [float("nan")] * (length - len(values))

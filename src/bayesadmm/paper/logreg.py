@@ -28,14 +28,13 @@ from pathlib import Path
 
 import torch
 
-from bayesadmm.algorithms import DivergenceError, bayes_admm, bregman_admm, pvi
-from bayesadmm.engine.simulate import run_rounds
+from bayesadmm.algorithms import bayes_admm, bregman_admm, pvi
 from bayesadmm.families import FullGaussian
 from bayesadmm.families import natural as nat
-from bayesadmm.paper.common import fashion_mnist_pairs, format_table, write_json
+from bayesadmm.paper.common import fashion_mnist_pairs, format_table, pad, trace_rounds, write_json
 from bayesadmm.problems.losses import SoftmaxLoss
 from bayesadmm.problems.synthetic import pooled
-from bayesadmm.solvers.von import VON, SubproblemError
+from bayesadmm.solvers.von import VON
 
 NUM_POINTS, SIZE, DELTA, NUM_CLASSES, ELBO_SAMPLES = 5000, 7, 10.0, 10, 256
 
@@ -51,9 +50,9 @@ def negative_elbo(family, lam, losses, delta: float, noise: torch.Tensor) -> flo
 
 
 def run(out: Path, rounds: int = 25, data_dir: str | None = None, bayes_rho: float = 1.0, bayes_gamma: float = 0.5,
-        bregman_rho: float = 2.0, bregman_gamma: float = 0.2) -> dict:
+        bregman_rho: float = 2.0, bregman_gamma: float = 0.2, num_points: int = NUM_POINTS) -> dict:
     """Run the experiment, write logreg.json and logreg.png to `out`, return the JSON payload."""
-    X, y = fashion_mnist_pairs(NUM_POINTS, SIZE, data_dir, bias=True)
+    X, y = fashion_mnist_pairs(num_points, SIZE, data_dir, bias=True)
     losses = [SoftmaxLoss(Xk, yk, NUM_CLASSES) for Xk, yk in zip(X, y)]
     K, d = len(losses), losses[0].dim
     family = FullGaussian(d)
@@ -73,26 +72,20 @@ def run(out: Path, rounds: int = 25, data_dir: str | None = None, bayes_rho: flo
     }
     neg_elbo, kl_to_opt, stopped = {}, {}, {}
     for name, alg in methods.items():
-        values, kls = [], []
-
-        def record(r, server, clients, alg=alg, values=values, kls=kls):
+        def observe(r, server, clients, alg=alg):
             lam = alg.posterior(server).natural
-            values.append(negative_elbo(family, lam, losses, DELTA, noise))
-            kls.append(float(family.kl(lam, central.natural)))
+            return negative_elbo(family, lam, losses, DELTA, noise), float(family.kl(lam, central.natural))
 
-        try:
-            run_rounds(alg, losses, torch.zeros(d, dtype=torch.float64), rounds, on_round=record)
-        except (DivergenceError, SubproblemError, torch.linalg.LinAlgError) as exc:
-            stopped[name] = f"diverged in round {len(values)}: {exc}"
-            print(f"  {name}: {stopped[name]}")
-        missing = rounds + 1 - len(values)
-        neg_elbo[name] = values + [float("nan")] * missing
-        kl_to_opt[name] = kls + [float("nan")] * missing
+        values, message = trace_rounds(alg, losses, torch.zeros(d, dtype=torch.float64), rounds, observe)
+        if message:
+            stopped[name] = message
+        neg_elbo[name] = pad([v[0] for v in values], rounds + 1)
+        kl_to_opt[name] = pad([v[1] for v in values], rounds + 1)
         print(f"  {name}: final negative ELBO {neg_elbo[name][-1]:.2f}")
 
     payload = {"rounds": list(range(rounds + 1)), "optimum": optimum, "neg_elbo": neg_elbo,
                "kl_to_optimum": kl_to_opt, "stopped": stopped,
-               "settings": {"num_points": NUM_POINTS, "image_size": SIZE, "bias": True, "delta": DELTA, "clients": K,
+               "settings": {"num_points": num_points, "image_size": SIZE, "bias": True, "delta": DELTA, "clients": K,
                             "bayes_admm": {"rho": bayes_rho, "gamma": bayes_gamma}, "pvi_damping": 1.0 / K,
                             "bregman_admm": {"rho": bregman_rho, "gamma": bregman_gamma}, "expectation": "delta",
                             "elbo_samples": ELBO_SAMPLES, "dataset": "fashion-mnist"}}

@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 
 from bayesadmm.algorithms import admm, bayes_admm, bregman_admm
-from bayesadmm.engine.simulate import run_rounds
 from bayesadmm.families import FullGaussian
-from bayesadmm.paper.common import fashion_mnist_pairs, format_table, write_json
+from bayesadmm.paper.common import fashion_mnist_pairs, format_table, pad, trace_rounds, write_json
 from bayesadmm.problems.losses import ridge_loss
 from bayesadmm.solvers.von import ExactQuadratic
 
@@ -27,26 +26,19 @@ RHO_GRID = (0.2, 1.0, 3.0, 10.0, 30.0, 100.0)
 
 def _errors(alg, losses, m_star, rounds: int) -> list[float]:
     """Relative error of the server mean after each round (NaN after a breakdown, which is reported)."""
-    errs = []
-
-    def record(r, server, clients):
-        if r > 0:
-            errs.append(float((alg.posterior(server).mean - m_star).norm() / m_star.norm()))
-
-    try:
-        run_rounds(alg, losses, torch.zeros(m_star.shape[0], dtype=m_star.dtype), rounds, on_round=record)
-    except Exception as exc:  # a method that breaks down is reported, not hidden
-        print(f"  {alg.name} stopped after {len(errs)} rounds: {exc}")
-    return errs + [float("nan")] * (rounds - len(errs))
+    values, _ = trace_rounds(alg, losses, torch.zeros_like(m_star), rounds,
+                             lambda r, server, clients: float((alg.posterior(server).mean - m_star).norm()
+                                                              / m_star.norm()))
+    return pad(values[1:], rounds)
 
 
 def _final(errs: list[float]) -> float:
     return errs[-1] if errs[-1] == errs[-1] else float("inf")
 
 
-def run(out: Path, rounds: int = 30, data_dir: str | None = None) -> dict:
+def run(out: Path, rounds: int = 30, data_dir: str | None = None, num_points: int = NUM_POINTS) -> dict:
     """Run the experiment, write onestep.json and onestep.png to `out`, return the JSON payload."""
-    X, y = fashion_mnist_pairs(NUM_POINTS, SIZE, data_dir)
+    X, y = fashion_mnist_pairs(num_points, SIZE, data_dir)
     losses = [ridge_loss(Xk, torch.nn.functional.one_hot(yk, NUM_CLASSES).double()) for Xk, yk in zip(X, y)]
     K, d = len(losses), losses[0].dim
     precision = DELTA * torch.eye(d, dtype=torch.float64) + sum(l.A for l in losses)
@@ -66,7 +58,7 @@ def run(out: Path, rounds: int = 30, data_dir: str | None = None) -> dict:
         print(f"  {name}: rho = {best} (best final error over {RHO_GRID})")
 
     payload = {"rounds": list(range(1, rounds + 1)), "error": errors, "rho": chosen, "rho_grid": grid,
-               "settings": {"num_points": NUM_POINTS, "image_size": SIZE, "delta": DELTA, "clients": K,
+               "settings": {"num_points": num_points, "image_size": SIZE, "delta": DELTA, "clients": K,
                             "dataset": "fashion-mnist"}}
     write_json(out / "onestep.json", payload)
     _plot(out / "onestep.png", payload)

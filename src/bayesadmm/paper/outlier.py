@@ -19,10 +19,9 @@ from pathlib import Path
 import torch
 
 from bayesadmm.algorithms import admm, bayes_admm
-from bayesadmm.engine.simulate import run_rounds
 from bayesadmm.families import FullGaussian
 from bayesadmm.families import natural as nat
-from bayesadmm.paper.common import format_table, write_json
+from bayesadmm.paper.common import format_table, pad, trace_rounds, write_json
 from bayesadmm.problems.losses import LogisticLoss
 from bayesadmm.problems.synthetic import pooled
 from bayesadmm.solvers.newton import ProxNewton
@@ -71,22 +70,21 @@ def run(out: Path, rounds: int = 20, data_dir: str | None = None, admm_rho: floa
     methods = {"admm": (admm.make(rho=admm_rho, delta=DELTA), map_solution),
                "bayes-admm": (bayes_admm.make(family, solver, rho=bayes_rho, delta=DELTA),
                               family.to_moments(vb_solution)[0])}
-    trace = {}
+    trace, stopped = {}, {}
     for name, (alg, optimum) in methods.items():
-        servers, client1 = [], []
+        def observe(r, server, clients, alg=alg):
+            return server, (clients[0] if r > 0 else None)
 
-        def record(r, server, clients, alg=alg, servers=servers, client1=client1):
-            servers.append(server)
-            if r > 0:
-                client1.append(clients[0])
-
-        run_rounds(alg, losses, zeros, rounds, on_round=record)
+        states, message = trace_rounds(alg, losses, zeros, rounds, observe)
+        if message:
+            stopped[name] = message
+        servers, client1 = [s for s, _ in states], [c for _, c in states[1:]]
         means = [alg.posterior(s).mean for s in servers]
         trace[name] = {
             "server_mean": [m.tolist() for m in means],
             "client1_mean": [(c.theta if name == "admm" else family.to_moments(c.natural)[0]).tolist()
                              for c in client1],
-            "error": [float((m - optimum).norm() / optimum.norm()) for m in means[1:]],
+            "error": pad([float((m - optimum).norm() / optimum.norm()) for m in means[1:]], rounds),
             "optimum": optimum.tolist(),
         }
         if name == "bayes-admm":
@@ -95,7 +93,7 @@ def run(out: Path, rounds: int = 20, data_dir: str | None = None, admm_rho: floa
 
     payload = {"rounds_to_converge": {m: rounds_to_converge(t["error"]) for m, t in trace.items()},
                "tolerance": TOLERANCE, "rounds": list(range(1, rounds + 1)),
-               "error": {m: t["error"] for m, t in trace.items()}, "trace": trace,
+               "error": {m: t["error"] for m, t in trace.items()}, "trace": trace, "stopped": stopped,
                "data": {"inputs": [x[:, :2].tolist() for x in X], "labels": [t.tolist() for t in y]},
                "settings": {"delta": DELTA, "rho": {"admm": admm_rho, "bayes-admm": bayes_rho}, "outlier": OUTLIER, "expectation": "delta"}}
     write_json(out / "outlier.json", payload)
