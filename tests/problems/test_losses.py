@@ -42,3 +42,14 @@ def test_ridge_value_is_half_squared_residual():
 def test_quadratic_rejects_bad_shapes():
     with pytest.raises(ValueError, match="shape"):
         QuadraticLoss(A=torch.eye(3), b=torch.zeros(4))
+
+
+@pytest.mark.parametrize("name", ["logistic", "softmax"])
+def test_batch_loss_is_the_mean_over_the_batch(name):
+    loss = _losses()[name]
+    theta = torch.randn(loss.dim, generator=torch.Generator().manual_seed(3))
+    everything = torch.arange(loss.num_examples)
+    torch.testing.assert_close(loss.batch_loss(theta, everything), loss.value(theta) / loss.num_examples)
+    idx = torch.tensor([0, 5, 7])
+    parts = [loss.batch_loss(theta, idx[i:i + 1]) for i in range(3)]
+    torch.testing.assert_close(loss.batch_loss(theta, idx), sum(parts) / 3)

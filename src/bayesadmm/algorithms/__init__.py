@@ -2,7 +2,7 @@
 
 from functools import partial
 
-from bayesadmm.algorithms import admm, bayes_admm, bregman_admm, pvi
+from bayesadmm.algorithms import admm, bayes_admm, bregman_admm, ivon_admm, pvi
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate
 
 REGISTRY = {
@@ -10,6 +10,8 @@ REGISTRY = {
     "ama": partial(admm.make, server_rho=0.0, name="ama"),
     "bayes-admm": bayes_admm.make,
     "bregman-admm": bregman_admm.make,
+    "ivon-admm": ivon_admm.make,
+    "ivon-pvi": ivon_admm.make_pvi,
     "pvi": pvi.make,
 }
 

@@ -41,6 +41,7 @@ Natural = tuple[Tensor, ...]
 class ServerState(NamedTuple):
     natural: Natural                    # λ_g
     replies: Mapping[int, Message]      # last reply of every client that has replied
+    round: int = 0                      # completed rounds (local solvers may schedule on it, e.g. cosine lr)
 
 
 class ClientState(NamedTuple):
@@ -88,17 +89,17 @@ def make(family, solver, rho: float, delta: float, gamma: float | None = None, s
                          f"server_rho={server_rho}, delta={delta}")
 
     def init_server(theta0: Tensor) -> ServerState:
-        return ServerState(initial_natural(family, theta0, delta), {})
+        return ServerState(initial_natural(family, theta0, delta), {}, 0)
 
     def init_client(server: ServerState, client_id: int) -> ClientState:
         return ClientState(nat.zeros_like(server.natural), None)
 
     def broadcast(server: ServerState) -> Message:
-        return pack("lam", server.natural)
+        return {**pack("lam", server.natural), "round": torch.tensor(server.round + 1)}
 
     def client_update(state: ClientState, message: Message, loss, generator: torch.Generator):
         lam_g = unpack("lam", message)
-        result = solver.solve(family, loss, lam_g, state.dual, rho, generator)
+        result = solver.solve(family, loss, lam_g, state.dual, rho, generator, round_=int(message["round"]))
         dual = dual_step(family, state.dual, result.natural, lam_g, gamma)
         reply = {**pack("lam", result.natural), **pack("eta", dual)}
         info = {"iterations": result.iterations, "converged": result.converged}
@@ -109,7 +110,7 @@ def make(family, solver, rho: float, delta: float, gamma: float | None = None, s
         lam_g = server_natural(family, delta, server_rho, last)
         if not family.is_valid(lam_g):
             raise DivergenceError(f"{name}: the server's natural parameter is no longer a valid Gaussian")
-        return ServerState(lam_g, last), {"clients": len(last)}
+        return ServerState(lam_g, last, server.round + 1), {"clients": len(last)}
 
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)

@@ -6,6 +6,8 @@ because the local solvers (Newton, VON) call them in their inner loops; the test
 
 All losses share one small interface:
     dim, num_examples, value(θ), grad(θ), hess(θ), hess_diag(θ)
+and the per-example ones (logistic, softmax) also `batch_loss(θ, idx)`, the MEAN loss over the examples `idx`, which
+is what stochastic local solvers (IVON) use.
 """
 
 from __future__ import annotations
@@ -88,6 +90,10 @@ class LogisticLoss:
     def grad(self, theta: Tensor) -> Tensor:
         return self.X.T @ (torch.sigmoid(self.X @ theta) - self.y)
 
+    def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
+        logits = self.X[idx] @ theta
+        return (softplus(logits) - self.y[idx] * logits).mean()
+
     def _weights(self, theta: Tensor) -> Tensor:
         p = torch.sigmoid(self.X @ theta)
         return p * (1 - p)
@@ -128,6 +134,9 @@ class SoftmaxLoss:
     def value(self, theta: Tensor) -> Tensor:
         logits = self.X @ self._W(theta).T
         return (torch.logsumexp(logits, dim=1) - logits.gather(1, self.y[:, None]).squeeze(1)).sum()
+
+    def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
+        return torch.nn.functional.cross_entropy(self.X[idx] @ self._W(theta).T, self.y[idx])
 
     def grad(self, theta: Tensor) -> Tensor:
         residual = self._probs(theta)

@@ -93,7 +93,7 @@ class VON:
             raise ValueError(f"VON step must be in (0, 1], got {self.step}")
 
     def solve(self, family, loss, lam_g, eta, rho: float, generator: torch.Generator | None = None,
-              init=None) -> SolveResult:
+              init=None, round_: int = 1) -> SolveResult:
         if self.expectation == "delta":
             return self._solve_delta(family, loss, lam_g, eta, rho, init)
         lam = lam_g if init is None else init
@@ -208,7 +208,7 @@ class ExactQuadratic:
     """
 
     def solve(self, family, loss, lam_g, eta, rho: float, generator: torch.Generator | None = None,
-              init=None) -> SolveResult:
+              init=None, round_: int = 1) -> SolveResult:
         if not isinstance(loss, QuadraticLoss):
             raise TypeError(f"ExactQuadratic needs a QuadraticLoss, got {type(loss).__name__}")
         A, b = loss.A, loss.b

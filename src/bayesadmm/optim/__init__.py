@@ -1,0 +1,10 @@
+"""Optimisers: IVON with a per-coordinate prior and BayesADMM dual terms (`ivon`).
+
+`IVON` is the torch.optim.Optimizer; `init`, `noise_scale`, `sample`, `update`, `posterior` over `IVONState` are the
+functional core it is built on (flat 1-D tensors, pure functions), used directly by the federated local solver.
+"""
+
+from bayesadmm.optim import ivon
+from bayesadmm.optim.ivon import IVON, IVONState, init, noise_scale, posterior, sample, update
+
+__all__ = ["ivon", "IVON", "IVONState", "init", "noise_scale", "sample", "update", "posterior"]

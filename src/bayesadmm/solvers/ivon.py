@@ -1,0 +1,102 @@
+"""IVON (Alg. 2) as the BayesADMM client solver for the diagonal family: the local step of IVON-ADMM (Alg. 1).
+
+The client problem of tempered BayesADMM (App. D.4, Eq. 66) with q_k = N(m, diag(s)⁻¹), η_k = (v_k, −½u_k),
+broadcast q_g = N(m_g, diag(s_g)⁻¹), temperature τ and N_k examples,
+
+    argmin_q  E_q[Σ_i ℓ_k^(i)(θ)/τ + v_kᵀθ − ½ θᵀdiag(u_k)θ] + ρ KL(q ‖ q_g),
+
+divided by ρ is Alg. 2's objective λ E_q[ℓ̄(θ) + vᵀθ − ½θᵀdiag(u)θ] + KL(q ‖ p) with the MEAN loss ℓ̄, prior p = q_g and
+
+    λ = N_k/(ρτ),   v = τ v_k / N_k,   u = τ u_k / N_k                                          (Eq. 67)
+
+so IVON's weight decay is the vector δ = s_g/λ. Every round starts from q_g (m ← m_g, h ← h0, g ← 0), as the authors
+did; the optimizer's state is never carried across rounds or shared between clients. IVON returns s = λ(h + δ),
+which already includes the prior's precision s_g.
+
+`data` is anything with `num_examples` and `batch_loss(theta, idx)` (the mean loss over examples `idx`): the convex
+per-example losses, or `problems.neural.ClassificationData` for neural networks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from bayesadmm.families import DiagonalGaussian
+from bayesadmm.optim import ivon
+from bayesadmm.solvers.von import SolveResult, SubproblemError
+
+
+def cosine_lr(lr: float, round_: int, total_rounds: int | None) -> float:
+    """The learning rate for `round_` (1-based): constant, or cosine-decayed to 0 over `total_rounds` rounds, stepped
+    once per round (torch's CosineAnnealingLR with T_max = total_rounds, as the authors used)."""
+    if total_rounds is None:
+        return lr
+    t = min(max(round_ - 1, 0), total_rounds)
+    return 0.5 * lr * (1.0 + math.cos(math.pi * t / total_rounds))
+
+
+@dataclass(frozen=True)
+class IVONSolver:
+    lr: float
+    epochs: int = 1
+    batch_size: int = 32
+    tau: float = 1.0
+    hess_init: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.99999
+    mc_samples: int = 1
+    clip_radius: float = float("inf")
+    cosine_rounds: int | None = None   # decay the lr over this many rounds (None: constant)
+
+    def __post_init__(self) -> None:
+        problems = [f"{name} must be > 0, got {value}" for name, value in
+                    (("lr", self.lr), ("epochs", self.epochs), ("batch_size", self.batch_size), ("tau", self.tau),
+                     ("mc_samples", self.mc_samples)) if value <= 0]
+        if self.hess_init < 0:
+            problems.append(f"hess_init must be >= 0, got {self.hess_init}")
+        if self.cosine_rounds is not None and self.cosine_rounds < 1:
+            problems.append(f"cosine_rounds must be >= 1 or None, got {self.cosine_rounds}")
+        if problems:
+            raise ValueError("IVONSolver: " + "; ".join(problems))
+
+    def solve(self, family, data, lam_g, eta, rho: float, generator: torch.Generator, init=None,
+              round_: int = 1) -> SolveResult:
+        if not isinstance(family, DiagonalGaussian):
+            raise TypeError(f"IVON learns diagonal Gaussians, not the {family.name} family")
+        m_g, s_g = family.to_moments(lam_g)
+        v_k, u_k = eta[0], -2.0 * eta[1]
+        n = data.num_examples
+        ess = n / (rho * self.tau)                                    # Eq. 67
+        v, u, delta = self.tau * v_k / n, self.tau * u_k / n, s_g / ess
+        lr = cosine_lr(self.lr, round_, self.cosine_rounds)
+
+        state = ivon.init(m_g, self.hess_init)
+        steps = 0
+        try:
+            for _ in range(self.epochs):
+                order = torch.randperm(n, generator=generator, device=m_g.device)
+                for start in range(0, n, self.batch_size):
+                    idx = order[start:start + self.batch_size]
+                    thetas, eps = ivon.sample(state, ess, delta, generator, self.mc_samples)
+                    grads = torch.stack([_grad(data, theta, idx) for theta in thetas])
+                    state = ivon.update(state, grads, eps, lr=lr, ess=ess, delta=delta, beta1=self.beta1,
+                                        beta2=self.beta2, prior_mean=m_g, v=v, u=u, clip_radius=self.clip_radius)
+                    steps += 1
+        except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
+            raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
+        mean, precision = ivon.posterior(state, ess, delta)
+        if not bool(torch.isfinite(mean).all() and (precision > 0).all()):
+            raise SubproblemError("IVON diverged on this client (non-finite mean or non-positive precision); "
+                                  "lower lr or the dual step")
+        return SolveResult(family.from_moments(mean, precision), steps, True)
+
+
+def _grad(data, theta: Tensor, idx: Tensor) -> Tensor:
+    """∇ of the mean loss over `idx` at `theta` (a fresh leaf, so nothing leaks between samples)."""
+    theta = theta.detach().requires_grad_(True)
+    (grad,) = torch.autograd.grad(data.batch_loss(theta, idx), theta)
+    return grad

@@ -1,0 +1,139 @@
+"""A FlatModel computes exactly what its nn.Module computes, as a function of one flat parameter vector."""
+
+import pickle
+
+import pytest
+import torch
+from torch import nn
+from torch.func import grad
+from torch.nn import functional as F
+
+from bayesadmm.models import FlatModel, logistic, make_model, mean_nll, mlp
+
+
+def _small_mlp():
+    return mlp(in_features=12, hidden=(7, 5), num_classes=3)
+
+
+def _data(model_in=12, n=9, classes=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, model_in, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+def _loaded_module(model, theta):
+    """A real nn.Module holding the parameters theta, through the module's own load_state_dict."""
+    module = model.build()
+    module.load_state_dict(model.unflatten(theta.detach()))
+    return module
+
+
+def test_mlp_dimension_matches_the_papers_architecture():
+    assert mlp().dim == 784 * 200 + 200 + 200 * 100 + 100 + 100 * 10 + 10 == 178110
+    assert logistic(5, 3).dim == 5 * 3 + 3
+
+
+def test_papers_mlp_forward_on_images():
+    model = mlp()
+    theta = model.initial_params(torch.Generator().manual_seed(0))
+    X = torch.rand(4, 1, 28, 28, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(model.forward(theta, X), _loaded_module(model, theta)(X))
+
+
+@pytest.mark.parametrize("factory", [_small_mlp, lambda: logistic(12, 3)])
+def test_forward_equals_the_modules_own_forward(factory):
+    model = factory()
+    theta = model.initial_params(torch.Generator().manual_seed(0))
+    X, _ = _data()
+    out = model.forward(theta, X)
+    assert out.shape == (9, 3)
+    torch.testing.assert_close(out, _loaded_module(model, theta)(X))
+
+
+def test_unflatten_returns_views_and_flatten_inverts_it():
+    model = _small_mlp()
+    theta = torch.randn(model.dim, generator=torch.Generator().manual_seed(0))
+    params = model.unflatten(theta)
+    assert [(name, tuple(p.shape)) for name, p in params.items()] == [
+        (name, tuple(p.shape)) for name, p in model.build().named_parameters()
+    ]
+    for p in params.values():
+        assert p.untyped_storage().data_ptr() == theta.untyped_storage().data_ptr()
+    torch.testing.assert_close(model.flatten(params), theta, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="shape"):
+        model.unflatten(theta[:-1])
+
+
+def test_float32_inputs_follow_the_parameter_dtype():
+    model = _small_mlp()
+    theta = model.initial_params(torch.Generator().manual_seed(0))
+    X, _ = _data()
+    assert theta.dtype == torch.float64
+    torch.testing.assert_close(model.forward(theta, X.float()), model.forward(theta, X))
+
+
+def test_initial_params_depend_only_on_the_generator():
+    model = _small_mlp()
+    global_state = torch.get_rng_state()
+    a = model.initial_params(torch.Generator().manual_seed(3))
+    b = model.initial_params(torch.Generator().manual_seed(3))
+    c = model.initial_params(torch.Generator().manual_seed(4))
+    assert torch.equal(torch.get_rng_state(), global_state)
+    assert a.shape == (model.dim,) and not a.requires_grad
+    assert torch.equal(a, b)
+    assert not torch.allclose(a, c)
+    # PyTorch's default initialisation: Linear weights are U(−1/√fan_in, 1/√fan_in).
+    first_weight = model.unflatten(a)["1.weight"]
+    assert first_weight.abs().max() <= 1 / 12**0.5
+
+
+def test_forward_batched_equals_a_loop():
+    model = _small_mlp()
+    thetas = torch.randn(6, model.dim, generator=torch.Generator().manual_seed(0))
+    X, _ = _data()
+    batched = model.forward_batched(thetas, X)
+    assert batched.shape == (6, 9, 3)
+    torch.testing.assert_close(batched, torch.stack([model.forward(t, X) for t in thetas]))
+    with pytest.raises(ValueError, match="shape"):
+        model.forward_batched(thetas[0], X)
+
+
+def test_mean_nll_gradient_equals_the_modules_autograd_gradient():
+    model = _small_mlp()
+    theta = model.initial_params(torch.Generator().manual_seed(0))
+    X, y = _data()
+
+    module = _loaded_module(model, theta)
+    F.cross_entropy(module(X), y).backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in module.parameters()])
+
+    theta = theta.clone().requires_grad_(True)
+    loss = mean_nll(model, theta, X, y)
+    loss.backward()
+    torch.testing.assert_close(theta.grad, expected)
+    torch.testing.assert_close(grad(lambda t: mean_nll(model, t, X, y))(theta.detach()), expected)
+    torch.testing.assert_close(loss.detach(), F.cross_entropy(module(X), y).detach())
+
+
+def test_modules_with_buffers_are_rejected():
+    with pytest.raises(ValueError, match="buffers.*running_mean"):
+        FlatModel(lambda: nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+    with pytest.raises(ValueError, match="no parameters"):
+        FlatModel(nn.ReLU)
+
+
+def test_models_survive_pickling():
+    model = _small_mlp()
+    theta = model.initial_params(torch.Generator().manual_seed(0))
+    X, _ = _data()
+    clone = pickle.loads(pickle.dumps(model))
+    torch.testing.assert_close(clone.forward(theta, X), model.forward(theta, X))
+
+
+def test_make_model():
+    model = make_model("mlp", in_features=4, hidden=(5,), num_classes=2, activation="relu")
+    assert model.dim == 4 * 5 + 5 + 5 * 2 + 2
+    assert make_model("logistic", in_features=4, num_classes=2).dim == 10
+    with pytest.raises(ValueError, match="logistic, mlp"):
+        make_model("resnet-1000")
+    with pytest.raises(ValueError, match="relu, sigmoid, tanh"):
+        mlp(activation="swish")
