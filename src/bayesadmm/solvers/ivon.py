@@ -51,6 +51,7 @@ class IVONSolver:
     mc_samples: int = 1
     clip_radius: float = float("inf")
     cosine_rounds: int | None = None   # decay the lr over this many rounds (None: constant)
+    rescale_lr: bool = False           # True: step size lr·(h0 + δ) as ivon-opt does (first steps SGD-sized)
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be > 0, got {value}" for name, value in
@@ -73,6 +74,8 @@ class IVONSolver:
         ess = n / (rho * self.tau)                                    # Eq. 67
         v, u, delta = self.tau * v_k / n, self.tau * u_k / n, s_g / ess
         lr = cosine_lr(self.lr, round_, self.cosine_rounds)
+        if self.rescale_lr:
+            lr = lr * (self.hess_init + delta)
 
         state = ivon.init(m_g, self.hess_init)
         steps = 0

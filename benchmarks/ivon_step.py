@@ -1,0 +1,100 @@
+"""Cost of one IVON step relative to one Adam step on the papers' MLP (784-200-100-10, sigmoid), batch 32.
+
+    python benchmarks/ivon_step.py [--steps 500] [--repeats 5] [--threads N]
+
+Both optimizers run in the same loop shape (zero_grad, forward, backward, step) on the same batch; IVON adds its
+weight sampling (`sampled_params`). Two pairs are timed: the nn.Module optimizers (`bayesadmm.optim.IVON` against
+`torch.optim.Adam`) and the flat-vector path the federated IVON solver uses (the functional IVON core on a
+`FlatModel`, against Adam on one flat parameter with the same functional forward). The paper's claim is "the same cost
+as Adam"; the ratio printed is measured in this one run (median over repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from bayesadmm.models import mlp
+from bayesadmm.optim import IVON, ivon
+
+
+def _time(step, steps: int, repeats: int) -> float:
+    for _ in range(20):  # warm-up
+        step()
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        runs.append((time.perf_counter() - start) / steps)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(32, 784, generator=gen) * 255  # raw FashionMNIST-scale pixels
+    y = torch.randint(0, 10, (32,), generator=gen)
+    flat = mlp()
+    loss_fn = torch.nn.functional.cross_entropy
+
+    # nn.Module optimizers
+    adam_net, ivon_net = flat.build(), flat.build()
+    adam = torch.optim.Adam(adam_net.parameters(), lr=1e-3)
+    ivon_opt = IVON(ivon_net.parameters(), lr=5e-5, ess=6000, hess_init=1e-3, beta2=0.9998,
+                    generator=torch.Generator().manual_seed(1))
+
+    def adam_step():
+        adam.zero_grad()
+        loss_fn(adam_net(x), y).backward()
+        adam.step()
+
+    def ivon_step():
+        with ivon_opt.sampled_params(train=True):
+            ivon_opt.zero_grad()
+            loss_fn(ivon_net(x), y).backward()
+        ivon_opt.step()
+
+    # flat-vector path (what the federated IVON solver runs)
+    theta = torch.nn.Parameter(flat.initial_params(torch.Generator().manual_seed(2)))
+    flat_adam = torch.optim.Adam([theta], lr=1e-3)
+    state = {"ivon": ivon.init(theta.detach().clone(), 1e-3)}
+    delta = torch.full((flat.dim,), 1.0 / 6000)
+    noise = torch.Generator().manual_seed(3)
+
+    def flat_adam_step():
+        flat_adam.zero_grad()
+        loss_fn(flat.forward(theta, x), y).backward()
+        flat_adam.step()
+
+    def flat_ivon_step():
+        thetas, eps = ivon.sample(state["ivon"], 6000.0, delta, noise, 1)
+        sample = thetas[0].requires_grad_(True)
+        (grad,) = torch.autograd.grad(loss_fn(flat.forward(sample, x), y), sample)
+        state["ivon"] = ivon.update(state["ivon"], grad[None], eps, lr=5e-5, ess=6000.0, delta=delta, beta1=0.9,
+                                    beta2=0.9998)
+
+    rows = []
+    for label, a, b in (("nn.Module optimizers", adam_step, ivon_step),
+                        ("flat vector (federated solver path)", flat_adam_step, flat_ivon_step)):
+        t_adam, t_ivon = _time(a, args.steps, args.repeats), _time(b, args.steps, args.repeats)
+        rows.append((label, t_adam, t_ivon))
+    print(f"MLP 784-200-100-10, batch 32, torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{args.steps} steps x {args.repeats} repeats (median)")
+    print("| loop | Adam ms/step | IVON ms/step | IVON / Adam |")
+    print("|---|---|---|---|")
+    for label, t_adam, t_ivon in rows:
+        print(f"| {label} | {1e3 * t_adam:.3f} | {1e3 * t_ivon:.3f} | {t_ivon / t_adam:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
