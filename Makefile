@@ -9,7 +9,7 @@ setup:
 	@VENV=$(VENV) bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/bayesadmm paper logreg --out $(OUT)
+	@VENV=$(VENV) bash scripts/demo.sh $(OUT)
 
 test: setup
 	$(PY) -m pytest

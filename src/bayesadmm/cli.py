@@ -19,6 +19,21 @@ PAPER_EXPERIMENTS = {
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bayesadmm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run a federated experiment: a scenario preset or a JSON config file",
+                              description="KEY=VALUE overrides: general keys (method, rounds, seed, clients, out, "
+                                          "participation, ...) and the method's hyperparameters; an unknown key "
+                                          "lists the valid ones.")
+    run.add_argument("scenario", help="a preset (fmnist-heterog10, fmnist-homog10, fmnist-heterog100, "
+                                      "mnist-heterog100, cifar10-zenke, cifar10-acar, cifar100-resnet20) or a file")
+    run.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    resume = commands.add_parser("resume", help="continue a run from its last checkpoint")
+    resume.add_argument("run_dir", type=Path)
+    resume.add_argument("--quiet", action="store_true")
+    compare = commands.add_parser("compare", help="Table-1-style comparison of finished runs")
+    compare.add_argument("run_dirs", nargs="+", type=Path)
+    compare.add_argument("--rounds", default="10,25,50", help="comma-separated rounds (default 10,25,50)")
+    compare.add_argument("--out", type=Path, default=None, help="write table.md, table.tex and curves.png here")
     paper = commands.add_parser("paper", help="reproduce one of the papers' illustrative experiments")
     paper.add_argument("experiment", choices=sorted(PAPER_EXPERIMENTS),
                        help="; ".join(f"{k}: {v[1]}" for k, v in PAPER_EXPERIMENTS.items()))
@@ -51,8 +66,55 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
     return result
 
 
+def _run(args) -> int:
+    from bayesadmm.engine.runner import run
+    from bayesadmm.experiments.config import ConfigError, load, resolve
+
+    try:
+        if args.command == "resume":
+            if not (args.run_dir / "checkpoint.pt").exists():
+                print(f"bayesadmm: {args.run_dir} has no checkpoint to resume from", file=sys.stderr)
+                return 2
+            config = load(args.run_dir)
+            config = type(config)(**{**config.to_json(), "out": str(args.run_dir)})
+            return run(config, resume=True, progress=not args.quiet)
+        config, changed = resolve(args.scenario, args.overrides)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+    for line in changed:
+        print(f"override: {line}")
+    print(f"run directory: {config.run_dir()}")
+    try:
+        code = run(config, progress=not args.quiet)
+    except FileNotFoundError as exc:  # the data loaders' errors say how to get the data
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 1
+    if (config.run_dir() / "curves.png").exists():
+        print(f"metrics: {config.run_dir() / 'metrics.jsonl'}; plot: {config.run_dir() / 'curves.png'}")
+    return code
+
+
+def _compare(args) -> int:
+    from bayesadmm.reports import compare
+
+    try:
+        rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
+        print(compare(args.run_dirs, rounds, args.out))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        print(f"wrote {args.out / 'table.md'}, {args.out / 'table.tex'} and {args.out / 'curves.png'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("run", "resume"):
+        return _run(args)
+    if args.command == "compare":
+        return _compare(args)
     if args.command == "paper":
         module = importlib.import_module(PAPER_EXPERIMENTS[args.experiment][0])
         try:

@@ -1,18 +1,29 @@
-"""Federated algorithms, one module each, all implementing `base.Algorithm`. Only the CLI and configs read names."""
+"""Federated algorithms, one module each, all implementing `base.Algorithm`.
+
+`REGISTRY` lists the methods `bayesadmm run` can build from keyword hyperparameters (the engine supplies `dim`,
+`model`, `num_clients`, `client_sizes` and `cosine_rounds` where a factory asks for them). The convex-problem
+factories that take a family and a local solver object (`bayes_admm.make`, `bregman_admm.make`, `pvi.make`,
+`admm.make`) are used directly by the paper experiments and tests. Only the CLI and configs read names.
+"""
 
 from functools import partial
 
-from bayesadmm.algorithms import admm, bayes_admm, bregman_admm, ivon_admm, pvi
+from bayesadmm.algorithms import (admm, bayes_admm, bregman_admm, fedavg, feddyn, fedlap, fedlap_cov, fedlap_func,
+                                  fedprox, ivon_admm, pvi, smoothing_admm)
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate
 
 REGISTRY = {
-    "admm": admm.make,
-    "ama": partial(admm.make, server_rho=0.0, name="ama"),
-    "bayes-admm": bayes_admm.make,
-    "bregman-admm": bregman_admm.make,
+    "fedavg": fedavg.make,
+    "fedprox": fedprox.make,
+    "feddyn": feddyn.make,
+    "admm": admm.make_nn,
+    "ama": partial(admm.make_nn, server_rho=0.0, name="ama"),
+    "fedlap": fedlap.make,
+    "fedlap-cov": fedlap_cov.make,
+    "fedlap-func": fedlap_func.make,
     "ivon-admm": ivon_admm.make,
     "ivon-pvi": ivon_admm.make_pvi,
-    "pvi": pvi.make,
+    "bayes-admm-iso": smoothing_admm.make,
 }
 
 

@@ -10,18 +10,36 @@ With the regulariser ℓ_0 = δ/2 ‖θ‖²:
 which for δ = 1, ρ_s = ρ is Eq. 27, θ_g = α Σ v_k + (1 − α) Mean θ_k with α = 1/(1 + ρK).
 ρ_s = 0 removes the server's proximal term: that is AMA (Tseng 1991; Eqs. 39–41).
 
+The fixed point (Eqs. 8, 13): θ_k = θ_g = θ*, v_k = −∇ℓ_k(θ*), and the server's stationarity δθ* = Σ_k v_k gives
+Σ_k ∇ℓ_k(θ*) + δθ* = 0, the MAP of the prior N(0, δ⁻¹I) (for ρ_s > 0; AMA has the same fixed point).
+
+Units. The algorithm does not care whether `loss` is a client's SUMMED loss ℓ_k (the convex experiments, solved
+exactly by `ProxNewton`) or its MEAN loss ℓ̄_k = ℓ_k/N_k (`make_nn`, solved by `LocalAdamProx`): the solver decides.
+In mean-loss units everything above holds with ℓ̄_k in place of ℓ_k, so v_k = −∇ℓ̄_k(θ_k) and the fixed point solves
+Σ_k ∇ℓ̄_k(θ) + δθ = 0 (ρ and δ are then on the mean-loss scale; for K clients of equal size n this is the MAP of
+Σ_k ℓ_k + nδ/2‖θ‖²).
+
+FedADMM (Gong et al. 2022; Wang et al. 2022; Zhou & Li 2023; the FedLap paper's Eq. 2, `fedlap-digest.md` §1.1) is
+the mean-loss form with no prior, δ = 0, and ρ_s = ρ: the server above becomes
+θ_g = (Σ_k v_k + ρ Σ_k θ_k)/(ρK) = (1/K) Σ_k (θ_k + v_k/ρ), which is the digest's w_g ← (1/K) Σ_k [w_k + v_k/α].
+δ = 0 is therefore allowed whenever ρ_s > 0 (with δ = ρ_s = 0 the server problem has no unique solution).
+`make_nn` builds it with the Adam local solver (`solvers.adam.LocalAdamProx`, squared proximal term, fresh
+optimizer state every round).
+
 This module is written in θ-space on purpose: the tests check that BayesADMM with the isotropic family and the
 delta method reproduces these iterates (App. D.1), which is only a check if the two are computed independently.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, NamedTuple
 
 import torch
 from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
+from bayesadmm.solvers.adam import LocalAdamProx, local_adam
 from bayesadmm.solvers.newton import ProxNewton
 
 
@@ -37,11 +55,15 @@ class ClientState(NamedTuple):
 
 def make(rho: float, delta: float, solver=ProxNewton(), server_rho: float | None = None,
          name: str = "admm") -> Algorithm:
-    """Federated ADMM with client proximal weight ρ, prior precision δ and server proximal weight ρ_s (default ρ)."""
+    """Federated ADMM with client proximal weight ρ, prior precision δ and server proximal weight ρ_s (default ρ).
+
+    δ = 0 (no prior) needs ρ_s > 0. `solver.minimize(loss, v, ρ, θ_g, generator=...)` solves Eq. 5.
+    """
     server_rho = rho if server_rho is None else server_rho
-    if rho <= 0 or delta <= 0 or server_rho < 0:
-        raise ValueError(f"need rho > 0, delta > 0, server_rho >= 0; got rho={rho}, delta={delta}, "
-                         f"server_rho={server_rho}")
+    if (not all(math.isfinite(x) for x in (rho, delta, server_rho)) or rho <= 0 or delta < 0 or server_rho < 0
+            or (delta == 0 and server_rho == 0)):
+        raise ValueError(f"need finite rho > 0, delta >= 0, server_rho >= 0, and delta > 0 or server_rho > 0; "
+                         f"got rho={rho}, delta={delta}, server_rho={server_rho}")
 
     def init_server(theta0: Tensor) -> ServerState:
         return ServerState(theta0, {})
@@ -54,7 +76,7 @@ def make(rho: float, delta: float, solver=ProxNewton(), server_rho: float | None
 
     def client_update(state: ClientState, message: Message, loss, generator: torch.Generator):
         theta_g = message["theta"]
-        result = solver.minimize(loss, state.dual, rho, theta_g)
+        result = solver.minimize(loss, state.dual, rho, theta_g, generator=generator)
         dual = state.dual + rho * (result.theta - theta_g)
         reply = {"theta": result.theta, "dual": dual}
         return ClientState(dual, result.theta), reply, {"iterations": result.iterations,
@@ -73,3 +95,16 @@ def make(rho: float, delta: float, solver=ProxNewton(), server_rho: float | None
         return PointEstimate(server.theta)
 
     return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+
+
+def make_nn(*, rho: float, delta: float = 0.0, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32,
+            server_rho: float | None = None, name: str = "fedadmm") -> Algorithm:
+    """Federated ADMM for neural networks: mean-loss client problems solved by `epochs` epochs of Adam.
+
+    rho: ρ > 0 (the FedLap paper's α), on the mean-loss scale. delta: prior precision δ ≥ 0 on the same scale;
+    the default δ = 0 is FedADMM (server θ_g = Mean_k(θ_k + v_k/ρ)). lr, epochs, batch_size: the local Adam run,
+    which starts from θ_g with fresh optimizer state every round. server_rho: ρ_s (default ρ).
+    """
+    local_adam(name, lr, epochs, batch_size)  # errors name the algorithm
+    solver = LocalAdamProx(lr=lr, epochs=epochs, batch_size=batch_size)
+    return make(rho=rho, delta=delta, solver=solver, server_rho=server_rho, name=name)

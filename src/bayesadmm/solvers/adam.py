@@ -15,10 +15,14 @@ the model starts from `theta0` (the broadcast server parameters).
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from bayesadmm.solvers.newton import PointResult
 
 
 @dataclass(frozen=True)
@@ -74,3 +78,52 @@ class LocalAdam:
                 raise ValueError("a proximal weight needs its centre (prox_center)")
             value = value + 0.5 * (prox_weight * (theta - prox_center).square()).sum()
         return value
+
+
+def local_adam(owner: str, lr: float, epochs: int, batch_size: int, weight_decay: float = 0.0) -> LocalAdam:
+    """A LocalAdam built from an algorithm's keyword hyperparameters, with errors that name the algorithm.
+
+    Stricter than LocalAdam's own check: epochs and batch_size must be integers and lr, weight_decay finite numbers,
+    so that a value mistyped on the command line ("1e-3" for epochs, a bool) fails here rather than deep in training.
+    """
+    problems = []
+    for key, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+            problems.append(f"{key} must be a positive integer, got {value!r}")
+    for key, value, low in (("lr", lr, "> 0"), ("weight_decay", weight_decay, ">= 0")):
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or (value <= 0 if low == "> 0" else value < 0):
+            problems.append(f"{key} must be a finite number {low}, got {value!r}")
+    if problems:
+        raise ValueError(f"{owner}: " + "; ".join(problems))
+    return LocalAdam(lr=float(lr), epochs=int(epochs), batch_size=int(batch_size), weight_decay=float(weight_decay))
+
+
+@dataclass(frozen=True)
+class LocalAdamProx:
+    """Federated ADMM's client problem (Eq. 5) in MEAN-loss units, solved by LocalAdam: a `solver` for `admm.make`.
+
+        θ_k = argmin_θ  ℓ̄_k(θ) + vᵀθ + ρ/2 ‖θ − θ_g‖²        (a = v, b = ρ, c = θ_g, wd = 0 above)
+
+    Training starts at the centre θ_g with fresh Adam state (nothing carries over between rounds or clients) and runs
+    the fixed budget of `epochs` passes; `converged` is therefore always True (the budget ran out), as for IVON.
+    The minibatch order comes from the generator the engine passes, which is required.
+    """
+
+    lr: float = 1e-3
+    epochs: int = 1
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        local_adam("LocalAdamProx", self.lr, self.epochs, self.batch_size)
+
+    @property
+    def adam(self) -> LocalAdam:
+        return LocalAdam(lr=self.lr, epochs=self.epochs, batch_size=self.batch_size)
+
+    def minimize(self, data, v: Tensor, rho: float, center: Tensor, generator: torch.Generator | None = None):
+        if generator is None:
+            raise ValueError("LocalAdamProx shuffles minibatches and needs the client's torch.Generator "
+                             "(all randomness comes from the engine's generators)")
+        theta, steps = self.adam.train(data, center, generator, linear=v, prox_weight=rho, prox_center=center)
+        return PointResult(theta, steps, True)

@@ -1,0 +1,144 @@
+"""FedLap (Swaroop, Khan & Doshi-Velez 2025, Eqs. 7–9; mean-loss form App. A, Eq. 18): PVI with the delta method and
+q_g = q_k = π_0-shaped isotropic Gaussians N(·, I/δ), i.e. federated ADMM whose proximal weight is the prior precision.
+
+In the paper's summed-loss form, with sites t_k(w) ∝ exp(δ v_kᵀw) and the prior π_0 = N(0, I/δ),
+
+    client (7):  w_k ← argmin_w ℓ_k(w) + δ v_kᵀw + ½δ‖w − w_g‖²
+    site   (8):  v_k ← v_k + ρ_k (w_k − w_g)
+    server (9):  w_g ← Σ_k v_k                         (no 1/K, no w_k term: q_g = π_0 Π_k t_k)
+
+Dividing the client problem by N_k and writing ṽ_k = δ v_k / N_k gives the form a minibatch optimiser uses (Eq. 18),
+which is what this module implements (`solvers.adam.LocalAdam` with linear term ṽ_k, proximal weight δ/N_k around
+w_g, starting at w_g, fresh Adam state every round):
+
+    client:  w_k ← argmin_w ℓ̄_k(w) + ṽ_kᵀw + ½(δ/N_k)‖w − w_g‖²
+    dual:    ṽ_k ← ṽ_k + ρ_k (δ/N_k)(w_k − w_g)
+    server:  w_g ← Σ_k (N_k/δ) ṽ_k
+
+Fixed point (digest §1.7): w_k = w_g = w*, ṽ_k = −∇ℓ̄_k(w*) and Σ_k ∇ℓ_k(w*) + δw* = 0, the MAP with weight decay δ on
+the summed loss (FedDyn and FedADMM target δ = 0). With ρ_k = 1 the dual equals −∇ℓ̄_k(w_k) after every client step;
+for ρ_k < 1 the client's stationarity gives ṽ_k^new + (1 − ρ_k)(δ/N_k)(w_k − w_g) = −∇ℓ̄_k(w_k) (both tested).
+
+Damping ρ: `rho="size"` is ρ_k = N_k/N, the paper's App. E choice for FedLap; a number is one ρ for every client
+(§3.2 says 1/K; the two agree for equal client sizes). The factory needs `client_sizes` in both cases (for N and for
+the initialisation below), and checks each client's data against it.
+
+Initialisation (the paper does not state it). The Bayes-consistent start is ṽ_k = 0 and w_g = Σ_k (N_k/δ)ṽ_k = 0
+(q_g = π_0), but a network cannot be trained from all-zero weights. Broadcasting a random θ_0 with ṽ_k = 0 instead
+breaks the server identity: round 1 would give w_g = Σ_k ρ_k (w_k − θ_0), which misses θ_0 (with ρ_k = N_k/N it is
+the weighted mean of the local models minus θ_0 — close to zero, i.e. the network is mostly reset). Here the initial
+sites are chosen so that the identity already holds at round 0:
+
+    ṽ_k⁽⁰⁾ = δ θ_0 / N      so that      Σ_k (N_k/δ) ṽ_k⁽⁰⁾ = θ_0 = w_g⁽⁰⁾,
+
+i.e. q_g⁽⁰⁾ = N(θ_0, I/δ) = π_0 Π_k t_k⁽⁰⁾ with each site holding the share N_k/N of θ_0. Round 1 then gives
+w_g = θ_0 + Σ_k ρ_k (w_k − θ_0), which for ρ_k = N_k/N is the N_k-weighted mean of the local models (FedAvg's first
+round). For θ_0 = 0 this is exactly the Bayes-consistent start. The initial sites are overwritten by the dual steps,
+so the fixed point above does not depend on θ_0. A client that has not replied yet still counts with its initial
+site (the server keeps θ_0), so partial participation sees the same identity.
+
+The posterior is the point estimate w_g: q_g = N(w_g, I/δ) has the prior's variance, which is not a useful
+predictive for small δ.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Mapping, NamedTuple
+
+import torch
+from torch import Tensor
+
+from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
+from bayesadmm.solvers.adam import local_adam
+
+
+class ServerState(NamedTuple):
+    theta: Tensor                       # w_g
+    theta0: Tensor                      # θ_0: the initial sites of clients that have not replied yet
+    replies: Mapping[int, Message]      # last reply of every client that has replied
+
+
+class ClientState(NamedTuple):
+    client_id: int
+    dual: Tensor                        # ṽ_k = δ v_k / N_k (mean-loss units)
+    theta: Tensor | None                # w_k from the last local solve
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_sizes(client_sizes) -> dict[int, int]:
+    if client_sizes is None:
+        raise ValueError("FedLap needs client_sizes (client id -> number of examples N_k)")
+    sizes = {int(k): int(n) for k, n in client_sizes.items()}
+    if not sizes or any(n <= 0 for n in sizes.values()):
+        raise ValueError(f"client_sizes must be a non-empty mapping to positive sizes, got {client_sizes!r}")
+    return sizes
+
+
+def make(*, delta: float, lr: float, client_sizes: Mapping[int, int], rho: float | str = "size", epochs: int = 1,
+         batch_size: int = 32, name: str = "fedlap") -> Algorithm:
+    """FedLap with prior precision (global weight decay) δ, damping ρ ("size": ρ_k = N_k/N, or a number in (0, 1]),
+    and local Adam (lr, epochs, batch_size)."""
+    sizes = _check_sizes(client_sizes)
+    total = sum(sizes.values())
+    solver = local_adam(name, lr, epochs, batch_size)
+    problems = []
+    if not _is_real(delta) or not delta > 0:
+        problems.append(f"delta must be a finite number > 0, got {delta!r}")
+    if rho != "size" and (not _is_real(rho) or not 0 < rho <= 1):
+        problems.append(f"rho must be 'size' or a number in (0, 1], got {rho!r}")
+    if problems:
+        raise ValueError(f"{name}: " + "; ".join(problems))
+
+    def rho_for(client_id: int) -> float:
+        return sizes[client_id] / total if rho == "size" else float(rho)
+
+    def init_server(theta0: Tensor) -> ServerState:
+        return ServerState(theta0, theta0, {})
+
+    def init_client(server: ServerState, client_id: int) -> ClientState:
+        if client_id not in sizes:
+            raise KeyError(f"{name}: client {client_id} is not in client_sizes {sorted(sizes)}")
+        return ClientState(client_id, delta * server.theta0 / total, None)     # ṽ_k⁽⁰⁾ = δθ_0/N
+
+    def broadcast(server: ServerState) -> Message:
+        return {"theta": server.theta}
+
+    def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
+        if generator is None:
+            raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
+        n = data.num_examples
+        if n != sizes[state.client_id]:
+            raise ValueError(f"{name}: client {state.client_id} has {n} examples but client_sizes says "
+                             f"{sizes[state.client_id]}")
+        theta_g = message["theta"]
+        prox = delta / n
+        theta, steps = solver.train(data, theta_g, generator, linear=state.dual, prox_weight=prox,
+                                    prox_center=theta_g)
+        dual = state.dual + rho_for(state.client_id) * prox * (theta - theta_g)
+        reply = {"theta": theta, "dual": dual}
+        return ClientState(state.client_id, dual, theta), reply, {"iterations": steps}
+
+    def server_update(server: ServerState, replies: Mapping[int, Message]):
+        unknown = sorted(set(replies) - set(sizes))
+        if unknown:
+            raise KeyError(f"{name}: replies from clients {unknown} that are not in client_sizes")
+        last = merge_replies(server.replies, replies)
+        theta = torch.zeros_like(server.theta0)
+        for k in sorted(sizes):
+            if k in last:
+                theta = theta + (sizes[k] / delta) * last[k]["dual"]        # (N_k/δ) ṽ_k = v_k
+            else:
+                theta = theta + (sizes[k] / total) * server.theta0          # its initial site
+        if not torch.isfinite(theta).all():
+            raise DivergenceError(f"{name}: the server parameters are not finite")
+        return ServerState(theta, server.theta0, last), {"clients": len(last)}
+
+    def posterior(server: ServerState) -> PointEstimate:
+        return PointEstimate(server.theta)
+
+    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)

@@ -1,0 +1,230 @@
+"""The federated run: data → split → model → algorithm → rounds → metrics, checkpoints and a plot.
+
+One round: sample the participating clients, broadcast, run each participant's `client_update` with the generator
+of (seed, round, client), `server_update`, evaluate the server's posterior on the test set (at its mean and, for
+Gaussian posteriors, the predictive over `eval_samples` draws), append a line to metrics.jsonl, checkpoint.
+
+Every random choice comes from a generator derived from (seed, round, client) (`simulate.generator_for`; client
+ids from 10⁹ on are the engine's own streams), and nothing uses torch's global RNG, so `resume` after a kill
+continues with exactly the numbers an uninterrupted run would have produced.
+
+Files in the run directory: config.json (resolved config), metrics.jsonl (one JSON object per round),
+checkpoint.pt (state after the last finished round), status.json (running / completed / diverged / failed, with
+the reason), partition.json and labels.png (the client split), curves.png (accuracy and NLL per round).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from bayesadmm.algorithms import REGISTRY, Algorithm, DivergenceError
+from bayesadmm.engine.simulate import generator_for
+from bayesadmm.experiments.config import RunConfig
+from bayesadmm.metrics import evaluate
+from bayesadmm.models import FlatModel, make_model
+from bayesadmm.problems.neural import ClassificationData
+from bayesadmm.solvers.von import SubproblemError
+
+# The engine's own random streams: generator_for(seed, 0, <id>) for set-up, generator_for(seed, round, <id>) per round.
+SUBSAMPLE, PARTITION, INIT, PARTICIPANTS, EVALUATION = (10**9 + i for i in range(5))
+BREAKDOWNS = (DivergenceError, SubproblemError, FloatingPointError)
+
+EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
+
+
+@dataclass
+class Experiment:
+    config: RunConfig
+    model: FlatModel
+    clients: dict[int, ClassificationData]
+    X_test: Tensor
+    y_test: Tensor
+    algorithm: Algorithm
+    theta0: Tensor
+    parts: list[Tensor]
+    train_labels: Tensor
+    num_classes: int
+
+
+def load_data(config: RunConfig) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """Training and test inputs as floats (raw 0–255 or scaled to [0, 1]), labels, and the number of classes."""
+    data_dir = config.data_dir or None
+    if config.dataset in ("fashion-mnist", "mnist"):
+        from bayesadmm.data import load_image_dataset
+        X, y = load_image_dataset(config.dataset, "train", data_dir=data_dir)
+        X_test, y_test = load_image_dataset(config.dataset, "test", data_dir=data_dir)
+        num_classes = 10
+    elif config.dataset in ("cifar10", "cifar100"):
+        from bayesadmm.data import load_cifar
+        X, y = load_cifar(config.dataset, "train", data_dir=data_dir)
+        X_test, y_test = load_cifar(config.dataset, "test", data_dir=data_dir)
+        num_classes = 10 if config.dataset == "cifar10" else 100
+    else:
+        raise ValueError(f"unknown dataset {config.dataset!r}; valid: fashion-mnist, mnist, cifar10, cifar100")
+    scale = 1.0 if config.preprocessing == "raw" else 1.0 / 255.0
+    return X.float() * scale, y, X_test.float() * scale, y_test, num_classes
+
+
+def build(config: RunConfig) -> Experiment:
+    """Everything a run needs, deterministically from the config."""
+    from bayesadmm.data.partitions import make_partition, subsample
+
+    X, y, X_test, y_test, num_classes = load_data(config)
+    if config.data_fraction < 1.0:
+        keep = subsample(len(y), config.data_fraction, generator_for(config.seed, 0, SUBSAMPLE))
+        X, y = X[keep], y[keep]
+    options = {"two-level-dirichlet": {"alpha1": config.alpha1, "alpha2": config.alpha2},
+               "per-class-dirichlet": {"alpha": config.alpha2},
+               "classes-per-client": {"classes": config.classes_per_client, "per_class": config.per_class},
+               }.get(config.partition, {})
+    parts = make_partition(config.partition, y, config.clients, generator_for(config.seed, 0, PARTITION), **options)
+    in_shape = {"mlp": {"in_features": int(X[0].numel()), "num_classes": num_classes},
+                "logistic": {"in_features": int(X[0].numel()), "num_classes": num_classes}}
+    model = make_model(config.model, **in_shape.get(config.model, {"num_classes": num_classes}))
+    device = torch.device(config.device)
+    clients = {k: ClassificationData(model, X[idx].to(device), y[idx].to(device)) for k, idx in enumerate(parts)}
+    theta0 = model.initial_params(generator_for(config.seed, 0, INIT)).to(device)
+    algorithm = make_algorithm(config, model, {k: d.num_examples for k, d in clients.items()})
+    return Experiment(config, model, clients, X_test.to(device), y_test.to(device), algorithm, theta0, parts, y,
+                      num_classes)
+
+
+def make_algorithm(config: RunConfig, model: FlatModel, client_sizes: dict[int, int]) -> Algorithm:
+    """The registry factory called with the configured hyperparameters plus what the engine knows."""
+    factory = REGISTRY[config.method]
+    accepted = inspect.signature(factory).parameters
+    kwargs = {k: v for k, v in config.hparams.items() if k != "cosine"}
+    supplied = {"dim": model.dim, "model": model, "num_clients": config.clients, "client_sizes": client_sizes,
+                "cosine_rounds": config.rounds if config.hparams.get("cosine") else None}
+    kwargs.update({k: v for k, v in supplied.items() if k in accepted})
+    return factory(**kwargs)
+
+
+def participants(config: RunConfig, round_: int) -> list[int]:
+    """The clients that take part in `round_` (all, or a seeded random fraction)."""
+    if config.participation >= 1.0:
+        return list(range(config.clients))
+    count = max(1, math.ceil(config.participation * config.clients))
+    order = torch.randperm(config.clients, generator=generator_for(config.seed, round_, PARTICIPANTS))
+    return sorted(order[:count].tolist())
+
+
+def _write_json(path: Path, payload) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _save_checkpoint(path: Path, round_: int, server, clients) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"round": round_, "server": server, "clients": clients}, tmp)
+    os.replace(tmp, path)  # never a half-written checkpoint
+
+
+def _metrics_line(round_: int, results: dict, seconds: float, eval_seconds: float, count: int) -> dict:
+    line = {"round": round_}
+    for key, value in results.items():
+        line[f"ens_test_{key[4:]}" if key.startswith("ens_") else f"test_{key}"] = value
+    line.update({"seconds": seconds, "eval_seconds": eval_seconds, "participants": count})
+    return line
+
+
+def _read_metrics(path: Path, up_to: int) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if line["round"] <= up_to]
+
+
+def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
+    """Run (or resume) the configured experiment; returns the exit code."""
+    from bayesadmm.reports import plot_run
+
+    run_dir = config.run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    status_path, metrics_path, checkpoint_path = (run_dir / "status.json", run_dir / "metrics.jsonl",
+                                                   run_dir / "checkpoint.pt")
+    experiment = build(config)
+    algorithm = experiment.algorithm
+    if resume and checkpoint_path.exists():
+        state = torch.load(checkpoint_path, weights_only=False)
+        start, server, states = state["round"], state["server"], state["clients"]
+    else:
+        start, server = 0, algorithm.init_server(experiment.theta0)
+        states = {k: algorithm.init_client(server, k) for k in experiment.clients}
+        _save_checkpoint(checkpoint_path, 0, server, states)  # so a stop in round 1 still leaves a state to inspect
+        _write_json(run_dir / "config.json", config.to_json())
+        _write_json(run_dir / "partition.json", {"clients": [idx.tolist() for idx in experiment.parts]})
+        try:
+            from bayesadmm.data.partitions import plot_label_distribution
+            plot_label_distribution(experiment.train_labels, experiment.parts, experiment.num_classes,
+                                    run_dir / "labels.png", title=f"{config.scenario}: labels per client")
+        except Exception as exc:  # a plot is never worth losing a run
+            print(f"warning: could not plot the label distribution: {exc}", file=sys.stderr)
+    history = _read_metrics(metrics_path, start)
+    metrics_path.write_text("".join(json.dumps(line) + "\n" for line in history))  # drop rounds after the checkpoint
+
+    bar = _progress(config, start, progress)
+    status = {"status": "running", "round": start}
+    _write_json(status_path, status)
+    code = EXIT_OK
+    for round_ in range(start + 1, config.rounds + 1):
+        began = time.perf_counter()
+        chosen = participants(config, round_)
+        try:
+            message = algorithm.broadcast(server)
+            replies = {}
+            for i, k in enumerate(chosen):
+                bar.set_postfix_str(f"client {i + 1}/{len(chosen)}")
+                states[k], replies[k], _ = algorithm.client_update(
+                    states[k], message, experiment.clients[k], generator_for(config.seed, round_, k))
+            server, _ = algorithm.server_update(server, replies)
+        except BREAKDOWNS as exc:
+            status = {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"}
+            code = EXIT_DIVERGED
+            break
+        seconds = time.perf_counter() - began
+        began = time.perf_counter()
+        results = evaluate(experiment.model, algorithm.posterior(server), experiment.X_test, experiment.y_test,
+                           samples=config.eval_samples, generator=generator_for(config.seed, round_, EVALUATION))
+        line = _metrics_line(round_, results, seconds, time.perf_counter() - began, len(chosen))
+        if not all(math.isfinite(v) for v in results.values()):
+            status = {"status": "diverged", "round": round_ - 1,
+                      "message": f"round {round_}: non-finite test metrics {results}"}
+            code = EXIT_DIVERGED
+            break
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        _save_checkpoint(checkpoint_path, round_, server, states)
+        history.append(line)
+        status = {"status": "running", "round": round_}
+        _write_json(status_path, status)
+        acc = line.get("ens_test_acc", line["test_acc"])
+        bar.set_postfix_str(f"acc {100 * acc:.1f}%")
+        bar.update(1)
+    bar.close()
+    if code == EXIT_OK:
+        status = {"status": "completed", "round": config.rounds}
+    else:
+        print(f"stopped: {status['message']} (state of round {status['round']} is in {checkpoint_path})",
+              file=sys.stderr)
+    _write_json(status_path, status)
+    if history:
+        plot_run(history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed {config.seed})")
+    return code
+
+
+def _progress(config: RunConfig, start: int, enabled: bool):
+    from tqdm import tqdm
+    return tqdm(total=config.rounds, initial=start, desc=f"{config.method} rounds", unit="round",
+                disable=not enabled, dynamic_ncols=True, file=sys.stderr)

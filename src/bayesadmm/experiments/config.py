@@ -1,0 +1,206 @@
+"""Run configuration: defaults < scenario preset < config file < command line, every key checked.
+
+A run is described by a `RunConfig` (what data, split, model, method, schedule) plus the method's hyperparameters
+(`hparams`), whose valid names and types are read off the method's factory signature in the registry, so a new
+algorithm needs no config code. Unknown keys and values of the wrong type are errors that list the valid keys; the
+resolved configuration is saved with the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from bayesadmm.algorithms import REGISTRY
+
+# Passed by the engine, never set by users.
+ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "cosine_rounds", "name")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    scenario: str = "custom"
+    dataset: str = "fashion-mnist"
+    data_fraction: float = 1.0          # the "10 %" scenarios use 0.1 of the training set, drawn per seed
+    preprocessing: str = "raw"          # raw: pixels 0–255 (as the authors); scaled: [0, 1]
+    partition: str = "two-level-dirichlet"
+    clients: int = 10
+    alpha1: float = 1.0                 # two-level Dirichlet: client sizes ~ Dir(alpha1)
+    alpha2: float = 0.5                 # two-level Dirichlet: class mix ~ Dir(alpha2)
+    classes_per_client: int = 2
+    per_class: int = 300
+    model: str = "mlp"
+    method: str = "ivon-admm"
+    rounds: int = 50
+    seed: int = 0
+    participation: float = 1.0          # fraction of clients per round
+    eval_samples: int = 32              # posterior-predictive samples
+    device: str = "cpu"
+    data_dir: str = ""
+    out: str = ""                       # run directory (default runs/<scenario>-<method>-s<seed>)
+    hparams: dict = field(default_factory=dict)
+
+    def run_dir(self) -> Path:
+        return Path(self.out) if self.out else Path("runs") / f"{self.scenario}-{self.method}-s{self.seed}"
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+GENERAL_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "hparams")
+CHOICES = {"preprocessing": ("raw", "scaled"), "device": None}
+
+
+class ConfigError(ValueError):
+    """A configuration the run cannot start from; the message says what is wrong and what is valid."""
+
+
+def presets() -> dict:
+    text = resources.files("bayesadmm.experiments").joinpath("presets.json").read_text()
+    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+
+
+def method_parameters(method: str) -> dict[str, inspect.Parameter]:
+    """The user-settable hyperparameters of a registered method: its factory's keyword arguments."""
+    if method not in REGISTRY:
+        raise ConfigError(f"unknown method {method!r}; valid: {', '.join(sorted(REGISTRY))}")
+    factory = REGISTRY[method]
+    params = dict(inspect.signature(factory).parameters)
+    for name in getattr(factory, "keywords", {}) or {}:   # functools.partial fixes some
+        params.pop(name, None)
+    user = {k: p for k, p in params.items() if k not in ENGINE_SUPPLIED and p.kind != p.VAR_KEYWORD}
+    if "cosine_rounds" in params:
+        user["cosine"] = inspect.Parameter("cosine", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool")
+    return user
+
+
+def _kinds(param: inspect.Parameter, value) -> tuple[type, ...]:
+    """The accepted types, in the order given by the annotation (a string under postponed evaluation), else the
+    default's type: `float | str` accepts a number first and a word otherwise (e.g. FedLap's rho = 0.1 or "size")."""
+    text = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
+    names = {"bool": bool, "int": int, "float": float, "str": str}
+    kinds = tuple(names[part.strip()] for part in str(text).split("|") if part.strip() in names)
+    if kinds:
+        return kinds
+    if param.default is not inspect.Parameter.empty and param.default is not None:
+        return (type(param.default),)
+    return (type(value),) if value is not None else (float,)
+
+
+def _convert_one(key: str, value, kind: type):
+    if isinstance(value, str):
+        if kind is bool:
+            if value.lower() in ("1", "true", "yes", "on"):
+                return True
+            if value.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        try:
+            return int(float(value)) if kind is int and "e" in value.lower() else kind(value)
+        except ValueError:
+            raise ConfigError(f"{key} must be {kind.__name__}, got {value!r}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{key} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _convert(key: str, value, kinds: tuple[type, ...]):
+    errors = []
+    for kind in kinds:
+        try:
+            return _convert_one(key, value, kind)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: " + "; or ".join(errors))
+
+
+def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfig, list[str]]:
+    """Build the config from a preset name or a JSON config file plus KEY=VALUE overrides.
+
+    Returns the config and a list of human-readable lines saying which values the command line changed.
+    """
+    table = presets()
+    if source in table:
+        base = dict(table[source])
+        base["scenario"] = source
+    elif Path(source).is_file():
+        try:
+            base = json.loads(Path(source).read_text())
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{source} is not valid JSON: {exc}") from None
+        base.setdefault("scenario", Path(source).stem)
+    else:
+        raise ConfigError(f"{source!r} is neither a scenario ({', '.join(sorted(table))}) nor a config file")
+
+    method_table = base.pop("methods", {})
+    file_hparams = base.pop("hparams", {})
+    pairs = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"overrides are KEY=VALUE, got {item!r}")
+        pairs.append((key.strip(), value.strip()))
+    method = dict(pairs).get("method", base.get("method", RunConfig.method))
+    hparam_specs = method_parameters(method)
+
+    general, changed = {}, []
+    for key, value in base.items():
+        if key not in GENERAL_KEYS:
+            raise ConfigError(f"unknown key {key!r} in {source}; valid: {', '.join(GENERAL_KEYS)}")
+        general[key] = value
+    hparams = {**method_table.get(method, {}), **file_hparams}
+    for key, value in pairs:
+        if key in GENERAL_KEYS:
+            general[key] = value
+        elif key in hparam_specs:
+            hparams[key] = value
+        else:
+            raise ConfigError(f"unknown key {key!r}; valid keys: {', '.join(GENERAL_KEYS)}; "
+                              f"{method} hyperparameters: {', '.join(sorted(hparam_specs)) or '(none)'}")
+        changed.append(f"{key}={value}")
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name != "hparams"}
+    typed = {k: _convert(k, v, (type(defaults[k]),)) for k, v in general.items()}
+    for key, spec in hparam_specs.items():
+        if key in hparams:
+            hparams[key] = _convert(key, hparams[key], _kinds(spec, hparams[key]))
+    unknown = sorted(set(hparams) - set(hparam_specs))
+    if unknown:
+        raise ConfigError(f"{method} has no hyperparameters {', '.join(unknown)}; valid: "
+                          f"{', '.join(sorted(hparam_specs))}")
+    missing = sorted(k for k, p in hparam_specs.items() if p.default is inspect.Parameter.empty and k not in hparams)
+    if missing:
+        raise ConfigError(f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE)")
+    config = RunConfig(**typed, hparams=hparams)
+    _validate(config)
+    return config, changed
+
+
+def _validate(config: RunConfig) -> None:
+    problems = []
+    if config.preprocessing not in CHOICES["preprocessing"]:
+        problems.append(f"preprocessing must be one of {CHOICES['preprocessing']}, got {config.preprocessing!r}")
+    if not 0 < config.data_fraction <= 1:
+        problems.append(f"data_fraction must be in (0, 1], got {config.data_fraction}")
+    if not 0 < config.participation <= 1:
+        problems.append(f"participation must be in (0, 1], got {config.participation}")
+    for key in ("clients", "rounds", "eval_samples"):
+        if getattr(config, key) < 1:
+            problems.append(f"{key} must be >= 1, got {getattr(config, key)}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+
+
+def load(run_dir: Path) -> RunConfig:
+    """The config saved with a run."""
+    data = json.loads((Path(run_dir) / "config.json").read_text())
+    return RunConfig(**data)

@@ -1,0 +1,136 @@
+"""Plots of one run and the comparison table across runs (the papers' Table 1 format).
+
+Table entries follow the papers: for each run, the mean of a metric over the last 3 rounds up to round R
+(rounds R−2, R−1, R); then mean ± std over the runs (seeds) of a method. Methods with a Gaussian posterior get two
+rows: at the server mean m_g, and for the posterior predictive (`ens_` metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))
+
+
+def read_run(run_dir: Path) -> tuple[dict, list[dict]]:
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").exists():
+        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
+    config = json.loads((run_dir / "config.json").read_text())
+    metrics_file = run_dir / "metrics.jsonl"
+    lines = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] \
+        if metrics_file.exists() else []
+    return config, lines
+
+
+def _last3(history: list[dict], key: str, round_: int) -> float | None:
+    values = [line[key] for line in history if round_ - 2 <= line["round"] <= round_ and key in line]
+    return statistics.fmean(values) if len(values) == 3 else None
+
+
+def _matplotlib():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_run(history: list[dict], path: Path, title: str = "") -> None:
+    """Accuracy and NLL per round of one run, at the server mean and for the predictive where there is one."""
+    plt = _matplotlib()
+    rounds = [line["round"] for line in history]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, (metric, label, scale) in zip(axes, METRICS):
+        ax.plot(rounds, [scale * line[f"test_{metric}"] for line in history], marker=".", label="at mean")
+        if f"ens_test_{metric}" in history[0]:
+            ax.plot(rounds, [scale * line[f"ens_test_{metric}"] for line in history], marker=".",
+                    label="posterior predictive")
+        ax.set_xlabel("round")
+        ax.set_ylabel(f"test {label}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None) -> str:
+    """The comparison table (Markdown, returned and written with a LaTeX version) and an overlay plot."""
+    groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
+    scenarios = set()
+    for run_dir in run_dirs:
+        config, history = read_run(run_dir)
+        if not history:
+            continue
+        scenarios.add(config.get("scenario", "?"))
+        groups[(config["method"], "m_g")].append(history)
+        if "ens_test_acc" in history[0]:
+            groups[(config["method"], "predictive")].append(history)
+    if not groups:
+        raise ValueError("none of the runs has finished a round")
+
+    header = ["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in METRICS]
+    rows = []
+    for (method, where), histories in sorted(groups.items()):
+        prefix = "ens_test_" if where == "predictive" else "test_"
+        cells = [f"{method} ({where})", str(len(histories))]
+        for r in rounds:
+            for metric, _, scale in METRICS:
+                values = [v for h in histories if (v := _last3(h, prefix + metric, r)) is not None]
+                if not values:
+                    cells.append("—")
+                    continue
+                mean = scale * statistics.fmean(values)
+                std = scale * statistics.stdev(values) if len(values) > 1 else 0.0
+                digits = 1 if metric == "acc" else 3
+                cells.append(f"{mean:.{digits}f} ± {std:.{digits}f}")
+        rows.append(cells)
+
+    markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                         + ["| " + " | ".join(row) + " |" for row in rows])
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "table.md").write_text(markdown + "\n")
+        (out_dir / "table.tex").write_text(_latex(header, rows))
+        _plot_overlay(groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)))
+    return markdown
+
+
+def _latex(header: list[str], rows: list[list[str]]) -> str:
+    def esc(text: str) -> str:
+        return text.replace("±", r"$\pm$").replace("%", r"\%").replace("_", r"\_").replace("@", "")
+    lines = [r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\toprule",
+             " & ".join(esc(h) for h in header) + r" \\", r"\midrule"]
+    lines += [" & ".join(esc(c) for c in row) + r" \\" for row in rows]
+    lines += [r"\bottomrule", r"\end{tabular}", ""]
+    return "\n".join(lines)
+
+
+def _plot_overlay(groups, path: Path, title: str) -> None:
+    plt = _matplotlib()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for (method, where), histories in sorted(groups.items()):
+        prefix = "ens_test_" if where == "predictive" else "test_"
+        length = min(len(h) for h in histories)
+        rounds = [line["round"] for line in histories[0][:length]]
+        for ax, (metric, label, scale) in zip(axes, METRICS):
+            series = [[scale * h[i][prefix + metric] for h in histories] for i in range(length)]
+            mean = [statistics.fmean(s) for s in series]
+            ax.plot(rounds, mean, label=f"{method} ({where})", linestyle="-" if where == "predictive" else "--")
+            if len(histories) > 1:
+                std = [statistics.stdev(s) for s in series]
+                ax.fill_between(rounds, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                                alpha=0.15)
+            ax.set_xlabel("round")
+            ax.set_ylabel(f"test {label}")
+            ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

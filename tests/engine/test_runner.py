@@ -1,0 +1,182 @@
+"""The run workflow: config resolution, exact resume after a kill, partial participation, divergence, compare."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bayesadmm.cli import main
+from bayesadmm.data import DatasetNotFoundError, load_image_dataset
+from bayesadmm.engine import runner
+from bayesadmm.experiments.config import ConfigError, resolve
+
+
+def _have_fashion_mnist() -> bool:
+    try:
+        load_image_dataset("fashion-mnist", "train", download=False)
+        return True
+    except DatasetNotFoundError:
+        return False
+
+
+needs_fmnist = pytest.mark.skipif(not _have_fashion_mnist(), reason="FashionMNIST not installed (make setup does it)")
+
+# a small, fast version of the heterogeneous FashionMNIST scenario
+SMALL = ["data_fraction=0.01", "clients=3", "epochs=1", "eval_samples=4"]
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _strip_times(lines):
+    return [{k: v for k, v in line.items() if k not in ("seconds", "eval_seconds")} for line in lines]
+
+
+# --- configuration ---------------------------------------------------------------------------------------------------
+
+
+def test_preset_and_overrides_resolve_with_types():
+    config, changed = resolve("fmnist-heterog10", ["method=fedavg", "rounds=7", "lr=0.01", "epochs=2"])
+    assert (config.method, config.rounds, config.clients, config.data_fraction) == ("fedavg", 7, 10, 0.1)
+    assert config.hparams["lr"] == 0.01 and config.hparams["epochs"] == 2 and isinstance(config.hparams["epochs"], int)
+    assert changed == ["method=fedavg", "rounds=7", "lr=0.01", "epochs=2"]
+    ivon, _ = resolve("fmnist-heterog10", [])
+    assert ivon.method == "ivon-admm" and ivon.hparams["gamma"] == 2e-4 and ivon.hparams["cosine"] is True
+
+
+def test_unknown_keys_and_wrong_types_are_errors_that_list_valid_keys():
+    with pytest.raises(ConfigError, match="valid keys: .*rounds.*ivon-admm hyperparameters: .*gamma"):
+        resolve("fmnist-heterog10", ["gama=0.1"])
+    with pytest.raises(ConfigError, match="rounds must be int"):
+        resolve("fmnist-heterog10", ["rounds=ten"])
+    with pytest.raises(ConfigError, match="unknown method"):
+        resolve("fmnist-heterog10", ["method=fedmagic"])
+    with pytest.raises(ConfigError, match="neither a scenario"):
+        resolve("no-such-scenario", [])
+
+
+def test_config_file_and_command_line_precedence(tmp_path):
+    path = tmp_path / "exp.json"
+    path.write_text(json.dumps({"dataset": "fashion-mnist", "method": "fedavg", "rounds": 3,
+                                "hparams": {"lr": 0.002, "epochs": 1}}))
+    config, _ = resolve(str(path), ["rounds=5"])
+    assert config.rounds == 5 and config.hparams["lr"] == 0.002 and config.scenario == "exp"
+    path.write_text(json.dumps({"rounds": 3, "colour": "blue"}))
+    with pytest.raises(ConfigError, match="unknown key 'colour'"):
+        resolve(str(path), [])
+
+
+# --- runs ------------------------------------------------------------------------------------------------------------
+
+
+@needs_fmnist
+def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeypatch):
+    args = SMALL + ["rounds=3", "method=ivon-admm", "cosine=true"]
+    full = tmp_path / "full"
+    assert main(["run", "fmnist-heterog10", *args, f"out={full}", "--quiet"]) == 0
+    for name in ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json", "curves.png", "labels.png",
+                 "partition.json"):
+        assert (full / name).exists(), name
+    lines = _lines(full)
+    assert [line["round"] for line in lines] == [1, 2, 3]
+    assert {"test_acc", "test_nll", "test_ece", "ens_test_acc", "ens_test_nll", "ens_test_ece", "seconds"} <= set(lines[0])
+    assert json.loads((full / "status.json").read_text())["status"] == "completed"
+
+    # kill the process after round 2's metrics line but before its checkpoint: resume must redo round 2
+    killed = tmp_path / "killed"
+    save = runner._save_checkpoint
+
+    def dying_save(path, round_, server, clients):
+        if round_ == 2:
+            raise KeyboardInterrupt
+        save(path, round_, server, clients)
+
+    monkeypatch.setattr(runner, "_save_checkpoint", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        main(["run", "fmnist-heterog10", *args, f"out={killed}", "--quiet"])
+    monkeypatch.setattr(runner, "_save_checkpoint", save)
+    assert [line["round"] for line in _lines(killed)] == [1, 2]
+    assert main(["resume", str(killed), "--quiet"]) == 0
+    assert _strip_times(_lines(killed)) == _strip_times(lines)
+
+
+@needs_fmnist
+def test_partial_participation_and_absent_clients(tmp_path):
+    out = tmp_path / "partial"
+    assert main(["run", "fmnist-heterog10", *SMALL, "clients=4", "participation=0.5", "rounds=2", "method=ivon-admm",
+                 f"out={out}", "--quiet"]) == 0
+    lines = _lines(out)
+    assert [line["participants"] for line in lines] == [2, 2]
+    config, _ = resolve("fmnist-heterog10", [*SMALL, "clients=4", "participation=0.5", "rounds=2"])
+    chosen = [runner.participants(config, r) for r in (1, 2)]
+    assert all(len(c) == 2 for c in chosen)
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
+    # the server remembers every client that has ever replied, not only this round's
+    assert set(checkpoint["server"].replies) == set(chosen[0]) | set(chosen[1])
+
+
+@needs_fmnist
+def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
+    """A client whose loss turns NaN in round 2: the run stops with status 'diverged', exit code 3, and the state
+    of round 1 in the checkpoint."""
+    from bayesadmm.problems.neural import ClassificationData
+
+    after_round_1 = {"yes": False}
+    batch_loss, save = ClassificationData.batch_loss, runner._save_checkpoint
+
+    def poisoned(self, theta, idx):
+        loss = batch_loss(self, theta, idx)
+        return loss * float("nan") if after_round_1["yes"] else loss
+
+    def save_and_flag(path, round_, server, clients):
+        save(path, round_, server, clients)
+        after_round_1["yes"] = round_ >= 1
+
+    monkeypatch.setattr(ClassificationData, "batch_loss", poisoned)
+    monkeypatch.setattr(runner, "_save_checkpoint", save_and_flag)
+    out = tmp_path / "diverged"
+    code = main(["run", "fmnist-heterog10", *SMALL, "rounds=3", "method=fedavg", f"out={out}", "--quiet"])
+    assert code == runner.EXIT_DIVERGED
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "diverged" and status["round"] == 1 and "round 2" in status["message"]
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["round"] == 1
+    assert [line["round"] for line in _lines(out)] == [1]
+
+
+# --- compare ---------------------------------------------------------------------------------------------------------
+
+
+def _fake_run(directory: Path, method: str, seed: int, accs: list[float], ens: bool):
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"method": method, "seed": seed, "scenario": "toy"}))
+    lines = []
+    for r, acc in enumerate(accs, start=1):
+        line = {"round": r, "test_acc": acc, "test_nll": 1.0 - acc}
+        if ens:
+            line.update({"ens_test_acc": acc + 0.01, "ens_test_nll": 0.9 - acc})
+        lines.append(json.dumps(line))
+    (directory / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_compare_table_uses_mean_of_last_three_rounds_over_seeds(tmp_path, capsys):
+    _fake_run(tmp_path / "a0", "ivon-admm", 0, [0.1, 0.2, 0.3, 0.4, 0.5], ens=True)
+    _fake_run(tmp_path / "a1", "ivon-admm", 1, [0.1, 0.2, 0.5, 0.6, 0.7], ens=True)
+    _fake_run(tmp_path / "b0", "fedavg", 0, [0.1, 0.1, 0.1, 0.1, 0.1], ens=False)
+    out = tmp_path / "cmp"
+    assert main(["compare", str(tmp_path / "a0"), str(tmp_path / "a1"), str(tmp_path / "b0"), "--rounds", "3,5",
+                 "--out", str(out)]) == 0
+    table = (out / "table.md").read_text()
+    # round 3: the runs average 20 % and 26.7 % over rounds 1–3; round 5: 40 % and 60 % over rounds 3–5
+    assert "| ivon-admm (m_g) | 2 | 23.3 ± 4.7 | 0.767 ± 0.047 | 50.0 ± 14.1 | 0.500 ± 0.141 |" in table
+    assert "| fedavg (m_g) | 1 | 10.0 ± 0.0 | 0.900 ± 0.000 | 10.0 ± 0.0 | 0.900 ± 0.000 |" in table
+    assert "ivon-admm (predictive)" in table and "fedavg (predictive)" not in table
+    assert (out / "table.tex").read_text().startswith(r"\begin{tabular}")
+    assert (out / "curves.png").stat().st_size > 10_000
+    assert "50.0 ± 14.1" in capsys.readouterr().out
+
+
+def test_compare_and_resume_errors(tmp_path):
+    assert main(["compare", str(tmp_path / "missing")]) == 2
+    assert main(["resume", str(tmp_path)]) == 2
