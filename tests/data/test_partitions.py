@@ -382,3 +382,22 @@ def test_more_clients_than_examples_and_bad_concentrations():
         two_level_dirichlet(labels, 2, gen(0), alpha2=float("inf"))
     with pytest.raises(ValueError, match="alpha"):
         per_class_dirichlet(labels, 2, gen(0), alpha=-0.5)
+
+
+def test_shards_fit_mnist_sized_data_and_give_label_sorted_blocks():
+    from bayesadmm.data.partitions import shards
+
+    g = torch.Generator().manual_seed(0)
+    # MNIST's class sizes: 200 x 300 = 60,000 fits although classes_per_client (distinct classes) does not
+    sizes = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    labels = torch.cat([torch.full((n,), c) for c, n in enumerate(sizes)])
+    parts = shards(labels, 100, g, classes=2, per_class=300)
+    assert len(parts) == 100 and all(p.numel() == 600 for p in parts)
+    everything = torch.cat(parts)
+    assert everything.unique().numel() == 60000                   # disjoint and complete
+    classes = [labels[p].unique().numel() for p in parts]
+    assert max(classes) <= 4 and sum(c <= 2 for c in classes) >= 80  # mostly two classes per client
+    again = shards(labels, 100, torch.Generator().manual_seed(0), classes=2, per_class=300)
+    assert all(torch.equal(a, b) for a, b in zip(parts, again))
+    with pytest.raises(ValueError, match="need"):
+        shards(labels, 101, g, classes=2, per_class=300)

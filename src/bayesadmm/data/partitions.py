@@ -486,6 +486,39 @@ def classes_per_client(
     return _assign_by_counts(members, holds * per_class, labels.numel(), generator)
 
 
+def shards(
+    labels,
+    num_clients: int,
+    generator: torch.Generator,
+    classes: int = 2,
+    per_class: int = 300,
+) -> list[torch.Tensor]:
+    r"""Label-sorted shards (McMahan et al. 2017): sort the examples by label (randomly within a label), cut them
+    into ``num_clients * classes`` shards of ``per_class`` consecutive examples, and give each client ``classes``
+    shards drawn at random without replacement.
+
+    This is how the "2 classes per client, 300 points each" MNIST scenario is usually built, and unlike
+    :func:`classes_per_client` it always fits when K·classes·per_class ≤ N (MNIST: 200 × 300 = 60,000): a shard
+    that straddles two labels, or two shards of the same label, leave a client with one or three classes.
+
+    Returns:
+        K sorted index tensors of ``classes * per_class`` examples each, pairwise disjoint.
+    """
+    labels = _check_labels(labels)
+    num_clients = _check_positive_int(num_clients, "num_clients")
+    generator = _check_generator(generator)
+    count = num_clients * _check_positive_int(classes, "classes")
+    per_class = _check_positive_int(per_class, "per_class")
+    if count * per_class > labels.numel():
+        raise ValueError(f"{num_clients} clients x {classes} shards x {per_class} examples need "
+                         f"{count * per_class} examples, but there are {labels.numel()}")
+    shuffled = torch.randperm(labels.numel(), generator=generator)
+    by_label = shuffled[torch.argsort(labels[shuffled], stable=True)]   # sorted by label, random within a label
+    pieces = by_label[:count * per_class].reshape(count, per_class)
+    order = torch.randperm(count, generator=generator).reshape(num_clients, classes)
+    return [torch.sort(pieces[row].reshape(-1)).values for row in order]
+
+
 def subsample(num_examples: int, fraction: float, generator: torch.Generator) -> torch.Tensor:
     """A uniformly random subset of ``round(fraction * num_examples)`` indices (at least 1), sorted.
 
@@ -690,6 +723,7 @@ PARTITIONS: dict[str, Callable[..., list[torch.Tensor]]] = {
     "two-level-dirichlet": two_level_dirichlet,
     "per-class-dirichlet": per_class_dirichlet,
     "classes-per-client": classes_per_client,
+    "shards": shards,
 }
 
 

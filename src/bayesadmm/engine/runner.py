@@ -86,6 +86,7 @@ def build(config: RunConfig) -> Experiment:
     options = {"two-level-dirichlet": {"alpha1": config.alpha1, "alpha2": config.alpha2},
                "per-class-dirichlet": {"alpha": config.alpha2},
                "classes-per-client": {"classes": config.classes_per_client, "per_class": config.per_class},
+               "shards": {"classes": config.classes_per_client, "per_class": config.per_class},
                }.get(config.partition, {})
     parts = make_partition(config.partition, y, config.clients, generator_for(config.seed, 0, PARTITION), **options)
     in_shape = {"mlp": {"in_features": int(X[0].numel()), "num_classes": num_classes},
