@@ -13,6 +13,7 @@ PAPER_EXPERIMENTS = {
     "onestep": ("bayesadmm.paper.onestep", "Fig. 5a: one-round exact posterior on ridge regression"),
     "logreg": ("bayesadmm.paper.logreg", "Fig. 5b: BayesADMM vs PVI and BregmanADMM on logistic regression"),
     "outlier": ("bayesadmm.paper.outlier", "Fig. 4: a 2-D outlier slows ADMM down but not BayesADMM"),
+    "fedep-toy": ("bayesadmm.paper.fedep_toy", "FedEP Table 4 / Figs. 1, 4-left: 2-D Gaussian toy, EP vs FedPA/FedAvg"),
 }
 
 
@@ -26,7 +27,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("scenario", help="a preset (fmnist-heterog10, fmnist-homog10, fmnist-heterog100, "
                                       "mnist-heterog100, cifar10-zenke, cifar10-acar, cifar100-resnet20) or a file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    run.add_argument("--data-dir", default=None, help="folder with the dataset's files (same as data_dir=...)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(run_parser=run)
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--quiet", action="store_true")
@@ -78,7 +81,8 @@ def _run(args) -> int:
             config = load(args.run_dir)
             config = type(config)(**{**config.to_json(), "out": str(args.run_dir)})
             return run(config, resume=True, progress=not args.quiet)
-        config, changed = resolve(args.scenario, args.overrides)
+        overrides = list(args.overrides) + ([f"data_dir={args.data_dir}"] if args.data_dir else [])
+        config, changed = resolve(args.scenario, overrides)
     except (ConfigError, FileNotFoundError) as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
@@ -110,7 +114,14 @@ def _compare(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser()
+    if argv[:1] == ["run"]:
+        # options may come anywhere among the KEY=VALUE overrides, which plain parse_args does not allow
+        args = parser.get_default("run_parser").parse_intermixed_args(argv[1:])
+        args.command = "run"
+    else:
+        args = parser.parse_args(argv)
     if args.command in ("run", "resume"):
         return _run(args)
     if args.command == "compare":

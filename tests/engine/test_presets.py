@@ -70,7 +70,7 @@ def test_preset_runs_two_rounds(tmp_path, scenario, method, extra):
     else:
         _fake_cifar(data, "cifar100" if "100" in scenario else "cifar10", train=150, test=40)
     out = tmp_path / "run"
-    code = main(["run", scenario, f"method={method}", f"data_dir={data}", f"out={out}", *extra, *SMALL])
+    code = main(["run", scenario, f"method={method}", "--data-dir", str(data), f"out={out}", *extra, *SMALL])
     assert code == 0
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["round"] for line in lines] == [1, 2]
