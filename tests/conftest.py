@@ -9,3 +9,16 @@ def _float64_and_deterministic():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+def _have_fashion_mnist() -> bool:
+    from bayesadmm.data import DatasetNotFoundError, load_image_dataset
+    try:
+        load_image_dataset("fashion-mnist", "train", download=False)
+        return True
+    except DatasetNotFoundError:
+        return False
+
+
+# Tests on the real FashionMNIST files skip (with the reason) where they are absent; `make test` installs them.
+needs_fmnist = pytest.mark.skipif(not _have_fashion_mnist(), reason="FashionMNIST not installed (make setup does it)")

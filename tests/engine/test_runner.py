@@ -7,20 +7,10 @@ import pytest
 import torch
 
 from bayesadmm.cli import main
-from bayesadmm.data import DatasetNotFoundError, load_image_dataset
+from conftest import needs_fmnist
 from bayesadmm.engine import runner
 from bayesadmm.experiments.config import ConfigError, resolve
 
-
-def _have_fashion_mnist() -> bool:
-    try:
-        load_image_dataset("fashion-mnist", "train", download=False)
-        return True
-    except DatasetNotFoundError:
-        return False
-
-
-needs_fmnist = pytest.mark.skipif(not _have_fashion_mnist(), reason="FashionMNIST not installed (make setup does it)")
 
 # a small, fast version of the heterogeneous FashionMNIST scenario
 SMALL = ["data_fraction=0.01", "clients=3", "epochs=1", "eval_samples=4"]

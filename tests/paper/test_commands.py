@@ -10,18 +10,8 @@ from pathlib import Path
 import pytest
 
 from bayesadmm.cli import main
-from bayesadmm.data import DatasetNotFoundError, load_image_dataset
+from conftest import needs_fmnist
 
-
-def _have_fashion_mnist() -> bool:
-    try:
-        load_image_dataset("fashion-mnist", "train", download=False)
-        return True
-    except DatasetNotFoundError:
-        return False
-
-
-needs_fmnist = pytest.mark.skipif(not _have_fashion_mnist(), reason="FashionMNIST not installed (make setup does it)")
 
 
 def test_outlier_command(tmp_path: Path):
