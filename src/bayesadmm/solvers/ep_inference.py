@@ -62,9 +62,9 @@ def diagonal_fisher(data, theta: Tensor, generator: torch.Generator, samples: in
 
     model = data.model
 
-    def log_lik(t, x, y):
+    def log_lik(t, x, onehot):
         logits = model.forward(t, x.unsqueeze(0))[0]
-        return torch.log_softmax(logits, -1)[y]
+        return (torch.log_softmax(logits, -1) * onehot).sum()
 
     per_example = vmap(grad(log_lik), in_dims=(None, 0, 0))
     total = torch.zeros_like(theta)
@@ -75,7 +75,8 @@ def diagonal_fisher(data, theta: Tensor, generator: torch.Generator, samples: in
             probs = torch.softmax(model.forward(theta, X), -1)
         for _ in range(samples):
             y = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-            total = total + per_example(theta, X, y).square().sum(0)
+            onehot = torch.nn.functional.one_hot(y, probs.shape[-1]).to(theta.dtype)
+            total = total + per_example(theta, X, onehot).square().sum(0)
     return total / samples
 
 
