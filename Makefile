@@ -18,3 +18,4 @@ figures: setup
 	$(VENV)/bin/bayesadmm paper onestep --out docs/figures
 	$(VENV)/bin/bayesadmm paper logreg --out docs/figures
 	$(VENV)/bin/bayesadmm paper outlier --out docs/figures
+	$(VENV)/bin/bayesadmm paper fedep-toy --out docs/figures
