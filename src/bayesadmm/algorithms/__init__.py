@@ -8,8 +8,8 @@ factories that take a family and a local solver object (`bayes_admm.make`, `breg
 
 from functools import partial
 
-from bayesadmm.algorithms import (admm, bayes_admm, bregman_admm, fedavg, feddyn, fedlap, fedlap_cov, fedlap_func,
-                                  fedprox, ivon_admm, pvi, smoothing_admm)
+from bayesadmm.algorithms import (admm, bayes_admm, bregman_admm, fedavg, feddyn, fedep_nn, fedlap, fedlap_cov,
+                                  fedlap_func, fedprox, ivon_admm, pvi, smoothing_admm)
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate
 
 REGISTRY = {
@@ -24,6 +24,8 @@ REGISTRY = {
     "ivon-admm": ivon_admm.make,
     "ivon-pvi": ivon_admm.make_pvi,
     "bayes-admm-iso": smoothing_admm.make,
+    "fedep": fedep_nn.make,
+    "fedsep": fedep_nn.make_fedsep,
 }
 
 
