@@ -21,16 +21,20 @@ from bayesadmm.models import mlp
 from bayesadmm.optim import IVON, ivon
 
 
-def _time(step, steps: int, repeats: int) -> float:
+def _time_pair(a, b, steps: int, repeats: int) -> tuple[float, float]:
+    """Median seconds per call of a and b, measured alternately so that drift in the machine's speed (other load,
+    frequency) affects both alike."""
     for _ in range(20):  # warm-up
-        step()
-    runs = []
+        a()
+        b()
+    runs_a, runs_b = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        runs.append((time.perf_counter() - start) / steps)
-    return statistics.median(runs)
+        for f, runs in ((a, runs_a), (b, runs_b)):
+            start = time.perf_counter()
+            for _ in range(steps):
+                f()
+            runs.append((time.perf_counter() - start) / steps)
+    return statistics.median(runs_a), statistics.median(runs_b)
 
 
 def main() -> None:
@@ -77,19 +81,19 @@ def main() -> None:
         flat_adam.step()
 
     def flat_ivon_step():
-        thetas, eps = ivon.sample(state["ivon"], 6000.0, delta, noise, 1)
+        thetas, eps = ivon.sample(state["ivon"], 6000.0, delta, noise, 1, check=False)   # as the solver does
         sample = thetas[0].requires_grad_(True)
         (grad,) = torch.autograd.grad(loss_fn(flat.forward(sample, x), y), sample)
         state["ivon"] = ivon.update(state["ivon"], grad[None], eps, lr=5e-5, ess=6000.0, delta=delta, beta1=0.9,
-                                    beta2=0.9998)
+                                    beta2=0.9998, check=False)
 
     rows = []
     for label, a, b in (("nn.Module optimizers", adam_step, ivon_step),
                         ("flat vector (federated solver path)", flat_adam_step, flat_ivon_step)):
-        t_adam, t_ivon = _time(a, args.steps, args.repeats), _time(b, args.steps, args.repeats)
+        t_adam, t_ivon = _time_pair(a, b, args.steps, args.repeats)
         rows.append((label, t_adam, t_ivon))
     print(f"MLP 784-200-100-10, batch 32, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"{args.steps} steps x {args.repeats} repeats (median)")
+          f"{args.steps} steps x {args.repeats} repeats, alternating (median)")
     print("| loop | Adam ms/step | IVON ms/step | IVON / Adam |")
     print("|---|---|---|---|")
     for label, t_adam, t_ivon in rows:

@@ -114,18 +114,22 @@ def init(mean: Tensor, hess_init: float | Tensor) -> IVONState:
     return IVONState(mean.detach().clone(), hess, torch.zeros_like(mean), 0)
 
 
-def noise_scale(state: IVONState, ess: float, delta: Tensor | float) -> Tensor:
-    """σ = 1 / sqrt(ess (h + δ)), the posterior standard deviation."""
+def noise_scale(state: IVONState, ess: float, delta: Tensor | float, check: bool = True) -> Tensor:
+    """σ = 1 / sqrt(ess (h + δ)), the posterior standard deviation.
+
+    check=False skips the elementwise checks (each a full pass and a device sync): for hot loops whose caller
+    validated the inputs once and checks the result for non-finite values at the end.
+    """
     _check_positive("ess", ess)
     curvature = state.hess + delta
     # h + δ = 0 happens for hess_init = 0 without a prior; σ would be infinite, so say so instead of sampling inf.
-    if not bool((curvature > 0).all()):
+    if check and not bool((curvature > 0).all()):
         raise ValueError("h + delta must be > 0 for a finite noise scale (hess_init = 0 needs a prior precision)")
     return torch.rsqrt(ess * curvature)
 
 
 def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch.Generator | None,
-           mc_samples: int = 1) -> tuple[Tensor, Tensor]:
+           mc_samples: int = 1, check: bool = True) -> tuple[Tensor, Tensor]:
     """Draw θ_i = m + σ ε_i for i = 1..S with one randn call: returns (thetas (S, d), eps (S, d)).
 
     generator=None draws from torch's global RNG (what ivon-opt does). Note that randn((S, d)) is not the same
@@ -133,8 +137,9 @@ def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch
     """
     if mc_samples < 1:
         raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
-    _check_delta(delta, state.mean.numel())
-    sigma = noise_scale(state, ess, delta)
+    if check:
+        _check_delta(delta, state.mean.numel())
+    sigma = noise_scale(state, ess, delta, check)
     eps = torch.randn((mc_samples, state.mean.numel()), generator=generator, dtype=state.mean.dtype,
                       device=state.mean.device)
     return state.mean + sigma * eps, eps
@@ -142,12 +147,13 @@ def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch
 
 def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, ess: float, delta: Tensor | float,
            beta1: float, beta2: float, prior_mean: Tensor | None = None, v: Tensor | None = None,
-           u: Tensor | None = None, clip_radius: float = math.inf, debias: bool = True) -> IVONState:
+           u: Tensor | None = None, clip_radius: float = math.inf, debias: bool = True,
+           check: bool = True) -> IVONState:
     """Steps 2–6 of the module docstring from the gradients ∇ℓ(θ_i) (S, d) at the samples drawn with noise eps (S, d).
 
     lr is the step size α_t itself (a scalar, or per coordinate); `IVON` applies ivon-opt's lr rescaling before
     calling this. σ is recomputed from `state`, which must be the state the samples were drawn from.
-    prior_mean=None means m_p = 0; v=None, u=None mean zero dual terms.
+    prior_mean=None means m_p = 0; v=None, u=None mean zero dual terms. check=False: see `noise_scale`.
     """
     d = state.mean.numel()
     if grads.dim() != 2 or grads.shape[1] != d or grads.shape != eps.shape:
@@ -158,12 +164,13 @@ def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, 
     _check_beta("beta2", beta2)
     if not clip_radius > 0:
         raise ValueError(f"clip_radius must be > 0, got {clip_radius}")
-    _check_delta(delta, d)
+    if check:
+        _check_delta(delta, d)
     for name, x in (("prior_mean", prior_mean), ("v", v), ("u", u)):
         _check_vector(name, x, d)
 
     m, h = state.mean, state.hess
-    sigma = noise_scale(state, ess, delta)
+    sigma = noise_scale(state, ess, delta, check)
     g_hat = grads.mean(dim=0)
     # (θ − m)/σ² = ε/σ: dividing once by σ avoids re-deriving θ − m from rounded samples.
     h_hat = (grads * eps).mean(dim=0) / sigma
