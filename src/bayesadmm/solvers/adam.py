@@ -18,11 +18,23 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Iterator
 
 import torch
 from torch import Tensor
 
 from bayesadmm.solvers.newton import PointResult
+
+
+def minibatches(num_examples: int, batch_size: int, epochs: int, generator: torch.Generator,
+                device: torch.device | str = "cpu") -> Iterator[Tensor]:
+    """Example indices for `epochs` passes over the data in minibatches, reshuffled each epoch by the generator (the
+    last minibatch of an epoch may be smaller). Drawn lazily, so randomness used between batches (IVON's noise)
+    interleaves with the shuffles in a fixed order."""
+    for _ in range(epochs):
+        order = torch.randperm(num_examples, generator=generator, device=device)
+        for start in range(0, num_examples, batch_size):
+            yield order[start:start + batch_size]
 
 
 @dataclass(frozen=True)
@@ -47,22 +59,19 @@ class LocalAdam:
         optimizer = torch.optim.Adam([theta], lr=self.lr)
         center = theta0.detach() if prox_center is None else prox_center
         has_prox = torch.is_tensor(prox_weight) or prox_weight != 0.0
-        n, steps = data.num_examples, 0
-        for _ in range(self.epochs):
-            order = torch.randperm(n, generator=generator, device=theta0.device)
-            for start in range(0, n, self.batch_size):
-                idx = order[start:start + self.batch_size]
-                optimizer.zero_grad(set_to_none=True)
-                data.batch_loss(theta, idx).backward()
-                with torch.no_grad():
-                    extra = self.weight_decay * theta if self.weight_decay else torch.zeros_like(theta)
-                    if linear is not None:
-                        extra = extra + linear
-                    if has_prox:
-                        extra = extra + prox_weight * (theta - center)
-                    theta.grad.add_(extra)
-                optimizer.step()
-                steps += 1
+        steps = 0
+        for idx in minibatches(data.num_examples, self.batch_size, self.epochs, generator, theta0.device):
+            optimizer.zero_grad(set_to_none=True)
+            data.batch_loss(theta, idx).backward()
+            with torch.no_grad():
+                extra = self.weight_decay * theta if self.weight_decay else torch.zeros_like(theta)
+                if linear is not None:
+                    extra = extra + linear
+                if has_prox:
+                    extra = extra + prox_weight * (theta - center)
+                theta.grad.add_(extra)
+            optimizer.step()
+            steps += 1
         if not bool(torch.isfinite(theta).all()):
             raise FloatingPointError("local training diverged (non-finite parameters); lower the learning rate")
         return theta.detach(), steps

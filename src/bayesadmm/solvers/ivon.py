@@ -27,6 +27,7 @@ from torch import Tensor
 
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.optim import ivon
+from bayesadmm.solvers.adam import minibatches
 from bayesadmm.solvers.von import SolveResult, SubproblemError
 
 
@@ -81,17 +82,14 @@ class IVONSolver:
         ivon.noise_scale(state, ess, delta)   # h0 + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
         steps = 0
         try:
-            for _ in range(self.epochs):
-                order = torch.randperm(n, generator=generator, device=m_g.device)
-                for start in range(0, n, self.batch_size):
-                    idx = order[start:start + self.batch_size]
-                    # the hot loop skips the per-step elementwise checks; non-finite results are caught below
-                    thetas, eps = ivon.sample(state, ess, delta, generator, self.mc_samples, check=False)
-                    grads = torch.stack([_grad(data, theta, idx) for theta in thetas])
-                    state = ivon.update(state, grads, eps, lr=lr, ess=ess, delta=delta, beta1=self.beta1,
-                                        beta2=self.beta2, prior_mean=m_g, v=v, u=u, clip_radius=self.clip_radius,
-                                        check=False)
-                    steps += 1
+            for idx in minibatches(n, self.batch_size, self.epochs, generator, m_g.device):
+                # the hot loop skips the per-step elementwise checks; non-finite results are caught below
+                thetas, eps = ivon.sample(state, ess, delta, generator, self.mc_samples, check=False)
+                grads = torch.stack([_grad(data, theta, idx) for theta in thetas])
+                state = ivon.update(state, grads, eps, lr=lr, ess=ess, delta=delta, beta1=self.beta1,
+                                    beta2=self.beta2, prior_mean=m_g, v=v, u=u, clip_radius=self.clip_radius,
+                                    check=False)
+                steps += 1
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
             raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
         mean, precision = ivon.posterior(state, ess, delta)
