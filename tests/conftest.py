@@ -1,5 +1,10 @@
+import os
+
 import pytest
 import torch
+
+# Runs in tests use one process unless a test asks for workers (starting worker processes costs seconds).
+os.environ.setdefault("BAYESADMM_WORKERS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -190,3 +190,24 @@ def test_every_registered_method_runs_and_learns(tmp_path, method):
     assert all(v == v for v in last.values())                      # no NaN
     if method != "ama":
         assert last["test_nll"] < 2.30
+
+
+# --- parallel workers ------------------------------------------------------------------------------------------------
+
+
+@needs_fmnist
+@pytest.mark.parametrize("method", ["fedavg", "ivon-admm"])
+def test_two_workers_give_exactly_the_numbers_of_one(tmp_path, method):
+    """Client updates in worker processes: same generator, same data layout, one thread each, so the same bits."""
+    lines = {}
+    for workers in (1, 2):
+        config, _ = resolve("fmnist-heterog10", SMALL + [f"method={method}", "rounds=2", f"workers={workers}",
+                                                         f"out={tmp_path / str(workers)}"])
+        assert runner.run(config, progress=False) == runner.EXIT_OK
+        lines[workers] = _strip_times(_lines(tmp_path / str(workers)))
+    assert len(lines[1]) == 2 and lines[1] == lines[2]
+
+
+def test_workers_must_not_be_negative():
+    with pytest.raises(ConfigError, match="workers must be >= 0"):
+        resolve("fmnist-heterog10", ["workers=-1"])

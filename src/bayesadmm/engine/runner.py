@@ -29,6 +29,7 @@ from torch import Tensor
 
 from bayesadmm.algorithms import REGISTRY, Algorithm, DivergenceError
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.workers import client_runner, default_workers
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel, make_model
@@ -54,6 +55,9 @@ class Experiment:
     parts: list[Tensor]
     train_labels: Tensor
     num_classes: int
+    train_X: Tensor                         # the clients' examples, client by client (each client's data is a view)
+    train_y: Tensor
+    slices: dict[int, tuple[int, int]]      # client k's rows of train_X / train_y
 
 
 def load_data(config: RunConfig) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
@@ -93,11 +97,17 @@ def build(config: RunConfig) -> Experiment:
                 "logistic": {"in_features": int(X[0].numel()), "num_classes": num_classes}}
     model = make_model(config.model, **in_shape.get(config.model, {"num_classes": num_classes}))
     device = torch.device(config.device)
-    clients = {k: ClassificationData(model, X[idx].to(device), y[idx].to(device)) for k, idx in enumerate(parts)}
+    # One client-ordered copy of the training set, each client a view of its rows: parallel workers then share
+    # two tensors instead of two per client, and every execution path sees the same memory layout.
+    order = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    train_X, train_y = X[order].to(device), y[order].to(device)
+    bounds = torch.tensor([0] + [len(idx) for idx in parts]).cumsum(0).tolist()
+    slices = {k: (bounds[k], bounds[k + 1]) for k in range(len(parts))}
+    clients = {k: ClassificationData(model, train_X[a:b], train_y[a:b]) for k, (a, b) in slices.items()}
     theta0 = model.initial_params(generator_for(config.seed, 0, INIT)).to(device)
     algorithm = make_algorithm(config, model, {k: d.num_examples for k, d in clients.items()})
     return Experiment(config, model, clients, X_test.to(device), y_test.to(device), algorithm, theta0, parts, y,
-                      num_classes)
+                      num_classes, train_X, train_y, slices)
 
 
 def make_algorithm(config: RunConfig, model: FlatModel, client_sizes: dict[int, int]) -> Algorithm:
@@ -178,41 +188,12 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     bar = _progress(config, start, progress)
     status = {"status": "running", "round": start}
     _write_json(status_path, status)
-    code = EXIT_OK
-    for round_ in range(start + 1, config.rounds + 1):
-        began = time.perf_counter()
-        chosen = participants(config, round_)
-        try:
-            message = algorithm.broadcast(server)
-            replies = {}
-            for i, k in enumerate(chosen):
-                bar.set_postfix_str(f"client {i + 1}/{len(chosen)}")
-                states[k], replies[k], _ = algorithm.client_update(
-                    states[k], message, experiment.clients[k], generator_for(config.seed, round_, k))
-            server, _ = algorithm.server_update(server, replies)
-        except BREAKDOWNS as exc:
-            status = {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"}
-            code = EXIT_DIVERGED
-            break
-        seconds = time.perf_counter() - began
-        began = time.perf_counter()
-        results = evaluate(experiment.model, algorithm.posterior(server), experiment.X_test, experiment.y_test,
-                           samples=config.eval_samples, generator=generator_for(config.seed, round_, EVALUATION))
-        line = _metrics_line(round_, results, seconds, time.perf_counter() - began, len(chosen))
-        if not all(math.isfinite(v) for v in results.values()):
-            status = {"status": "diverged", "round": round_ - 1,
-                      "message": f"round {round_}: non-finite test metrics {results}"}
-            code = EXIT_DIVERGED
-            break
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(line) + "\n")
-        _save_checkpoint(checkpoint_path, round_, server, states)
-        history.append(line)
-        status = {"status": "running", "round": round_}
-        _write_json(status_path, status)
-        acc = line.get("ens_test_acc", line["test_acc"])
-        bar.set_postfix_str(f"acc {100 * acc:.1f}%")
-        bar.update(1)
+    workers = config.workers or default_workers()
+    clients = client_runner(config, experiment, min(workers, _max_participants(config)))
+    try:
+        code, status = _rounds(config, experiment, clients, start, server, states, history, bar, run_dir)
+    finally:
+        clients.close()
     bar.close()
     if code == EXIT_OK:
         status = {"status": "completed", "round": config.rounds}
@@ -223,6 +204,53 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     if history:
         plot_run(history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed {config.seed})")
     return code
+
+
+def _max_participants(config: RunConfig) -> int:
+    return len(participants(config, 1))
+
+
+def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, server, states, history: list,
+            bar, run_dir: Path) -> tuple[int, dict]:
+    """Rounds start+1 … config.rounds; returns (exit code, last status)."""
+    algorithm = experiment.algorithm
+    metrics_path, checkpoint_path, status_path = (run_dir / "metrics.jsonl", run_dir / "checkpoint.pt",
+                                                   run_dir / "status.json")
+    status = {"status": "running", "round": start}
+    for round_ in range(start + 1, config.rounds + 1):
+        began = time.perf_counter()
+        chosen = participants(config, round_)
+        finished = []
+
+        def on_done(k: int) -> None:
+            finished.append(k)
+            bar.set_postfix_str(f"client {len(finished)}/{len(chosen)}")
+
+        try:
+            message = algorithm.broadcast(server)
+            new_states, replies = clients.train(round_, message, {k: states[k] for k in chosen}, on_done)
+            states.update(new_states)
+            server, _ = algorithm.server_update(server, replies)
+        except BREAKDOWNS as exc:
+            return EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"}
+        seconds = time.perf_counter() - began
+        began = time.perf_counter()
+        results = evaluate(experiment.model, algorithm.posterior(server), experiment.X_test, experiment.y_test,
+                           samples=config.eval_samples, generator=generator_for(config.seed, round_, EVALUATION))
+        line = _metrics_line(round_, results, seconds, time.perf_counter() - began, len(chosen))
+        if not all(math.isfinite(v) for v in results.values()):
+            return EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1,
+                                   "message": f"round {round_}: non-finite test metrics {results}"}
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        _save_checkpoint(checkpoint_path, round_, server, states)
+        history.append(line)
+        status = {"status": "running", "round": round_}
+        _write_json(status_path, status)
+        acc = line.get("ens_test_acc", line["test_acc"])
+        bar.set_postfix_str(f"acc {100 * acc:.1f}%")
+        bar.update(1)
+    return EXIT_OK, status
 
 
 def _progress(config: RunConfig, start: int, enabled: bool):

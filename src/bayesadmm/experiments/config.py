@@ -41,6 +41,7 @@ class RunConfig:
     participation: float = 1.0          # fraction of clients per round
     eval_samples: int = 32              # posterior-predictive samples
     device: str = "cpu"
+    workers: int = 0                    # client updates in parallel processes (0: one per core; results identical)
     data_dir: str = ""
     out: str = ""                       # run directory (default runs/<scenario>-<method>-s<seed>)
     hparams: dict = field(default_factory=dict)
@@ -193,6 +194,8 @@ def _validate(config: RunConfig) -> None:
         problems.append(f"data_fraction must be in (0, 1], got {config.data_fraction}")
     if not 0 < config.participation <= 1:
         problems.append(f"participation must be in (0, 1], got {config.participation}")
+    if config.workers < 0:
+        problems.append(f"workers must be >= 0 (0: one per core), got {config.workers}")
     for key in ("clients", "rounds", "eval_samples"):
         if getattr(config, key) < 1:
             problems.append(f"{key} must be >= 1, got {getattr(config, key)}")

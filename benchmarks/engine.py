@@ -1,0 +1,172 @@
+"""Time per round against the machine's arithmetic limit, with 1 and N client workers (issue #6).
+
+    python benchmarks/engine.py                     # FedAvg, FedDyn, IVON-ADMM on fmnist-heterog10 and -heterog100
+    python benchmarks/engine.py --scaling           # 10, 100, 1000 clients over the same data (one local epoch)
+    python benchmarks/engine.py --scenarios fmnist-heterog10 --methods ivon-admm --workers 1,2 --rounds 3
+
+Each (scenario, method, clients, workers) cell runs in a fresh process (so that its peak memory is its own): it builds
+the run exactly as `bayesadmm run` does, runs `--rounds` rounds of client updates and server update (no evaluation,
+no checkpoints) and reports the mean time of the rounds after the first (the first also starts the workers).
+
+The limit: a round's arithmetic is counted as 6·B·P floating-point operations per local step and MC sample (forward
+2·B·P, backward 4·B·P, for minibatch size B and P weights in matrix multiplications; biases and elementwise work are
+left out, so the limit is optimistic), summed over the clients' steps. The matrix-multiply throughput is measured in
+the same run on one thread (2048 × 2048 float32 products); the limit with N workers is flops / (N × throughput).
+`ratio` = measured time / limit: 1 would be a round that is nothing but large matrix products on every core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
+    """Single-thread float32 matrix-multiply throughput (best of `repeats`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        a @ b
+        best = math.inf
+        for _ in range(repeats):
+            began = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - began)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * size**3 / best / 1e9
+
+
+def matmul_weights(model) -> int:
+    """The number of weights that sit in matrix multiplications (2-D and higher parameters of the template)."""
+    return sum(p.numel() for p in model.module.parameters() if p.dim() >= 2)
+
+
+def state_bytes(tree) -> int:
+    """Bytes of all tensors in a (nested) state."""
+    if torch.is_tensor(tree):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(state_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(state_bytes(v) for v in tree)
+    return 0
+
+
+def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: list[str]) -> dict:
+    """Run one cell in this process and return its measurements."""
+    from bayesadmm.engine.runner import build, participants
+    from bayesadmm.engine.workers import client_runner
+    from bayesadmm.experiments.config import resolve
+
+    config, _ = resolve(scenario, [f"method={method}", f"workers={workers}", f"rounds={rounds}", *overrides])
+    experiment = build(config)
+    algorithm = experiment.algorithm
+    batch = int(config.hparams.get("batch_size", 32))
+    epochs = int(config.hparams.get("epochs", 1))
+    samples = int(config.hparams.get("mc_samples", 1))
+    steps = sum(epochs * math.ceil(d.num_examples / batch) for d in experiment.clients.values())
+    flops = 6 * batch * matmul_weights(experiment.model) * steps * samples
+
+    server = algorithm.init_server(experiment.theta0)
+    states = {k: algorithm.init_client(server, k) for k in experiment.clients}
+    runner = client_runner(config, experiment, workers)
+    times = []
+    try:
+        for round_ in range(1, rounds + 1):
+            began = time.perf_counter()
+            chosen = participants(config, round_)
+            new_states, replies = runner.train(round_, algorithm.broadcast(server), {k: states[k] for k in chosen})
+            states.update(new_states)
+            server, _ = algorithm.server_update(server, replies)
+            times.append(time.perf_counter() - began)
+    finally:
+        runner.close()
+    peak_parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024          # MB (Linux reports KB)
+    peak_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    timed = times[1:] or times
+    return {"scenario": scenario, "method": method, "clients": config.clients, "workers": workers,
+            "seconds_per_round": sum(timed) / len(timed), "rounds_timed": len(timed), "local_steps": steps,
+            "gflop_per_round": flops / 1e9, "state_mb": (state_bytes(states) + state_bytes(server)) / 2**20,
+            "peak_mb_parent": peak_parent, "peak_mb_worker": peak_child}
+
+
+def run_cell(scenario: str, method: str, workers: int, rounds: int, overrides: list[str]) -> dict:
+    """One cell in a fresh process (clean peak-memory counters, no state shared with other cells)."""
+    command = [sys.executable, __file__, "--cell", scenario, method, str(workers), str(rounds), *overrides]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"cell {scenario} {method} workers={workers} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenarios", default="fmnist-heterog10,fmnist-heterog100")
+    parser.add_argument("--methods", default="fedavg,feddyn,ivon-admm")
+    parser.add_argument("--workers", default=None, help="comma-separated worker counts (default: 1 and the cores)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per cell; the first is not timed")
+    parser.add_argument("--scaling", action="store_true",
+                        help="10, 100 and 1000 clients over the full training set (iid, one local epoch)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell")
+    parser.add_argument("--json", default=None, help="also write the results to this file")
+    parser.add_argument("--cell", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.cell:
+        scenario, method, workers, rounds, *overrides = args.cell
+        print(json.dumps(one_cell(scenario, method, int(workers), int(rounds), overrides)))
+        return 0
+
+    from bayesadmm.engine.workers import default_workers
+    cores = default_workers()
+    workers = [int(w) for w in (args.workers or f"1,{cores}").split(",")]
+    gflops = matmul_gflops()
+    print(f"matrix-multiply throughput: {gflops:.1f} GFLOP/s on one thread (2048² float32); {cores} cores",
+          flush=True)
+    if args.scaling:
+        cells = [("fmnist-heterog100", m, w, [f"clients={c}", "partition=iid", "epochs=1", *args.set])
+                 for c in (10, 100, 1000) for m in args.methods.split(",") for w in workers]
+    else:
+        cells = [(s, m, w, list(args.set)) for s in args.scenarios.split(",") for m in args.methods.split(",")
+                 for w in workers]
+    header = (f"{'scenario':<18} {'method':<10} {'clients':>7} {'workers':>7} {'s/round':>8} {'steps':>7} "
+              f"{'GFLOP':>7} {'limit s':>8} {'ratio':>6} {'state MB':>9} {'peak MB':>8}")
+    print(header, flush=True)
+    rows = []
+    for scenario, method, w, overrides in cells:
+        row = run_cell(scenario, method, w, args.rounds, overrides)
+        row["limit_seconds"] = row["gflop_per_round"] / (w * gflops)
+        row["ratio"] = row["seconds_per_round"] / row["limit_seconds"]
+        row["matmul_gflops"] = gflops
+        rows.append(row)
+        peak = row["peak_mb_parent"] + w * row["peak_mb_worker"] if w > 1 else row["peak_mb_parent"]
+        print(f"{scenario:<18} {method:<10} {row['clients']:>7} {w:>7} {row['seconds_per_round']:>8.2f} "
+              f"{row['local_steps']:>7} {row['gflop_per_round']:>7.1f} {row['limit_seconds']:>8.3f} "
+              f"{row['ratio']:>6.1f} {row['state_mb']:>9.1f} {peak:>8.0f}", flush=True)
+    by_key = {(r["scenario"], r["method"], r["clients"], r["workers"]): r for r in rows}
+    if len(workers) > 1:
+        print("\nspeed-up of the most workers over one:")
+        for (scenario, method, clients, w), row in by_key.items():
+            if w == max(workers) and (scenario, method, clients, 1) in by_key:
+                one = by_key[(scenario, method, clients, 1)]
+                print(f"  {scenario} {method} clients={clients}: "
+                      f"{one['seconds_per_round'] / row['seconds_per_round']:.2f}x with {w} workers")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
