@@ -60,6 +60,11 @@ def unpack(prefix: str, message: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
     return tuple(parts)
 
 
+def seen_clients(previous: tuple[int, ...], replies: Mapping[int, Message]) -> tuple[int, ...]:
+    """The ids of every client that has replied so far, sorted: what a server keeps when it needs no old replies."""
+    return tuple(sorted(set(previous) | set(replies)))
+
+
 def merge_replies(previous: Mapping[int, Message], replies: Mapping[int, Message]) -> dict[int, Message]:
     """The server's memory of each client's last reply, so that absent clients still count (partial participation).
 

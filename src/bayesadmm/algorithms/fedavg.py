@@ -10,8 +10,8 @@ so that the weighted variant needs no extra round trip.
 
 Absent clients (partial participation): the server averages the participants only, as FedAvg samples clients and
 averages the sampled ones; a stale θ_k of an absent client is a model trained from an older θ_g and would pull the
-average back. The server still records every client's last reply (`merge_replies`, as all algorithms here do), but
-FedAvg does not read the stored replies. A round with no replies is an error.
+average back. The server records only which clients have replied (`seen_clients`): storing their replies would cost a
+model per client that FedAvg never reads. Clients keep no state. A round with no replies is an error.
 
 Messages: broadcast {"theta": θ_g}; reply {"theta": θ_k, "num-examples": N_k (a 0-d tensor of θ's dtype)}.
 FedProx (`fedprox.py`) shares this server and these states.
@@ -24,18 +24,18 @@ from typing import Mapping, NamedTuple
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
+from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, seen_clients
 from bayesadmm.solvers.adam import local_adam
 
 
 class ServerState(NamedTuple):
     theta: Tensor                       # θ_g
-    replies: Mapping[int, Message]      # last reply of every client that has replied (not read by FedAvg)
+    clients: tuple[int, ...]            # ids of the clients that have replied so far
     round: int = 0                      # completed rounds
 
 
 class ClientState(NamedTuple):
-    theta: Tensor | None                # θ_k from the last local training (diagnostics; nothing carries over)
+    """Empty: nothing carries over between a FedAvg client's rounds (fresh Adam state, start from θ_g)."""
 
 
 def average(replies: Mapping[int, Message], weighted: bool) -> Tensor:
@@ -69,7 +69,7 @@ def averaging_server(name: str, weighted: bool):
     """init_server, broadcast, server_update and posterior of FedAvg and FedProx."""
 
     def init_server(theta0: Tensor) -> ServerState:
-        return ServerState(theta0, {}, 0)
+        return ServerState(theta0, (), 0)
 
     def broadcast(server: ServerState) -> Message:
         return {"theta": server.theta}
@@ -80,7 +80,7 @@ def averaging_server(name: str, weighted: bool):
         theta = average(replies, weighted)
         if not bool(torch.isfinite(theta).all()):
             raise DivergenceError(f"{name}: the server parameters are not finite")
-        return ServerState(theta, merge_replies(server.replies, replies), server.round + 1), {"clients": len(replies)}
+        return ServerState(theta, seen_clients(server.clients, replies), server.round + 1), {"clients": len(replies)}
 
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
@@ -98,11 +98,11 @@ def make(*, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, weighted: b
     init_server, broadcast, server_update, posterior = averaging_server(name, weighted)
 
     def init_client(server: ServerState, client_id: int) -> ClientState:
-        return ClientState(None)
+        return ClientState()
 
     def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
         require_generator(name, generator)
         theta, steps = adam.train(data, message["theta"], generator)
-        return ClientState(theta), reply_for(theta, data), {"iterations": steps}
+        return state, reply_for(theta, data), {"iterations": steps}
 
     return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)

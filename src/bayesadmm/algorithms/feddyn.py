@@ -15,8 +15,8 @@ wd = 0 is plain Alg. 1). The proximal term is the SQUARED norm α/2‖·‖², w
 minibatch gradient (the authors' code used the un-squared norm, a defect listed in bayesadmm-spec.md §5).
 
 Absent clients follow Acar's algorithm: their g_k do not change, h is updated with the participants' drift but
-divided by the TOTAL number of clients K, and θ_g averages the participants only. The server records every client's
-last reply (`merge_replies`) but does not read the stored replies; it rejects more distinct clients than K.
+divided by the TOTAL number of clients K, and θ_g averages the participants only. The server records which clients
+have replied (`seen_clients`; no old replies, which it would never read) and rejects more distinct clients than K.
 
 Identities (g_k and h start at 0; all checked by tests):
 - g_k = −α Σ_{rounds r in which k took part} (θ_k^r − θ_g^{r−1});
@@ -58,20 +58,19 @@ from typing import Mapping, NamedTuple
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
+from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, seen_clients
 from bayesadmm.solvers.adam import local_adam
 
 
 class ServerState(NamedTuple):
     theta: Tensor                       # θ_g
     h: Tensor                           # h (Acar's server state; = (1/K) Σ_k g_k)
-    replies: Mapping[int, Message]      # last reply of every client that has replied (not read by FedDyn)
+    clients: tuple[int, ...]            # ids of the clients that have replied so far (at most num_clients)
     round: int = 0                      # completed rounds
 
 
 class ClientState(NamedTuple):
-    grad: Tensor                        # g_k (Acar's ∇L_k(θ_k^{t−1}))
-    theta: Tensor | None                # θ_k from the last local training
+    grad: Tensor                        # g_k (Acar's ∇L_k(θ_k^{t−1})): all a FedDyn client carries over
 
 
 def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32,
@@ -89,10 +88,10 @@ def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, b
     alpha, num_clients = float(alpha), int(num_clients)
 
     def init_server(theta0: Tensor) -> ServerState:
-        return ServerState(theta0, torch.zeros_like(theta0), {}, 0)
+        return ServerState(theta0, torch.zeros_like(theta0), (), 0)
 
     def init_client(server: ServerState, client_id: int) -> ClientState:
-        return ClientState(torch.zeros_like(server.theta), None)
+        return ClientState(torch.zeros_like(server.theta))
 
     def broadcast(server: ServerState) -> Message:
         return {"theta": server.theta}
@@ -104,12 +103,12 @@ def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, b
         theta, steps = adam.train(data, theta_g, generator, linear=-state.grad, prox_weight=alpha,
                                   prox_center=theta_g)
         grad = state.grad - alpha * (theta - theta_g)
-        return ClientState(grad, theta), {"theta": theta}, {"iterations": steps}
+        return ClientState(grad), {"theta": theta}, {"iterations": steps}
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         if not replies:
             raise ValueError(f"{name}: server_update needs at least one reply")
-        last = merge_replies(server.replies, replies)
+        last = seen_clients(server.clients, replies)
         if len(last) > num_clients:
             raise ValueError(f"{name}: {len(last)} distinct clients have replied but num_clients={num_clients}")
         thetas = torch.stack([replies[k]["theta"] for k in sorted(replies)])

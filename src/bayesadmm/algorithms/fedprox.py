@@ -37,12 +37,12 @@ def make(*, mu: float, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, 
     init_server, broadcast, server_update, posterior = averaging_server(name, weighted)
 
     def init_client(server: ServerState, client_id: int) -> ClientState:
-        return ClientState(None)
+        return ClientState()
 
     def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
         require_generator(name, generator)
         theta_g = message["theta"]
         theta, steps = adam.train(data, theta_g, generator, prox_weight=mu, prox_center=theta_g)
-        return ClientState(theta), reply_for(theta, data), {"iterations": steps}
+        return state, reply_for(theta, data), {"iterations": steps}
 
     return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
