@@ -3,6 +3,7 @@
 #
 #   scripts/reproduce_fmnist.sh [RUNS_DIR] [SEEDS] [SCENARIOS] [METHODS]
 #
+# Extra `bayesadmm run` settings can be passed in $EXTRA (e.g. EXTRA="workers=2 stop_at=25").
 # Defaults: runs/fmnist, seeds "0 1 2", the three FashionMNIST scenarios, and each scenario's methods below. A run
 # that already completed is skipped and an interrupted one is resumed from its checkpoint, so the script can be
 # stopped and restarted at any time. Each run uses one torch thread (the measured seconds per round are per core).
@@ -33,7 +34,8 @@ for seed in $SEEDS; do
       if [ -f "$dir/checkpoint.pt" ]; then
         "$BIN" resume "$dir" --quiet
       else
-        "$BIN" run "$scenario" method="$method" seed="$seed" out="$dir" --quiet
+        # shellcheck disable=SC2086
+        "$BIN" run "$scenario" method="$method" seed="$seed" out="$dir" ${EXTRA:-} --quiet
       fi
       echo "=== exit $? after $SECONDS s"
     done

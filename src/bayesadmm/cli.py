@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--quiet", action="store_true")
+    resume.add_argument("--stop-at", type=int, default=0, metavar="ROUND",
+                        help="stop again after this round (default: run to the end)")
     compare = commands.add_parser("compare", help="Table-1-style comparison of finished runs")
     compare.add_argument("run_dirs", nargs="+", type=Path)
     compare.add_argument("--rounds", default="10,25,50", help="comma-separated rounds (default 10,25,50)")
@@ -79,7 +81,7 @@ def _run(args) -> int:
                 print(f"bayesadmm: {args.run_dir} has no checkpoint to resume from", file=sys.stderr)
                 return 2
             config = load(args.run_dir)
-            config = type(config)(**{**config.to_json(), "out": str(args.run_dir)})
+            config = type(config)(**{**config.to_json(), "out": str(args.run_dir), "stop_at": args.stop_at})
             return run(config, resume=True, progress=not args.quiet)
         overrides = list(args.overrides) + ([f"data_dir={args.data_dir}"] if args.data_dir else [])
         config, changed = resolve(args.scenario, overrides)

@@ -12,7 +12,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))
+METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))          # plotted
+TABLE_METRICS = METRICS + (("ece", "ECE", 1.0),)                            # tabulated
 
 
 def read_run(run_dir: Path) -> tuple[dict, list[dict]]:
@@ -38,18 +39,24 @@ def _matplotlib():
     return plt
 
 
+def eval_set(history: list[dict]) -> str:
+    """"test", or "val" for a run evaluated on a held-out part of the training set (`validation` > 0)."""
+    return "val" if history and "val_acc" in history[0] else "test"
+
+
 def plot_run(history: list[dict], path: Path, title: str = "") -> None:
     """Accuracy and NLL per round of one run, at the server mean and for the predictive where there is one."""
     plt = _matplotlib()
     rounds = [line["round"] for line in history]
+    where = eval_set(history)
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, (metric, label, scale) in zip(axes, METRICS):
-        ax.plot(rounds, [scale * line[f"test_{metric}"] for line in history], marker=".", label="at mean")
-        if f"ens_test_{metric}" in history[0]:
-            ax.plot(rounds, [scale * line[f"ens_test_{metric}"] for line in history], marker=".",
+        ax.plot(rounds, [scale * line[f"{where}_{metric}"] for line in history], marker=".", label="at mean")
+        if f"ens_{where}_{metric}" in history[0]:
+            ax.plot(rounds, [scale * line[f"ens_{where}_{metric}"] for line in history], marker=".",
                     label="posterior predictive")
         ax.set_xlabel("round")
-        ax.set_ylabel(f"test {label}")
+        ax.set_ylabel(f"{'validation' if where == 'val' else 'test'} {label}")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
@@ -61,25 +68,30 @@ def plot_run(history: list[dict], path: Path, title: str = "") -> None:
 def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None) -> str:
     """The comparison table (Markdown, returned and written with a LaTeX version) and an overlay plot."""
     groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
-    scenarios = set()
+    scenarios, sets = set(), set()
     for run_dir in run_dirs:
         config, history = read_run(run_dir)
         if not history:
             continue
         scenarios.add(config.get("scenario", "?"))
+        sets.add(eval_set(history))
         groups[(config["method"], "m_g")].append(history)
-        if "ens_test_acc" in history[0]:
+        if f"ens_{eval_set(history)}_acc" in history[0]:
             groups[(config["method"], "predictive")].append(history)
     if not groups:
         raise ValueError("none of the runs has finished a round")
+    if len(sets) > 1:
+        raise ValueError("some runs were evaluated on a validation split and some on the test set; compare them "
+                         "separately")
+    split = sets.pop()
 
-    header = ["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in METRICS]
+    header = ["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in TABLE_METRICS]
     rows = []
     for (method, where), histories in sorted(groups.items()):
-        prefix = "ens_test_" if where == "predictive" else "test_"
+        prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
         cells = [f"{method} ({where})", str(len(histories))]
         for r in rounds:
-            for metric, _, scale in METRICS:
+            for metric, _, scale in TABLE_METRICS:
                 values = [v for h in histories if (v := _last3(h, prefix + metric, r)) is not None]
                 if not values:
                     cells.append("—")
@@ -97,7 +109,7 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "table.md").write_text(markdown + "\n")
         (out_dir / "table.tex").write_text(_latex(header, rows))
-        _plot_overlay(groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)))
+        _plot_overlay(groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split)
     return markdown
 
 
@@ -111,11 +123,11 @@ def _latex(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _plot_overlay(groups, path: Path, title: str) -> None:
+def _plot_overlay(groups, path: Path, title: str, split: str = "test") -> None:
     plt = _matplotlib()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for (method, where), histories in sorted(groups.items()):
-        prefix = "ens_test_" if where == "predictive" else "test_"
+        prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
         length = min(len(h) for h in histories)
         rounds = [line["round"] for line in histories[0][:length]]
         for ax, (metric, label, scale) in zip(axes, METRICS):
@@ -127,7 +139,7 @@ def _plot_overlay(groups, path: Path, title: str) -> None:
                 ax.fill_between(rounds, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
                                 alpha=0.15)
             ax.set_xlabel("round")
-            ax.set_ylabel(f"test {label}")
+            ax.set_ylabel(f"{'validation' if split == 'val' else 'test'} {label}")
             ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(title)

@@ -143,7 +143,7 @@ def _fake_run(directory: Path, method: str, seed: int, accs: list[float], ens: b
     (directory / "config.json").write_text(json.dumps({"method": method, "seed": seed, "scenario": "toy"}))
     lines = []
     for r, acc in enumerate(accs, start=1):
-        line = {"round": r, "test_acc": acc, "test_nll": 1.0 - acc}
+        line = {"round": r, "test_acc": acc, "test_nll": 1.0 - acc, "test_ece": acc / 2}
         if ens:
             line.update({"ens_test_acc": acc + 0.01, "ens_test_nll": 0.9 - acc})
         lines.append(json.dumps(line))
@@ -159,8 +159,11 @@ def test_compare_table_uses_mean_of_last_three_rounds_over_seeds(tmp_path, capsy
                  "--out", str(out)]) == 0
     table = (out / "table.md").read_text()
     # round 3: the runs average 20 % and 26.7 % over rounds 1–3; round 5: 40 % and 60 % over rounds 3–5
-    assert "| ivon-admm (m_g) | 2 | 23.3 ± 4.7 | 0.767 ± 0.047 | 50.0 ± 14.1 | 0.500 ± 0.141 |" in table
-    assert "| fedavg (m_g) | 1 | 10.0 ± 0.0 | 0.900 ± 0.000 | 10.0 ± 0.0 | 0.900 ± 0.000 |" in table
+    # columns: accuracy, NLL, ECE at round 3, then at round 5 (ECE = acc / 2 in these runs; none for the predictive)
+    assert ("| ivon-admm (m_g) | 2 | 23.3 ± 4.7 | 0.767 ± 0.047 | 0.117 ± 0.024 | 50.0 ± 14.1 | 0.500 ± 0.141 | "
+            "0.250 ± 0.071 |") in table
+    assert "| fedavg (m_g) | 1 | 10.0 ± 0.0 | 0.900 ± 0.000 | 0.050 ± 0.000 | 10.0 ± 0.0 | 0.900 ± 0.000 |" in table
+    assert "| ivon-admm (predictive) | 2 | 24.3 ± 4.7 | 0.667 ± 0.047 | — |" in table
     assert "ivon-admm (predictive)" in table and "fedavg (predictive)" not in table
     assert (out / "table.tex").read_text().startswith(r"\begin{tabular}")
     assert (out / "curves.png").stat().st_size > 10_000
@@ -211,3 +214,37 @@ def test_two_workers_give_exactly_the_numbers_of_one(tmp_path, method):
 def test_workers_must_not_be_negative():
     with pytest.raises(ConfigError, match="workers must be >= 0"):
         resolve("fmnist-heterog10", ["workers=-1"])
+
+
+@needs_fmnist
+def test_validation_split_is_held_out_of_training_and_reported_as_val(tmp_path):
+    """validation=f evaluates on a held-out part of the training set (for choosing hyperparameters), never on test."""
+    out = tmp_path / "val"
+    config, _ = resolve("fmnist-heterog10", SMALL + ["method=fedavg", "rounds=1", "validation=0.2", f"out={out}"])
+    experiment = runner.build(config)
+    full = runner.build(resolve("fmnist-heterog10", SMALL + ["method=fedavg"])[0])
+    assert len(experiment.y_test) == round(0.2 * len(full.train_y))            # taken from training, not test
+    assert len(experiment.train_y) + len(experiment.y_test) == len(full.train_y)
+    assert runner.run(config, progress=False) == runner.EXIT_OK
+    (line,) = _lines(out)
+    assert "val_acc" in line and not any(key.startswith("test_") for key in line)
+    table = main(["compare", str(out), "--rounds", "1", "--out", str(tmp_path / "cmp")])
+    assert table == 0 and "ECE" in (tmp_path / "cmp" / "table.md").read_text()
+    with pytest.raises(ConfigError, match="validation must be in"):
+        resolve("fmnist-heterog10", ["validation=1.0"])
+
+
+@needs_fmnist
+def test_stop_at_then_resume_gives_the_uninterrupted_run(tmp_path):
+    """stop_at splits a long run across sessions: the schedule (cosine lr) still spans `rounds`."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    common = ["fmnist-heterog10", *SMALL, "method=ivon-admm", "rounds=3", "--quiet"]
+    assert main(["run", *common, f"out={whole}"]) == 0
+    assert main(["run", *common, "stop_at=1", f"out={split}"]) == 0
+    assert json.loads((split / "status.json").read_text())["status"] == "stopped"
+    assert len(_lines(split)) == 1
+    assert main(["resume", str(split), "--quiet"]) == 0
+    assert json.loads((split / "status.json").read_text())["status"] == "completed"
+    assert _strip_times(_lines(split)) == _strip_times(_lines(whole))
+    with pytest.raises(ConfigError, match="stop_at must be in"):
+        resolve("fmnist-heterog10", ["rounds=3", "stop_at=4"])

@@ -37,7 +37,7 @@ from bayesadmm.problems.neural import ClassificationData
 from bayesadmm.solvers.von import SubproblemError
 
 # The engine's own random streams: generator_for(seed, 0, <id>) for set-up, generator_for(seed, round, <id>) per round.
-SUBSAMPLE, PARTITION, INIT, PARTICIPANTS, EVALUATION = (10**9 + i for i in range(5))
+SUBSAMPLE, PARTITION, INIT, PARTICIPANTS, EVALUATION, VALIDATION = (10**9 + i for i in range(6))
 BREAKDOWNS = (DivergenceError, SubproblemError, FloatingPointError)
 
 EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
@@ -87,6 +87,14 @@ def build(config: RunConfig) -> Experiment:
     if config.data_fraction < 1.0:
         keep = subsample(len(y), config.data_fraction, generator_for(config.seed, 0, SUBSAMPLE))
         X, y = X[keep], y[keep]
+    if config.validation > 0:
+        # Hold out part of the training set and evaluate on it instead of the test set: for choosing
+        # hyperparameters without looking at the test set. The metrics are then named val_* (not test_*).
+        order = torch.randperm(len(y), generator=generator_for(config.seed, 0, VALIDATION))
+        held = max(1, round(config.validation * len(y)))
+        val_idx, train_idx = order[:held].sort().values, order[held:].sort().values
+        X_test, y_test = X[val_idx], y[val_idx]
+        X, y = X[train_idx], y[train_idx]
     options = {"two-level-dirichlet": {"alpha1": config.alpha1, "alpha2": config.alpha2},
                "per-class-dirichlet": {"alpha": config.alpha2},
                "classes-per-client": {"classes": config.classes_per_client, "per_class": config.per_class},
@@ -142,10 +150,11 @@ def _save_checkpoint(path: Path, round_: int, server, clients) -> None:
     os.replace(tmp, path)  # never a half-written checkpoint
 
 
-def _metrics_line(round_: int, results: dict, seconds: float, eval_seconds: float, count: int) -> dict:
+def _metrics_line(round_: int, results: dict, seconds: float, eval_seconds: float, count: int,
+                  eval_set: str = "test") -> dict:
     line = {"round": round_}
     for key, value in results.items():
-        line[f"ens_test_{key[4:]}" if key.startswith("ens_") else f"test_{key}"] = value
+        line[f"ens_{eval_set}_{key[4:]}" if key.startswith("ens_") else f"{eval_set}_{key}"] = value
     line.update({"seconds": seconds, "eval_seconds": eval_seconds, "participants": count})
     return line
 
@@ -195,8 +204,11 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     finally:
         clients.close()
     bar.close()
-    if code == EXIT_OK:
+    if code == EXIT_OK and _last_round(config) == config.rounds:
         status = {"status": "completed", "round": config.rounds}
+    elif code == EXIT_OK:
+        status = {"status": "stopped", "round": _last_round(config),
+                  "message": f"stopped after round {config.stop_at} as asked (stop_at); `bayesadmm resume` goes on"}
     else:
         print(f"stopped: {status['message']} (state of round {status['round']} is in {checkpoint_path})",
               file=sys.stderr)
@@ -204,6 +216,10 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     if history:
         plot_run(history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed {config.seed})")
     return code
+
+
+def _last_round(config: RunConfig) -> int:
+    return min(config.stop_at, config.rounds) if config.stop_at else config.rounds
 
 
 def _max_participants(config: RunConfig) -> int:
@@ -217,7 +233,7 @@ def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, serv
     metrics_path, checkpoint_path, status_path = (run_dir / "metrics.jsonl", run_dir / "checkpoint.pt",
                                                    run_dir / "status.json")
     status = {"status": "running", "round": start}
-    for round_ in range(start + 1, config.rounds + 1):
+    for round_ in range(start + 1, _last_round(config) + 1):
         began = time.perf_counter()
         chosen = participants(config, round_)
         finished = []
@@ -237,7 +253,8 @@ def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, serv
         began = time.perf_counter()
         results = evaluate(experiment.model, algorithm.posterior(server), experiment.X_test, experiment.y_test,
                            samples=config.eval_samples, generator=generator_for(config.seed, round_, EVALUATION))
-        line = _metrics_line(round_, results, seconds, time.perf_counter() - began, len(chosen))
+        line = _metrics_line(round_, results, seconds, time.perf_counter() - began, len(chosen),
+                             "val" if config.validation > 0 else "test")
         if not all(math.isfinite(v) for v in results.values()):
             return EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1,
                                    "message": f"round {round_}: non-finite test metrics {results}"}
@@ -247,7 +264,7 @@ def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, serv
         history.append(line)
         status = {"status": "running", "round": round_}
         _write_json(status_path, status)
-        acc = line.get("ens_test_acc", line["test_acc"])
+        acc = next(line[key] for key in ("ens_test_acc", "test_acc", "ens_val_acc", "val_acc") if key in line)
         bar.set_postfix_str(f"acc {100 * acc:.1f}%")
         bar.update(1)
     return EXIT_OK, status
@@ -255,5 +272,5 @@ def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, serv
 
 def _progress(config: RunConfig, start: int, enabled: bool):
     from tqdm import tqdm
-    return tqdm(total=config.rounds, initial=start, desc=f"{config.method} rounds", unit="round",
+    return tqdm(total=_last_round(config), initial=start, desc=f"{config.method} rounds", unit="round",
                 disable=not enabled, dynamic_ncols=True, file=sys.stderr)

@@ -27,6 +27,7 @@ class RunConfig:
     scenario: str = "custom"
     dataset: str = "fashion-mnist"
     data_fraction: float = 1.0          # the "10 %" scenarios use 0.1 of the training set, drawn per seed
+    validation: float = 0.0             # > 0: hold out this fraction of it and report val_* metrics on it, not test_*
     preprocessing: str = "raw"          # raw: pixels 0–255 (as the authors); scaled: [0, 1]
     partition: str = "two-level-dirichlet"
     clients: int = 10
@@ -37,6 +38,7 @@ class RunConfig:
     model: str = "mlp"
     method: str = "ivon-admm"
     rounds: int = 50
+    stop_at: int = 0                    # stop after this round (0: after `rounds`); schedules still span `rounds`
     seed: int = 0
     participation: float = 1.0          # fraction of clients per round
     eval_samples: int = 32              # posterior-predictive samples
@@ -192,8 +194,12 @@ def _validate(config: RunConfig) -> None:
         problems.append(f"preprocessing must be one of {CHOICES['preprocessing']}, got {config.preprocessing!r}")
     if not 0 < config.data_fraction <= 1:
         problems.append(f"data_fraction must be in (0, 1], got {config.data_fraction}")
+    if not 0 <= config.validation < 1:
+        problems.append(f"validation must be in [0, 1), got {config.validation}")
     if not 0 < config.participation <= 1:
         problems.append(f"participation must be in (0, 1], got {config.participation}")
+    if not 0 <= config.stop_at <= config.rounds:
+        problems.append(f"stop_at must be in [0, rounds={config.rounds}] (0: run all rounds), got {config.stop_at}")
     if config.workers < 0:
         problems.append(f"workers must be >= 0 (0: one per core), got {config.workers}")
     for key in ("clients", "rounds", "eval_samples"):
