@@ -190,3 +190,23 @@ def test_every_registered_method_runs_and_learns(tmp_path, method):
     assert all(v == v for v in last.values())                      # no NaN
     if method != "ama":
         assert last["test_nll"] < 2.30
+
+
+@needs_fmnist
+def test_fedep_family_inference_choices_run_and_compare(tmp_path):
+    """`bayesadmm run` takes FedEP's tilted-inference choice and its settings as overrides, and `compare` tables the
+    runs (the registry test above covers each method with its default inference)."""
+    runs = {"fedep-mcmc": ["method=fedep", "inference=mcmc", "shrinkage=1e-3"],
+            "fedsep-ngvi": ["method=fedsep", "inference=ngvi", "ngvi_beta=0.9"],
+            "fedpa-laplace": ["method=fedpa", "inference=laplace"]}
+    for tag, args in runs.items():
+        out = tmp_path / tag
+        assert main(["run", "fmnist-heterog10", *args, "data_fraction=0.01", "clients=2", "epochs=1", "rounds=2",
+                     "eval_samples=2", f"out={out}", "--quiet"]) == 0
+        config = json.loads((out / "config.json").read_text())
+        assert config["hparams"]["inference"] == args[1].split("=")[1]
+        last = _lines(out)[-1]
+        assert last["round"] == 2 and all(v == v for v in last.values())
+    assert main(["compare", *(str(tmp_path / tag) for tag in runs), "--rounds", "2", "--out", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp" / "table.md").read_text()
+    assert all(f"| {m} (m_g) |" in table for m in ("fedep", "fedsep", "fedpa"))
