@@ -27,7 +27,9 @@ FedSEP (stateless, Sec. 2.2.4): Alg. 4 without step 5, and the cavity q_{−k} =
 `client_sizes` (default 1/K).
 
 FedPA (Remark in Sec. 2.1): cavity uniform, λ̂_k = inference(family, data_k, 0), q_g = q_0 Π_k q̂_k. From the
-uniform start round 1 of undamped FedEP is FedPA (footnote 2; tested).
+uniform start round 1 of undamped FedEP is FedPA (footnote 2; tested). For inference that searches (an optimizer or
+an SG-MCMC chain on a network) `start_at_global=True` starts the search at the mean of q_g (θ_0 in round 1); the
+target stays p_k.
 
 `GaussianLikelihood` + `ExactGaussian` give the exact tilted distributions of the paper's toy (Sec. 3.1): p_k Gaussian
 makes p_k q_{−k} Gaussian in closed form, which is then projected onto the family (KL(p‖q) projection: keep the mean

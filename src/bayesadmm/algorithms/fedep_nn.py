@@ -68,8 +68,8 @@ def make(*, dim: int, num_clients: int, client_sizes: Mapping[int, int], inferen
     mcmc_lr: the chain's SGD step (default 0.01, the paper's client lr for CIFAR-100 and EMNIST).
     ngvi_beta, ngvi_epochs, ngvi_samples: β_NGVI, T_NGVI and N_NGVI of V; s is updated per minibatch of
         `batch_size`. The paper uses 0.99, 5, 5; the defaults here are 0.99, 1, 1 because every draw costs one
-        per-example-gradient pass over the minibatch (on the FashionMNIST MLP about 12 times a plain gradient
-        step), so T = N = 1 costs about what one Laplace Fisher pass does and 5 × 5 costs 25 times that.
+        per-example-gradient pass over the minibatch (on the FashionMNIST MLP 12–30 times a plain gradient step),
+        so T = N = 1 costs about what Laplace's one Fisher pass does and 5 × 5 costs 25 times that.
         ngvi_debias: Adam's bias correction of s (s_0 = 0).
     stateless: FedSEP."""
     local = tilted_inference(name or ("fedsep" if stateless else "fedep"), inference, alpha=alpha,
