@@ -77,6 +77,17 @@ def test_round_one_from_uniform_start_equals_fedpa():
     assert not nat.allclose(s_ep2.natural, s_pa2.natural, atol=1e-6)
 
 
+def test_round_one_from_uniform_start_equals_fedpa_with_the_full_family():
+    """With the full family both are the exact product of the Gaussian likelihoods after round 1."""
+    clients = _clients(K=3, d=3, seed=12)
+    family = FullGaussian(3)
+    s_ep, _, _ = _run(fedep.make(family, fedep.ExactGaussian(), damping=1.0), clients, 1)
+    s_pa, _, _ = _run(fedep.make_fedpa(family, fedep.ExactGaussian()), clients, 1)
+    assert nat.allclose(s_ep.natural, s_pa.natural, rtol=0, atol=1e-12)
+    _, P, h = _exact(clients)
+    assert nat.allclose(s_pa.natural, (h, -0.5 * P), atol=1e-12)
+
+
 def test_diagonal_parallel_ep_reaches_the_exact_global_mean():
     clients = _clients(K=2, d=2, seed=1)
     alg = fedep.make(DiagonalGaussian(2), fedep.ExactGaussian(), damping=1.0)

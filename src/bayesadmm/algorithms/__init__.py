@@ -26,6 +26,7 @@ REGISTRY = {
     "bayes-admm-iso": smoothing_admm.make,
     "fedep": fedep_nn.make,
     "fedsep": fedep_nn.make_fedsep,
+    "fedpa": fedep_nn.make_fedpa,
 }
 
 

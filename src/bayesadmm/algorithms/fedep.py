@@ -27,7 +27,9 @@ FedSEP (stateless, Sec. 2.2.4): Alg. 4 without step 5, and the cavity q_{−k} =
 `client_sizes` (default 1/K).
 
 FedPA (Remark in Sec. 2.1): cavity uniform, λ̂_k = inference(family, data_k, 0), q_g = q_0 Π_k q̂_k. From the
-uniform start round 1 of undamped FedEP is FedPA (footnote 2; tested).
+uniform start round 1 of undamped FedEP is FedPA (footnote 2; tested). For inference that searches (an optimizer or
+an SG-MCMC chain on a network) `start_at_global=True` starts the search at the mean of q_g (θ_0 in round 1); the
+target stays p_k.
 
 `GaussianLikelihood` + `ExactGaussian` give the exact tilted distributions of the paper's toy (Sec. 3.1): p_k Gaussian
 makes p_k q_{−k} Gaussian in closed form, which is then projected onto the family (KL(p‖q) projection: keep the mean
@@ -349,31 +351,49 @@ class FedPAServerState(NamedTuple):
     natural: Natural                    # λ_g = λ_0 + Σ_k λ̂_k
     replies: Mapping[int, Message]      # last local approximation of every client
     round: int = 0
+    anchor: Tensor | None = None        # θ_0, where local chains start before the first server update
 
 
 class FedPAClientState(NamedTuple):
     pass
 
 
-def make_fedpa(family, inference: Inference, prior_precision: float | None = None, name: str = "fedpa") -> Algorithm:
+def make_fedpa(family, inference: Inference, prior_precision: float | None = None, name: str = "fedpa",
+               start_at_global: bool = False) -> Algorithm:
     """FedPA as the Remark of Sec. 2.1 defines it: λ̂_k = inference(family, data_k, 0), λ_g = λ_0 + Σ_k λ̂_k.
 
     The server keeps each client's last approximation (`merge_replies`), so absent clients still count.
+    start_at_global: call `inference(..., start=θ_s)` with θ_s = θ_0 in round 1 and the mean of q_g afterwards, for
+        local inference that runs a chain or an optimizer (a network cannot train from the uniform cavity's mean 0;
+        FedPA's clients start from the server model, Al-Shedivat et al. 2021). The cavity stays uniform, so
+        this only changes where the local search starts, not the distribution it targets.
     """
     _check_family(family)
 
     def init_server(theta0: Tensor) -> FedPAServerState:
-        return FedPAServerState(prior_natural(family, prior_precision, theta0), {}, 0)
+        return FedPAServerState(prior_natural(family, prior_precision, theta0), {}, 0, theta0.clone())
 
     def init_client(server: FedPAServerState, client_id: int) -> FedPAClientState:
         return FedPAClientState()
 
     def broadcast(server: FedPAServerState) -> Message:
-        return {**pack("lam", server.natural), "round": torch.tensor(server.round + 1)}
+        message = {**pack("lam", server.natural), "round": torch.tensor(server.round + 1)}
+        if start_at_global:
+            if server.round == 0:
+                if server.anchor is None:
+                    raise ValueError(f"{name}: start_at_global needs the server's θ_0 (init_server)")
+                message["start"] = server.anchor
+            else:
+                message["start"] = family.to_moments(server.natural)[0]
+        return message
 
     def client_update(state, message: Message, data, generator: torch.Generator):
         lam_g = unpack("lam", message)
-        local = inference(family, data, nat.zeros_like(lam_g), generator)
+        uniform = nat.zeros_like(lam_g)
+        if start_at_global:
+            local = inference(family, data, uniform, generator, start=message["start"])
+        else:
+            local = inference(family, data, uniform, generator)
         return state, pack("local", local), {}
 
     def server_update(server: FedPAServerState, replies: Mapping[int, Message]):
@@ -382,7 +402,7 @@ def make_fedpa(family, inference: Inference, prior_precision: float | None = Non
         lam_g = nat.add(lam0, nat.total([unpack("local", r) for r in last.values()]))
         if not family.is_valid(lam_g):
             raise DivergenceError(f"{name}: the product of the local approximations is not a valid Gaussian")
-        return FedPAServerState(lam_g, last, server.round + 1), {"clients": len(last)}
+        return FedPAServerState(lam_g, last, server.round + 1, server.anchor), {"clients": len(last)}
 
     def posterior(server: FedPAServerState) -> Posterior:
         return Posterior(family, server.natural)
