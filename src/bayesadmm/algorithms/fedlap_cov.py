@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 from torch.func import grad, vmap
 
+from bayesadmm import rng
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, merge_replies
 from bayesadmm.families import DiagonalGaussian, Posterior
 from bayesadmm.problems.losses import LogisticLoss, SoftmaxLoss
@@ -141,7 +142,7 @@ def diagonal_ggn(data, theta: Tensor, method: str = "ggn", generator: torch.Gene
                 target[:, c] = 1.0
                 total = total + probs[:, c] @ per_example_grad(theta, x, target).square()
         else:
-            labels = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            labels = rng.multinomial(probs, generator)
             target = torch.nn.functional.one_hot(labels, classes).to(probs.dtype)
             total = total + per_example_grad(theta, x, target).square().sum(0)
     return total

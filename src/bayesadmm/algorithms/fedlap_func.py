@@ -67,6 +67,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from bayesadmm import rng
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
 from bayesadmm.solvers.adam import local_adam
 
@@ -115,7 +116,7 @@ def select_memory(y: Tensor, points_per_class: int, tau_f: float,
     indices, taus = [], []
     for c in torch.unique(y).tolist():
         members = torch.nonzero(y == c).flatten()
-        picked = members[torch.randperm(len(members), generator=generator, device=members.device)[:points_per_class]]
+        picked = members[rng.randperm(len(members), generator, members.device)[:points_per_class]]
         indices.append(picked)
         taus.append(torch.full((len(picked),), tau_f * len(members) / len(picked), device=y.device))
     if not indices:

@@ -51,9 +51,10 @@ def one_thread():
 
 def train_client(algorithm: Algorithm, state, message: Message, data, seed: int, round_: int, client: int,
                  device) -> tuple[Any, Message]:
-    """One client's update, exactly as every execution path runs it."""
+    """One client's update, exactly as every execution path runs it. The generator is a CPU one whatever the device
+    (`bayesadmm.rng` draws on it and moves the numbers), so a GPU run consumes the same random numbers."""
     with one_thread():
-        state, reply, _ = algorithm.client_update(state, message, data, generator_for(seed, round_, client, device))
+        state, reply, _ = algorithm.client_update(state, message, data, generator_for(seed, round_, client))
     return state, reply
 
 

@@ -44,6 +44,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from bayesadmm import rng
+
 from .natural import Natural
 
 __all__ = [
@@ -164,9 +166,7 @@ class GaussianFamily:
     def _noise(self, like: Tensor, n: int, generator: torch.Generator | None) -> Tensor:
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"number of samples must be a non-negative integer, got {n!r}")
-        return torch.randn(
-            n, self.dim, generator=generator, dtype=like.dtype, device=like.device
-        )
+        return rng.randn((n, self.dim), generator, like.dtype, like.device)
 
 
 @dataclass(frozen=True)

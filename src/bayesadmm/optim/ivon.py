@@ -57,6 +57,8 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
+from bayesadmm import rng
+
 __all__ = ["IVONState", "init", "noise_scale", "sample", "update", "posterior", "IVON"]
 
 
@@ -140,8 +142,7 @@ def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch
     if check:
         _check_delta(delta, state.mean.numel())
     sigma = noise_scale(state, ess, delta, check)
-    eps = torch.randn((mc_samples, state.mean.numel()), generator=generator, dtype=state.mean.dtype,
-                      device=state.mean.device)
+    eps = rng.randn((mc_samples, state.mean.numel()), generator, state.mean.dtype, state.mean.device)
     return state.mean + sigma * eps, eps
 
 

@@ -23,6 +23,7 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from bayesadmm import rng
 from bayesadmm.solvers.newton import PointResult
 
 
@@ -32,7 +33,7 @@ def minibatches(num_examples: int, batch_size: int, epochs: int, generator: torc
     last minibatch of an epoch may be smaller). Drawn lazily, so randomness used between batches (IVON's noise)
     interleaves with the shuffles in a fixed order."""
     for _ in range(epochs):
-        order = torch.randperm(num_examples, generator=generator, device=device)
+        order = rng.randperm(num_examples, generator, device)
         for start in range(0, num_examples, batch_size):
             yield order[start:start + batch_size]
 

@@ -49,6 +49,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from bayesadmm import rng
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.solvers.adam import LocalAdam, minibatches
 
@@ -141,7 +142,7 @@ def diagonal_fisher(data, theta: Tensor, generator: torch.Generator, samples: in
         with torch.no_grad():
             probs = torch.softmax(model.forward(theta, X), -1)
         for _ in range(samples):
-            y = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            y = rng.multinomial(probs, generator)
             onehot = torch.nn.functional.one_hot(y, probs.shape[-1]).to(theta.dtype)
             total = total + per_example(theta, X, onehot).square().sum(0)
     return total / samples
@@ -338,8 +339,7 @@ class NGVI:
         steps = 0
         for idx in minibatches(n, batch, self.epochs, generator, mean.device):
             std = (n * s_hat + floor).rsqrt()
-            noise = torch.randn((self.samples, mean.shape[0]), generator=generator, dtype=mean.dtype,
-                                device=mean.device)
+            noise = rng.randn((self.samples, mean.shape[0]), generator, mean.dtype, mean.device)
             fisher = sum(self._fisher(data, mean + std * eps, idx, generator) for eps in noise)
             fisher = fisher / (self.samples * idx.shape[0])      # mean over draws and over the minibatch
             s = self.beta * s + (1.0 - self.beta) * fisher

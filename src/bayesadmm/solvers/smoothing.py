@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from bayesadmm import rng
 from bayesadmm.families import IsotropicGaussian
 from bayesadmm.solvers.adam import LocalAdam
 from bayesadmm.solvers.von import SolveResult, SubproblemError
@@ -43,8 +44,7 @@ class SmoothedData:
         return self.data.num_examples
 
     def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
-        eps = torch.randn(self.samples, theta.shape[0], generator=self.generator, dtype=theta.dtype,
-                          device=theta.device)
+        eps = rng.randn((self.samples, theta.shape[0]), self.generator, theta.dtype, theta.device)
         return torch.stack([self.data.batch_loss(theta + self.scale * e, idx) for e in eps]).mean()
 
 
