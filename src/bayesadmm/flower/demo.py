@@ -119,7 +119,6 @@ class Deployment:
         bin_dir = str(Path(sys.executable).parent)
         self.env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
                     "FLWR_HOME": str(self.workdir / "flwr-home"), "PYTHONUNBUFFERED": "1"}
-        self.env.pop("PYTHONPATH", None) if not os.environ.get("PYTHONPATH") else None
         self.bin = Path(bin_dir)
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:

@@ -198,7 +198,7 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
             elif nodes[k] not in connected:
                 why = f"node {nodes[k]} is no longer connected to the SuperLink"
             elif k in answers:
-                why = "its update failed"
+                why = "Flower returned the error above instead of its reply"
             elif k in lost:
                 why = f"node {nodes[k]} has not answered since an earlier round (not waited for)"
             else:
