@@ -1,5 +1,11 @@
+import os
+
 import pytest
 import torch
+
+# No outside traffic from the Flower tests (tests/flower): Flower's telemetry and update check, read at import time.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 
 
 @pytest.fixture(autouse=True)

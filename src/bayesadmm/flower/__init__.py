@@ -9,3 +9,11 @@
 
 The submodules import flwr; importing this package does not, so the rest of bayesadmm works without the extra.
 """
+
+import os
+
+# Flower sends usage telemetry to its servers unless FLWR_TELEMETRY_ENABLED=0, and `flwr` checks for updates online
+# unless FLWR_DISABLE_UPDATE_CHECK=1. Off by default here (federated runs often happen where no outside traffic is
+# wanted or possible); set them yourself before importing flwr to turn them on. Read when flwr is first imported.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")

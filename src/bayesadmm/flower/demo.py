@@ -118,7 +118,9 @@ class Deployment:
         self.workdir.mkdir(parents=True, exist_ok=True)
         bin_dir = str(Path(sys.executable).parent)
         self.env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-                    "FLWR_HOME": str(self.workdir / "flwr-home"), "PYTHONUNBUFFERED": "1"}
+                    "FLWR_HOME": str(self.workdir / "flwr-home"), "PYTHONUNBUFFERED": "1",
+                    "FLWR_TELEMETRY_ENABLED": os.environ.get("FLWR_TELEMETRY_ENABLED", "0"),
+                    "FLWR_DISABLE_UPDATE_CHECK": os.environ.get("FLWR_DISABLE_UPDATE_CHECK", "1")}
         self.bin = Path(bin_dir)
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
