@@ -133,6 +133,8 @@ def _compare(args) -> int:
 def _flower_demo(args) -> int:
     from bayesadmm.experiments.config import ConfigError, resolve
 
+    if "=" in args.scenario:   # `bayesadmm flower demo method=fedavg`: no scenario given, only overrides
+        args.overrides, args.scenario = [args.scenario, *args.overrides], "fmnist-heterog10"
     if args.supernodes < 1 or args.rounds < 1:
         print("bayesadmm: --supernodes and --rounds must be at least 1", file=sys.stderr)
         return 2

@@ -46,3 +46,11 @@ def test_deployment_stops_every_process_it_started(tmp_path):
     assert sleeper.poll() is not None
     with pytest.raises(ProcessLookupError):
         os.killpg(sleeper.pid, 0)   # the whole group (the background sleep too) is gone
+
+
+def test_demo_command_checks_its_configuration_before_starting_anything(capsys):
+    from bayesadmm.cli import main
+
+    assert main(["flower", "demo", "gama=0.1", "--rounds", "2"]) == 2
+    assert "unknown key 'gama'" in capsys.readouterr().err
+    assert main(["flower", "demo", "--supernodes", "0"]) == 2
