@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs, idempotently: a virtual environment (.venv, or $VENV) with the CPU build of
-# torch, the package with its test dependencies, and FashionMNIST (Debian package dataset-fashion-mnist) where the
+# torch, the package with its test and Flower dependencies, and FashionMNIST (Debian package dataset-fashion-mnist) where the
 # machine has apt and we are root. Called by `make demo` and `make test`, so a fresh clone needs nothing else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,8 +19,16 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 stamp="$VENV/.bayesadmm-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "setup: installing bayesadmm and its test dependencies"
-  "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test]"
+  echo "setup: installing bayesadmm with its test and Flower dependencies"
+  "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test,flower]"
+  # The flower extra allows flwr 1.41-1.42 because flwr 1.42.0 (the newest release) requires certifi>=2026.10.19,
+  # a CA bundle newer than the package registry may serve; pip then settles on 1.41.0. 1.42.0's other requirements
+  # are 1.41.0's except uv>=0.13.5, so we put 1.42.0 (and that uv) on top without the certifi floor: the code is
+  # developed and tested on 1.42.0. Where the registry serves the newer certifi, pip picks 1.42.0 by itself.
+  if ! "$PY" -c "import flwr, sys; sys.exit(flwr.__version__ != '1.42.0')" 2>/dev/null; then
+    echo "setup: installing flwr 1.42.0 over $("$PY" -c 'import flwr; print(flwr.__version__)' 2>/dev/null)"
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-deps "flwr==1.42.0" "uv>=0.13.5,<0.14"
+  fi
   touch "$stamp"
 fi
 

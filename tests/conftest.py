@@ -5,6 +5,9 @@ import torch
 
 # Runs in tests use one process unless a test asks for workers (starting worker processes costs seconds).
 os.environ.setdefault("BAYESADMM_WORKERS", "1")
+# No outside traffic from the Flower tests (tests/flower): Flower's telemetry and update check, read at import time.
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 
 
 @pytest.fixture(autouse=True)

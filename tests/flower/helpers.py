@@ -1,0 +1,112 @@
+"""Shared pieces of the Flower tests: small scenarios and an in-process Grid."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.serverapp import Grid
+
+from bayesadmm.engine import runner
+
+# a small, fast version of the heterogeneous FashionMNIST scenario (as tests/engine/test_runner.py)
+SMALL = ["data_fraction=0.005", "clients=3", "epochs=1", "eval_samples=2"]
+
+# every registry method with the hyperparameters its factory needs and the preset does not give
+EXTRA = {"ama": ["rho=0.01", "delta=0.01"], "bayes-admm-iso": ["rho=0.1", "delta=1.0", "precision=1.0", "lr=0.001"],
+         "fedep": [], "fedsep": [], "fedlap-func": ["server_iterations=50"], "fedlap-cov": ["curvature=mc-fisher"], "ivon-admm": ["epochs=1"], "ivon-pvi": ["epochs=1"]}
+
+
+_loaded = {}
+
+
+@pytest.fixture
+def fast_data(monkeypatch):
+    """float32 (the precision of `bayesadmm run`, and twice as fast as the suite's float64) and the engine's data
+    loading cached across tests, with the test set cut to its first 1000 images: both sides of a comparison run in
+    this process and see the same data, and evaluating 10 000 images per round would dominate these tests' time.
+    (tests/conftest.py restores the default dtype after each test.)"""
+    import torch
+
+    torch.set_default_dtype(torch.float32)
+    load = runner.load_data
+
+    def cached(config):
+        key = (config.dataset, config.preprocessing, config.data_dir)
+        if key not in _loaded:
+            X, y, X_test, y_test, classes = load(config)
+            _loaded[key] = (X, y, X_test[:1000], y_test[:1000], classes)
+        return _loaded[key]
+
+    monkeypatch.setattr(runner, "load_data", cached)
+
+
+def lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def assert_same_metrics(local: list[dict], flower: list[dict], tol: float = 1e-4) -> None:
+    assert [line["round"] for line in local] == [line["round"] for line in flower]
+    for a, b in zip(local, flower):
+        for key, value in a.items():
+            if key in ("seconds", "eval_seconds"):
+                continue
+            assert abs(value - b[key]) <= tol, (a["round"], key, value, b[key])
+
+
+class LoopbackGrid(Grid):
+    """A Grid that runs the ClientApp in this process, one Context per node (what a SuperNode keeps between
+    rounds): the adapter's whole message path, without the Simulation Runtime's start-up cost.
+
+    `dead` holds client ids whose node stops answering after round `dies_after` (their messages get no reply)."""
+
+    def __init__(self, client_app, clients: int, dead: tuple[int, ...] = (), dies_after: int = 10**9):
+        self.client_app = client_app
+        self.node_ids = {k: 1000 + k for k in range(clients)}
+        self.contexts = {n: Context(run_id=1, node_id=n, node_config={"partition-id": k, "num-partitions": clients},
+                                    state=RecordDict(), run_config={}) for k, n in self.node_ids.items()}
+        self.dead = {self.node_ids[k] for k in dead}
+        self.dies_after = dies_after
+        self.replies: dict[str, Message] = {}
+        # what the Simulation Runtime sets for the ServerApp's thread, so that Message() can be constructed
+        from flwr.common.constant import SUPERLINK_NODE_ID
+        from flwr.supercore.task_identity import TaskIdentity
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, SUPERLINK_NODE_ID
+
+    def set_run(self, run_id):   # pragma: no cover - not used by the adapter
+        pass
+
+    @property
+    def run(self):   # pragma: no cover
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):   # pragma: no cover
+        return Message(content, dst_node_id, message_type, group_id=group_id)
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+            ids.append(message.metadata.message_id)
+            node = message.metadata.dst_node_id
+            group = message.metadata.group_id
+            if node in self.dead and group.isdigit() and int(group) > self.dies_after:
+                continue
+            try:
+                self.replies[message.metadata.message_id] = self.client_app(message, self.contexts[node])
+            except Exception as exc:   # a ClientApp exception is an error reply in Flower
+                self.replies[message.metadata.message_id] = Message(Error(code=0, reason=repr(exc)),
+                                                                    reply_to=message)
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+    def send_and_receive(self, messages, *, timeout=None):   # pragma: no cover
+        return self.pull_messages(self.push_messages(messages))

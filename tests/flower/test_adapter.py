@@ -1,0 +1,129 @@
+"""The Flower adapter without Flower's runtimes: records are lossless, and every registry algorithm run through the
+ServerApp/ClientApp message path gives the local engine's metrics (an in-process Grid stands in for the SuperLink)."""
+
+import json
+import math
+from typing import NamedTuple
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from conftest import needs_fmnist
+from helpers import EXTRA, SMALL, LoopbackGrid, assert_same_metrics, lines, fast_data  # noqa: F401 (fixture)
+
+from bayesadmm.algorithms import REGISTRY
+from bayesadmm.engine import runner
+from bayesadmm.experiments.config import resolve
+from bayesadmm.flower import records
+from bayesadmm.flower.client_app import app as client_app
+from bayesadmm.flower.server_app import Timeouts, config_from_run_config, run_server
+from flwr.app import RecordDict
+
+
+class Foreign(NamedTuple):
+    x: int
+
+
+def test_messages_round_trip_with_keys_dtypes_and_shapes():
+    message = {"theta": torch.randn(5, dtype=torch.float64), "lam.0": torch.randn(2, 3, dtype=torch.float32),
+               "round": torch.tensor(4), "num-examples": torch.tensor(17.0), "mask": torch.tensor([True, False])}
+    back = records.record_to_message(records.message_to_record(message))
+    assert list(back) == list(message)
+    for key in message:
+        assert back[key].dtype == message[key].dtype and back[key].shape == message[key].shape
+        assert torch.equal(back[key], message[key])
+    with pytest.raises(records.RecordError, match="key 'x' holds float"):
+        records.message_to_record({"x": 1.0})
+
+
+def test_client_state_pytrees_round_trip_exactly():
+    from bayesadmm.algorithms.fedlap_func import ClientState
+
+    state = {"a": ClientState(3, torch.randn(4), None, torch.arange(3), None, torch.randn(2, 2)),
+             7: (1.5, float("nan"), -math.inf, True, "text", [torch.tensor(2.0)]), "none": None}
+    store = RecordDict()
+    assert records.load_state(store) is None
+    records.save_state(store, state)
+    back = records.load_state(store)
+    assert type(back["a"]) is ClientState and back["a"].client_id == 3 and back["a"].memory_x is None
+    assert torch.equal(back["a"].dual, state["a"].dual) and torch.equal(back["a"].theta, state["a"].theta)
+    assert back[7][0] == 1.5 and math.isnan(back[7][1]) and back[7][2] == -math.inf and back[7][3] is True
+    assert back[7][4] == "text" and isinstance(back[7][5], list) and torch.equal(back[7][5][0], torch.tensor(2.0))
+    assert back["none"] is None and list(back) == ["a", 7, "none"]
+
+
+def test_records_refuse_what_they_cannot_store_or_trust():
+    with pytest.raises(records.RecordError, match="not a bayesadmm type"):
+        records.tree_to_records(Foreign(1))
+    with pytest.raises(records.RecordError, match="cannot store a object"):
+        records.tree_to_records((object(),))
+    arrays, structure = records.tree_to_records(torch.zeros(1))
+    structure["tree"] = json.dumps({"namedtuple": "os:PathLike", "items": []})
+    with pytest.raises(records.RecordError, match="refusing to import os:PathLike"):
+        records.records_to_tree(arrays, structure)
+
+
+def test_flwr_run_config_resolves_like_the_command_line(tmp_path):
+    config, timeouts = config_from_run_config({"scenario": "fmnist-heterog10",
+                                               "overrides": "method=fedavg rounds=3 lr=0.01", "out": str(tmp_path),
+                                               "round-timeout": 5})
+    assert (config.method, config.rounds, config.hparams["lr"], config.out) == ("fedavg", 3, 0.01, str(tmp_path))
+    assert timeouts.round == 5.0
+    from bayesadmm.experiments.config import ConfigError
+    with pytest.raises(ConfigError, match="unknown key 'gama'"):
+        config_from_run_config({"scenario": "fmnist-heterog10", "overrides": "gama=0.1"})
+
+
+def _local_and_flower(tmp_path, method, extra=(), grid_options=None, timeouts=Timeouts(discovery=5, round=60)):
+    overrides = SMALL + ["rounds=2", f"method={method}", *EXTRA.get(method, []), *extra]
+    local, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'local'}"])
+    flower, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'flower'}"])
+    assert runner.run(local, progress=False) == 0
+    code = run_server(LoopbackGrid(client_app, flower.clients, **(grid_options or {})), flower, timeouts)
+    return code, lines(tmp_path / "local"), lines(tmp_path / "flower")
+
+
+@needs_fmnist
+@pytest.mark.parametrize("method", sorted(REGISTRY))
+def test_every_registry_algorithm_through_the_flower_message_path_matches_the_local_engine(fast_data, tmp_path, method):
+    code, local, flower = _local_and_flower(tmp_path, method)
+    assert code == 0
+    assert_same_metrics(local, flower, tol=1e-9)
+    for name in ("config.json", "metrics.jsonl", "status.json", "curves.png", "partition.json", "flower.log"):
+        assert (tmp_path / "flower" / name).exists(), name
+    assert json.loads((tmp_path / "flower" / "status.json").read_text())["status"] == "completed"
+
+
+@needs_fmnist
+def test_partial_participation_matches_the_local_engine(fast_data, tmp_path):
+    code, local, flower = _local_and_flower(tmp_path, "feddyn", ["participation=0.6", "rounds=3"])
+    assert code == 0 and [line["participants"] for line in flower] == [2, 2, 2]
+    assert_same_metrics(local, flower, tol=1e-9)
+
+
+@needs_fmnist
+def test_a_client_that_stops_answering_is_logged_and_the_run_completes(fast_data, tmp_path):
+    overrides = SMALL + ["rounds=3", "method=ivon-admm", "epochs=1", f"out={tmp_path}"]
+    config, _ = resolve("fmnist-heterog10", overrides)
+    grid = LoopbackGrid(client_app, config.clients, dead=(2,), dies_after=1)
+    assert run_server(grid, config, Timeouts(discovery=5, round=0.5)) == 0
+    metrics = lines(tmp_path)
+    assert [line["participants"] for line in metrics] == [3, 2, 2]
+    assert "absent_clients" not in metrics[0] and metrics[1]["absent_clients"] == [2] == metrics[2]["absent_clients"]
+    log = (tmp_path / "flower.log").read_text()
+    assert "round 2: client 2 did not reply (node 1002 did not answer within 0.5 s)" in log
+    assert "round 3: client 2 did not reply (node 1002 has not answered since an earlier round" in log
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "completed"
+
+
+@needs_fmnist
+def test_a_node_with_a_wrong_partition_config_is_a_clear_error(fast_data, tmp_path):
+    config, _ = resolve("fmnist-heterog10", SMALL + ["rounds=1", "method=fedavg", f"out={tmp_path}"])
+    grid = LoopbackGrid(client_app, config.clients)
+    grid.contexts[1001].node_config["num-partitions"] = 5
+    assert run_server(grid, config, Timeouts(discovery=0.5, round=5)) == 0   # runs with the two valid nodes
+    log = (tmp_path / "flower.log").read_text()
+    assert "cannot take part" in log and "num-partitions=5 but the run has clients=3" in log
+    assert "no SuperNode holds client(s) [1]" in log
