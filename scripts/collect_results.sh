@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Copy the small files of reproduction runs into the repository and rebuild the comparison tables:
+#
+#   scripts/collect_results.sh RUNS_DIR DEST [ROUNDS]
+#
+# For every RUNS_DIR/<scenario>/<run>: config.json, metrics.jsonl and status.json go to DEST/runs/<scenario>/<run>
+# (checkpoints stay behind: they are large and only needed to resume). Then, per scenario, `bayesadmm compare` over
+# the runs that completed writes DEST/<scenario>/table.md, table.tex and curves.png (ROUNDS default 10,25,50).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:?usage: scripts/collect_results.sh RUNS_DIR DEST [ROUNDS]}
+DEST=${2:?usage: scripts/collect_results.sh RUNS_DIR DEST [ROUNDS]}
+ROUNDS=${3:-10,25,50}
+BIN=${BAYESADMM:-.venv/bin/bayesadmm}
+for scenario_dir in "$RUNS"/*/; do
+  scenario=$(basename "$scenario_dir")
+  completed=()
+  for run in "$scenario_dir"*/; do
+    name=$(basename "$run")
+    [ -f "$run/config.json" ] || continue
+    mkdir -p "$DEST/runs/$scenario/$name"
+    cp "$run"/config.json "$run"/metrics.jsonl "$run"/status.json "$DEST/runs/$scenario/$name/" 2>/dev/null || true
+    if grep -q '"completed"' "$run/status.json" 2>/dev/null; then
+      completed+=("$DEST/runs/$scenario/$name")
+    fi
+  done
+  if [ ${#completed[@]} -gt 0 ]; then
+    "$BIN" compare "${completed[@]}" --rounds "$ROUNDS" --out "$DEST/$scenario"
+  fi
+done
