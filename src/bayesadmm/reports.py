@@ -65,6 +65,13 @@ def plot_run(history: list[dict], path: Path, title: str = "") -> None:
     plt.close(fig)
 
 
+def method_label(config: dict) -> str:
+    """The row name of a run: its method, plus the local inference where a method has several (FedEP's I, L, M, V),
+    so that runs differing in it are not averaged as if they were seeds."""
+    inference = config.get("hparams", {}).get("inference")
+    return f"{config['method']}-{inference}" if inference else config["method"]
+
+
 def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None) -> str:
     """The comparison table (Markdown, returned and written with a LaTeX version) and an overlay plot."""
     groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
@@ -75,9 +82,9 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
             continue
         scenarios.add(config.get("scenario", "?"))
         sets.add(eval_set(history))
-        groups[(config["method"], "m_g")].append(history)
+        groups[(method_label(config), "m_g")].append(history)
         if f"ens_{eval_set(history)}_acc" in history[0]:
-            groups[(config["method"], "predictive")].append(history)
+            groups[(method_label(config), "predictive")].append(history)
     if not groups:
         raise ValueError("none of the runs has finished a round")
     if len(sets) > 1:
