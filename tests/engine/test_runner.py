@@ -249,6 +249,7 @@ def test_stop_at_then_resume_gives_the_uninterrupted_run(tmp_path):
     with pytest.raises(ConfigError, match="stop_at must be in"):
         resolve("fmnist-heterog10", ["rounds=3", "stop_at=4"])
 
+
 @needs_fmnist
 def test_fedep_family_inference_choices_run_and_compare(tmp_path):
     """`bayesadmm run` takes FedEP's tilted-inference choice and its settings as overrides, and `compare` tables the
@@ -266,4 +267,17 @@ def test_fedep_family_inference_choices_run_and_compare(tmp_path):
         assert last["round"] == 2 and all(v == v for v in last.values())
     assert main(["compare", *(str(tmp_path / tag) for tag in runs), "--rounds", "2", "--out", str(tmp_path / "cmp")]) == 0
     table = (tmp_path / "cmp" / "table.md").read_text()
-    assert all(f"| {m} (m_g) |" in table for m in ("fedep", "fedsep", "fedpa"))
+    assert all(f"| {tag} (m_g) |" in table for tag in runs)       # method and inference name the row
+
+
+def test_compare_keeps_runs_with_different_inference_apart(tmp_path):
+    """FedEP with scaled-identity and with NGVI inference are different methods in a table, not two seeds."""
+    for name, inference, acc in (("i", "identity", 0.5), ("v", "ngvi", 0.7)):
+        _fake_run(tmp_path / name, "fedep", 0, [acc] * 3, ens=False)
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        config["hparams"] = {"inference": inference}
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    assert main(["compare", str(tmp_path / "i"), str(tmp_path / "v"), "--rounds", "3",
+                 "--out", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp" / "table.md").read_text()
+    assert "| fedep-identity (m_g) | 1 | 50.0 ± 0.0 |" in table and "| fedep-ngvi (m_g) | 1 | 70.0 ± 0.0 |" in table
