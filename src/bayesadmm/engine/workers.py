@@ -9,9 +9,8 @@ elementwise kernel down many times over.
 Workers are started once per run with the "spawn" method (safe with CUDA and with torch's thread pools, unlike
 fork). The training data go to them once, in shared memory, not copied per worker; each worker rebuilds the model and
 the algorithm from the run's config (an `Algorithm` is a tuple of closures and does not pickle). Per round, each task
-carries a client's state and the broadcast message, serialised with `torch.save` into bytes (a few MB at most, which
-is negligible next to a client's training, and avoids one shared-memory file per tensor), and returns the new state
-and the reply. Tasks are submitted largest client first so that the slowest client does not start last.
+carries a client's state and the broadcast as `torch.save` bytes (the broadcast serialised once per round, unpacked
+once per worker per round; bytes avoid one shared-memory file per tensor), and returns the new state and the reply. Tasks are submitted largest client first so that the slowest client does not start last.
 """
 
 from __future__ import annotations
@@ -49,8 +48,8 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def train_client(algorithm: Algorithm, state, message: Message, data, seed: int, round_: int, client: int,
-                 device) -> tuple[Any, Message]:
+def train_client(algorithm: Algorithm, state, message: Message, data, seed: int, round_: int,
+                 client: int) -> tuple[Any, Message]:
     """One client's update, exactly as every execution path runs it. The generator is a CPU one whatever the device
     (`bayesadmm.rng` draws on it and moves the numbers), so a GPU run consumes the same random numbers."""
     with one_thread():
@@ -61,15 +60,15 @@ def train_client(algorithm: Algorithm, state, message: Message, data, seed: int,
 class LocalClients:
     """Client updates one after the other in this process."""
 
-    def __init__(self, algorithm: Algorithm, clients: Mapping[int, Any], seed: int, device):
-        self.algorithm, self.clients, self.seed, self.device = algorithm, clients, seed, device
+    def __init__(self, algorithm: Algorithm, clients: Mapping[int, Any], seed: int):
+        self.algorithm, self.clients, self.seed = algorithm, clients, seed
 
     def train(self, round_: int, message: Message, states: Mapping[int, Any],
               on_done: Callable[[int], None] | None = None) -> tuple[dict, dict]:
         new_states, replies = {}, {}
         for k in states:
             new_states[k], replies[k] = train_client(self.algorithm, states[k], message, self.clients[k], self.seed,
-                                                     round_, k, self.device)
+                                                     round_, k)
             if on_done is not None:
                 on_done(k)
         return new_states, replies
@@ -105,14 +104,15 @@ def _init_worker(config_json: dict, model, train_X: torch.Tensor, train_y: torch
     X, y = train_X.to(device), train_y.to(device)   # no copy on the CPU: views of the shared tensors
     clients = {k: ClassificationData(model, X[a:b], y[a:b]) for k, (a, b) in slices.items()}
     _WORKER.update(algorithm=make_algorithm(config, model, {k: d.num_examples for k, d in clients.items()}),
-                   clients=clients, seed=config.seed, device=device)
+                   clients=clients, seed=config.seed)
 
 
-def _worker_task(client: int, round_: int, payload: bytes) -> bytes:
-    state, message = _loads(payload)
+def _worker_task(client: int, round_: int, state: bytes, message: bytes) -> bytes:
     w = _WORKER
-    return _dumps(train_client(w["algorithm"], state, message, w["clients"][client], w["seed"], round_, client,
-                               w["device"]))
+    if w.get("round") != round_:   # the broadcast is the same for every client of a round: unpack it once
+        w.update(round=round_, message=_loads(message))
+    return _dumps(train_client(w["algorithm"], _loads(state), w["message"], w["clients"][client], w["seed"], round_,
+                               client))
 
 
 class ClientPool:
@@ -131,9 +131,9 @@ class ClientPool:
 
     def train(self, round_: int, message: Message, states: Mapping[int, Any],
               on_done: Callable[[int], None] | None = None) -> tuple[dict, dict]:
-        cpu_message = {key: value.cpu() for key, value in message.items()}
+        broadcast = _dumps({key: value.cpu() for key, value in message.items()})   # serialised once per round
         order = sorted(states, key=lambda k: -self.sizes[k])
-        futures = {self.executor.submit(_worker_task, k, round_, _dumps((states[k], cpu_message))): k for k in order}
+        futures = {self.executor.submit(_worker_task, k, round_, _dumps(states[k]), broadcast): k for k in order}
         results: dict[int, tuple] = {}
         pending = set(futures)
         try:
@@ -158,7 +158,7 @@ class ClientPool:
 def client_runner(config, experiment, workers: int) -> LocalClients | ClientPool:
     """Sequential for one worker (or one participant), a process pool otherwise."""
     if workers <= 1:
-        return LocalClients(experiment.algorithm, experiment.clients, config.seed, torch.device(config.device))
+        return LocalClients(experiment.algorithm, experiment.clients, config.seed)
     return ClientPool(config, experiment.model, experiment.train_X, experiment.train_y, experiment.slices, workers)
 
 
