@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from bayesadmm import rng
 from bayesadmm.models import mlp
 from bayesadmm.optim import IVON, ivon
 
@@ -71,9 +72,14 @@ def main() -> None:
     # flat-vector path (what the federated IVON solver runs)
     theta = torch.nn.Parameter(flat.initial_params(torch.Generator().manual_seed(2)))
     flat_adam = torch.optim.Adam([theta], lr=1e-3)
-    state = {"ivon": ivon.init(theta.detach().clone(), 1e-3)}
+    # as IVONSolver runs it for IVON-ADMM: a prior mean and dual terms (v, u) per coordinate, the update fused with
+    # drawing the next step's samples from the counter-based noise stream
+    theta0 = theta.detach().clone()
     delta = torch.full((flat.dim,), 1.0 / 6000)
-    noise = torch.Generator().manual_seed(3)
+    v, u = torch.full((flat.dim,), 1e-4), torch.full((flat.dim,), 1e-5)
+    noise = rng.stream_key(torch.Generator().manual_seed(3))
+    state = {"ivon": ivon.init(theta0, 1e-3)}
+    state["thetas"], state["eps"] = ivon.sample(state["ivon"], 6000.0, delta, noise, 1, check=False)
 
     def flat_adam_step():
         flat_adam.zero_grad()
@@ -81,11 +87,11 @@ def main() -> None:
         flat_adam.step()
 
     def flat_ivon_step():
-        thetas, eps = ivon.sample(state["ivon"], 6000.0, delta, noise, 1, check=False)   # as the solver does
-        sample = thetas[0].requires_grad_(True)
+        sample = state["thetas"][0].requires_grad_(True)
         (grad,) = torch.autograd.grad(loss_fn(flat.forward(sample, x), y), sample)
-        state["ivon"] = ivon.update(state["ivon"], grad[None], eps, lr=5e-5, ess=6000.0, delta=delta, beta1=0.9,
-                                    beta2=0.9998, check=False)
+        state["ivon"], state["thetas"], state["eps"] = ivon.update_and_sample(
+            state["ivon"], grad.unsqueeze(0), state["eps"], noise, 1, lr=5e-5, ess=6000.0, delta=delta, beta1=0.9,
+            beta2=0.9998, prior_mean=theta0, v=v, u=u, check=False)
 
     rows = []
     for label, a, b in (("nn.Module optimizers", adam_step, ivon_step),

@@ -49,8 +49,11 @@ def test_ivon_solver_solves_the_tempered_client_problem():
 
     # h starts at 0 and reaches (1 − β2^steps) of its value: 4000 steps with β2 = 0.999 get within 2 %
     solver = IVONSolver(lr=0.05, epochs=1000, batch_size=50, tau=tau, hess_init=0.0, beta2=0.999, mc_samples=4)
-    result = solver.solve(family, LeastSquares(X, y), lam_g, eta, rho, torch.Generator().manual_seed(1))
-    m, s = family.to_moments(result.natural)
+    # IVON's Stein estimate of h has heavy tails: over 16 seeds, one run in ~16 lands a coordinate of s 35 % or more
+    # off (with torch's generator as with the counter-based noise), so the test takes the median of three runs
+    runs = [family.to_moments(solver.solve(family, LeastSquares(X, y), lam_g, eta, rho,
+                                           torch.Generator().manual_seed(seed)).natural) for seed in range(3)]
+    m, s = (torch.stack(x).median(dim=0).values for x in zip(*runs))
     assert torch.allclose(m, exact_m, rtol=0.03, atol=0.02), (m, exact_m)
     assert torch.allclose(s, exact_s, rtol=0.1), (s, exact_s)
     # the mapping matters: the same IVON run without the dual gives a clearly different answer

@@ -5,6 +5,6 @@ functional core it is built on (flat 1-D tensors, pure functions), used directly
 """
 
 from bayesadmm.optim import ivon
-from bayesadmm.optim.ivon import IVON, IVONState, init, noise_scale, posterior, sample, update
+from bayesadmm.optim.ivon import IVON, IVONState, init, noise_scale, posterior, sample, update, update_and_sample
 
-__all__ = ["ivon", "IVON", "IVONState", "init", "noise_scale", "sample", "update", "posterior"]
+__all__ = ["ivon", "IVON", "IVONState", "init", "noise_scale", "sample", "update", "update_and_sample", "posterior"]

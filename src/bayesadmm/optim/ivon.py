@@ -58,8 +58,9 @@ import torch
 from torch import Tensor
 
 from bayesadmm import rng
+from bayesadmm.optim import kernels
 
-__all__ = ["IVONState", "init", "noise_scale", "sample", "update", "posterior", "IVON"]
+__all__ = ["IVONState", "init", "noise_scale", "sample", "update", "update_and_sample", "posterior", "IVON"]
 
 
 # --- functional core ---------------------------------------------------------------------------------------------
@@ -130,20 +131,45 @@ def noise_scale(state: IVONState, ess: float, delta: Tensor | float, check: bool
     return torch.rsqrt(ess * curvature)
 
 
-def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch.Generator | None,
+def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch.Generator | Tensor | None,
            mc_samples: int = 1, check: bool = True) -> tuple[Tensor, Tensor]:
-    """Draw θ_i = m + σ ε_i for i = 1..S with one randn call: returns (thetas (S, d), eps (S, d)).
+    """Draw θ_i = m + σ ε_i for i = 1..S: returns (thetas (S, d), eps (S, d)).
 
-    generator=None draws from torch's global RNG (what ivon-opt does). Note that randn((S, d)) is not the same
-    stream as S calls of randn(d) on the CPU generator; `IVON` draws one row per `sampled_params` entry.
+    The noise comes from `generator`:
+    * a 0-d int64 key tensor (`rng.stream_key`): the counter-based stream of `rng.counter_normal`, block number
+      `state.step` of it, drawn inside one fused kernel (`optim.kernels`). Fast; what the federated solver uses.
+    * a torch.Generator, or None for torch's global RNG (what ivon-opt does): one randn((S, d)) call. Note that
+      randn((S, d)) is not the same stream as S calls of randn(d); `IVON` draws one row per `sampled_params` entry.
     """
     if mc_samples < 1:
         raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
     if check:
         _check_delta(delta, state.mean.numel())
+    if torch.is_tensor(generator):
+        if check:
+            noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
+        mean = state.mean
+        block = mc_samples * mean.numel()
+        offset = torch.tensor(state.step * ((block + 1) // 2), dtype=torch.int64)
+        return kernels.sample_step(mean, state.hess, _vector(delta, mean), _scalar(ess, mean), generator, offset,
+                                   mc_samples)
     sigma = noise_scale(state, ess, delta, check)
     eps = rng.randn((mc_samples, state.mean.numel()), generator, state.mean.dtype, state.mean.device)
     return state.mean + sigma * eps, eps
+
+
+def _scalar(x: float | Tensor, like: Tensor) -> Tensor:
+    """A scalar hyperparameter as a 0-d tensor of the mean's dtype and device (see optim/kernels.py: no floats)."""
+    return torch.as_tensor(x, dtype=like.dtype, device=like.device)
+
+
+def _vector(x: Tensor | float | None, like: Tensor) -> Tensor:
+    """A per-coordinate quantity (None: 0) as a vector shaped like the mean. The kernels always get full vectors, so
+    torch.compile makes one kernel per dtype instead of one per scalar/vector combination."""
+    if x is None:
+        return torch.zeros_like(like)
+    x = torch.as_tensor(x, dtype=like.dtype, device=like.device)
+    return x if x.shape == like.shape else x.expand_as(like).clone()
 
 
 def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, ess: float, delta: Tensor | float,
@@ -156,6 +182,35 @@ def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, 
     calling this. σ is recomputed from `state`, which must be the state the samples were drawn from.
     prior_mean=None means m_p = 0; v=None, u=None mean zero dual terms. check=False: see `noise_scale`.
     """
+    args = _update_args(state, grads, eps, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2,
+                        prior_mean=prior_mean, v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
+    return IVONState(*kernels.update_step(*args), state.step + 1)
+
+
+def update_and_sample(state: IVONState, grads: Tensor, eps: Tensor, key: Tensor, mc_samples: int = 1, *,
+                      lr: float | Tensor, ess: float, delta: Tensor | float, beta1: float, beta2: float,
+                      prior_mean: Tensor | None = None, v: Tensor | None = None, u: Tensor | None = None,
+                      clip_radius: float = math.inf, debias: bool = True,
+                      check: bool = True) -> tuple[IVONState, Tensor, Tensor]:
+    """`update`, then `sample` from the new state with the counter-based stream `key`, in one fused kernel:
+    (new state, thetas (S, d), eps (S, d)) for the next step. The same numbers as the two calls (up to rounding);
+    the sampling reads m, h and δ while the update has them at hand instead of in a second pass over memory."""
+    args = _update_args(state, grads, eps, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2,
+                        prior_mean=prior_mean, v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
+    step = state.step + 1
+    mean, hess, momentum, thetas, new_eps = kernels.update_and_sample_step(
+        *args, key, _block_offset(step, mc_samples, state.mean.numel()), mc_samples)
+    return IVONState(mean, hess, momentum, step), thetas, new_eps
+
+
+def _block_offset(step: int, mc_samples: int, d: int) -> Tensor:
+    """Where step `step`'s noise starts in a counter-based stream (in pairs of draws: rng.counter_normal)."""
+    return torch.tensor(step * ((mc_samples * d + 1) // 2), dtype=torch.int64)
+
+
+def _update_args(state: IVONState, grads: Tensor, eps: Tensor, *, lr, ess, delta, beta1, beta2, prior_mean, v, u,
+                 clip_radius, debias, check) -> tuple:
+    """Validate `update`'s inputs and put them in the form kernels.update_step takes."""
     d = state.mean.numel()
     if grads.dim() != 2 or grads.shape[1] != d or grads.shape != eps.shape:
         raise ValueError(f"grads and eps must both have shape (S, {d}), got {tuple(grads.shape)} and "
@@ -169,31 +224,13 @@ def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, 
         _check_delta(delta, d)
     for name, x in (("prior_mean", prior_mean), ("v", v), ("u", u)):
         _check_vector(name, x, d)
-
-    m, h = state.mean, state.hess
-    sigma = noise_scale(state, ess, delta, check)
-    g_hat = grads.mean(dim=0)
-    # (θ − m)/σ² = ε/σ: dividing once by σ avoids re-deriving θ − m from rounded samples.
-    h_hat = (grads * eps).mean(dim=0) / sigma
-    if u is not None:
-        h_hat = h_hat - u
-
-    step = state.step + 1
-    momentum = beta1 * state.momentum + (1.0 - beta1) * g_hat
-    curvature = h + delta
-    hess = beta2 * h + (1.0 - beta2) * h_hat + 0.5 * (1.0 - beta2) ** 2 * (h - h_hat) ** 2 / curvature
-    g_bar = momentum / (1.0 - beta1 ** step) if debias else momentum
-
-    direction = g_bar + delta * (m if prior_mean is None else m - prior_mean)
-    if v is not None:
-        direction = direction + v
-    if u is not None:
-        direction = direction - u * m
-    # The new h is used in the preconditioner, as in Shen et al. (and ivon-opt).
-    ratio = direction / (hess + delta)
-    if math.isfinite(clip_radius):
-        ratio = ratio.clamp(-clip_radius, clip_radius)
-    return IVONState(m - lr * ratio, hess, momentum, step)
+    if check:
+        noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
+    m = state.mean
+    vec, sca = (lambda x: _vector(x, m)), (lambda x: _scalar(x, m))  # noqa: E731
+    return (m, state.hess, state.momentum, grads, eps, vec(delta), vec(prior_mean), vec(v), vec(u),
+            vec(lr) if torch.is_tensor(lr) and lr.dim() > 0 else sca(lr), sca(ess), sca(beta1), sca(beta2),
+            sca(1.0 - beta1 ** (state.step + 1) if debias else 1.0), sca(clip_radius))
 
 
 def posterior(state: IVONState, ess: float, delta: Tensor | float) -> tuple[Tensor, Tensor]:

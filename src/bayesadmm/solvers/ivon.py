@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from bayesadmm import rng
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.optim import ivon
 from bayesadmm.solvers.adam import minibatches
@@ -80,15 +81,20 @@ class IVONSolver:
 
         state = ivon.init(m_g, self.hess_init)
         ivon.noise_scale(state, ess, delta)   # h0 + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
+        # the weight noise: a counter-based stream keyed once per solve (drawn in IVON's fused sampling kernel);
+        # the generator also shuffles the minibatches
+        noise_key = rng.stream_key(generator)
         steps = 0
         try:
+            # the hot loop skips the per-step elementwise checks; non-finite results are caught below
+            thetas, eps = ivon.sample(state, ess, delta, noise_key, self.mc_samples, check=False)
             for idx in minibatches(n, self.batch_size, self.epochs, generator, m_g.device):
-                # the hot loop skips the per-step elementwise checks; non-finite results are caught below
-                thetas, eps = ivon.sample(state, ess, delta, generator, self.mc_samples, check=False)
-                grads = torch.stack([_grad(data, theta, idx) for theta in thetas])
-                state = ivon.update(state, grads, eps, lr=lr, ess=ess, delta=delta, beta1=self.beta1,
-                                    beta2=self.beta2, prior_mean=m_g, v=v, u=u, clip_radius=self.clip_radius,
-                                    check=False)
+                grads = (_grad(data, thetas[0], idx).unsqueeze(0) if self.mc_samples == 1    # a view, no copy
+                         else torch.stack([_grad(data, theta, idx) for theta in thetas]))
+                # the update and the next step's samples in one pass (the last samples go unused)
+                state, thetas, eps = ivon.update_and_sample(
+                    state, grads, eps, noise_key, self.mc_samples, lr=lr, ess=ess, delta=delta, beta1=self.beta1,
+                    beta2=self.beta2, prior_mean=m_g, v=v, u=u, clip_radius=self.clip_radius, check=False)
                 steps += 1
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
             raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc

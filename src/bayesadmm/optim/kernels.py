@@ -1,0 +1,106 @@
+"""IVON's per-step elementwise work as two fused kernels: `sample_step` and `update_step`.
+
+Why: written as eager torch, one IVON step is ~25 separate passes over the parameter vector, each allocating a fresh
+tensor; for the papers' 178k-parameter MLP on a CPU they cost more than the forward and backward pass together, and
+torch's sequential normal generator another ~0.6 ms (docs/performance.md). Each function below is one loop once
+torch.compile (Inductor) fuses it, and the sampling kernel draws its noise from the counter-based stream of
+`rng.counter_normal` inside that loop.
+
+The functions are plain torch and are the reference: `fused(fn)` compiles them on first use and falls back to running
+them eagerly (with one warning) where compilation is unavailable (no C++ compiler, an unsupported device) or switched
+off with BAYESADMM_COMPILE=0. Compiled and eager agree to rounding (tests/optim/test_kernels.py); compiled code may
+contract a·b + c into one fused multiply-add, so the two need not agree bit for bit.
+
+Every hyperparameter is a tensor, never a Python float (torch.compile treats Python numbers as constants and would
+recompile for every new learning rate), and every per-coordinate quantity is a full vector even where it is constant
+(one compiled kernel per dtype, sample count 1 or more and scalar or vector lr, rather than one per combination).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from bayesadmm import rng
+
+__all__ = ["sample_step", "update_step", "update_and_sample_step", "fused", "compile_enabled"]
+
+
+def compile_enabled() -> bool:
+    """Whether the kernels are compiled (BAYESADMM_COMPILE=0 switches it off, e.g. to debug in eager mode)."""
+    return os.environ.get("BAYESADMM_COMPILE", "1") != "0"
+
+
+def fused(fn: Callable) -> Callable:
+    """`fn` compiled with torch.compile on its first call, or `fn` itself where compiling fails or is switched off."""
+    state: dict[str, Callable] = {}
+
+    @functools.wraps(fn)
+    def run(*args):
+        if "impl" not in state:
+            if compile_enabled():
+                # dtype × sample count 1 or more × scalar or vector lr: up to 8 variants per kernel, torch's default
+                # limit, after which it would stop compiling
+                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
+                state["impl"] = torch.compile(fn, dynamic=True, fullgraph=True)
+            else:
+                state["impl"] = fn
+        if state["impl"] is fn:
+            return fn(*args)
+        try:
+            return state["impl"](*args)
+        except Exception as exc:  # noqa: BLE001 — any compiler failure: run the same maths eagerly instead
+            warnings.warn(f"torch.compile failed for {fn.__name__} ({type(exc).__name__}: {exc}); running it "
+                          f"eagerly (slower, same maths)", RuntimeWarning, stacklevel=2)
+            state["impl"] = fn
+            return fn(*args)
+
+    run.eager = fn   # the uncompiled function, for tests and debugging
+    return run
+
+
+@fused
+def sample_step(mean: Tensor, hess: Tensor, delta: Tensor, ess: Tensor, key: Tensor, offset: Tensor,
+                mc_samples: int) -> tuple[Tensor, Tensor]:
+    """(θ (S, d), ε (S, d)) with θ_i = m + σ ε_i, σ = 1/sqrt(ess (h + δ)), ε the draws 2·offset… of stream `key`.
+    Vectors (d,): mean, hess, delta; 0-d: ess, key and offset (int64)."""
+    d = mean.shape[0]
+    eps = rng.counter_normal(key, offset, mc_samples * d, mean.dtype, mean.device).view(mc_samples, d)
+    sigma = torch.rsqrt(ess * (hess + delta))
+    return mean + sigma * eps, eps
+
+
+@fused
+def update_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps: Tensor, delta: Tensor,
+                prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor, beta2: Tensor,
+                debias: Tensor, clip_radius: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Steps 2–6 of IVON (optim/ivon.py's docstring): the new (m, h, g). Vectors (d,): mean, hess, momentum, delta,
+    prior_mean, v, u; samples (S, d): grads, eps; 0-d: ess, beta1, beta2, debias (the divisor 1 − β₁ᵗ, 1: off) and
+    clip_radius (inf: no clipping); lr 0-d or (d,)."""
+    curvature = hess + delta
+    g_hat = grads.mean(dim=0)
+    # (θ − m)/σ² = ε/σ = ε·sqrt(ess (h + δ)): no division by the rounded σ, no re-derivation of θ − m
+    h_hat = (grads * eps).mean(dim=0) * torch.sqrt(ess * curvature) - u
+    new_momentum = beta1 * momentum + (1.0 - beta1) * g_hat
+    new_hess = beta2 * hess + (1.0 - beta2) * h_hat + 0.5 * (1.0 - beta2) ** 2 * (hess - h_hat) ** 2 / curvature
+    direction = new_momentum / debias + delta * (mean - prior_mean) + v - u * mean
+    # the new h is used in the preconditioner, as in Shen et al. (and ivon-opt)
+    ratio = (direction / (new_hess + delta)).clamp(-clip_radius, clip_radius)
+    return mean - lr * ratio, new_hess, new_momentum
+
+
+@fused
+def update_and_sample_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps: Tensor, delta: Tensor,
+                           prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor,
+                           beta2: Tensor, debias: Tensor, clip_radius: Tensor, key: Tensor, offset: Tensor,
+                           mc_samples: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """`update_step`, then `sample_step` from its result: (m, h, g, θ, ε). One loop once compiled."""
+    new_mean, new_hess, new_momentum = update_step.eager(mean, hess, momentum, grads, eps, delta, prior_mean, v, u,
+                                                         lr, ess, beta1, beta2, debias, clip_radius)
+    thetas, new_eps = sample_step.eager(new_mean, new_hess, delta, ess, key, offset, mc_samples)
+    return new_mean, new_hess, new_momentum, thetas, new_eps

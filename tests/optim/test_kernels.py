@@ -1,0 +1,165 @@
+"""IVON's fused kernels (bayesadmm.optim.kernels) and the counter-based normal stream they draw from (bayesadmm.rng).
+
+The kernels must compute exactly the eager maths (to rounding), the stream must be SplitMix64 + Box–Muller as
+documented (checked against a pure-Python uint64 implementation) and look like independent standard normals.
+"""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from bayesadmm import rng
+from bayesadmm.optim import ivon, kernels
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64_reference(key: int, j: int) -> int:
+    """SplitMix64's output for state key + j·γ, in Python's exact integers (Steele, Lea & Flood 2014)."""
+    z = (key + j * 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def box_muller_reference(key: int, offset: int, n: int) -> list[float]:
+    pairs = (n + 1) // 2
+    cos_half, sin_half = [], []
+    for j in range(offset, offset + pairs):
+        bits = splitmix64_reference(key, j)
+        u1, u2 = ((bits >> 32) + 0.5) * 2.0 ** -32, ((bits & 0xFFFFFFFF) + 0.5) * 2.0 ** -32
+        r = math.sqrt(-2.0 * math.log(u1))
+        cos_half.append(r * math.cos(2 * math.pi * u2))
+        sin_half.append(r * math.sin(2 * math.pi * u2))
+    return (cos_half + sin_half)[:n]
+
+
+@pytest.mark.parametrize("key", [0, 12345, -(1 << 63), (1 << 63) - 1, -7])
+def test_counter_normal_is_splitmix64_box_muller(key):
+    offset, n = 1_000_003, 9
+    ours = rng.counter_normal(torch.tensor(key, dtype=torch.int64), offset, n, torch.float64, "cpu")
+    expected = torch.tensor(box_muller_reference(key & MASK64, offset, n), dtype=torch.float64)
+    torch.testing.assert_close(ours, expected, rtol=1e-13, atol=1e-13)
+
+
+def test_counter_normal_blocks_continue_one_stream_and_keys_differ():
+    key = rng.stream_key(torch.Generator().manual_seed(3))
+    whole = rng.counter_normal(key, 0, 40, torch.float64, "cpu")
+    halves = torch.cat([rng.counter_normal(key, 0, 20, torch.float64, "cpu"),
+                        rng.counter_normal(key, 10, 20, torch.float64, "cpu")])
+    # the same draws as pairs; the order within a block is cosine halves, then sine halves
+    assert torch.equal(torch.sort(whole).values, torch.sort(halves).values)
+    other = rng.counter_normal(rng.stream_key(torch.Generator().manual_seed(4)), 0, 40, torch.float64, "cpu")
+    assert not torch.isclose(whole, other).any()
+
+
+def test_counter_normal_looks_like_independent_standard_normals():
+    n = 200_000
+    z = rng.counter_normal(torch.tensor(99), 0, n, torch.float64, "cpu")
+    se = 1 / math.sqrt(n)
+    assert abs(z.mean()) < 5 * se
+    assert abs(z.var() - 1) < 5 * math.sqrt(2) * se
+    assert abs((z ** 4).mean() - 3) < 5 * math.sqrt(96) * se           # Var z⁴ = 105 − 9 = 96
+    # Kolmogorov–Smirnov distance to Φ; the 0.1 % critical value is 1.95/√n
+    sorted_z = torch.sort(z).values
+    cdf = 0.5 * (1 + torch.erf(sorted_z / math.sqrt(2)))
+    grid = torch.arange(1, n + 1, dtype=torch.float64) / n
+    assert (grid - cdf).abs().max() < 1.95 / math.sqrt(n)
+    # neighbours, and a cosine draw with its sine partner, are uncorrelated (tests the pairing as well)
+    half = n // 2
+    for a, b in ((z[:-1], z[1:]), (z[:half], z[half:]), (z[:half] ** 2, z[half:] ** 2)):
+        assert abs(torch.corrcoef(torch.stack([a, b]))[0, 1]) < 5 / math.sqrt(half)
+
+
+def random_update_inputs(d, mc_samples, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g, dtype=dtype)  # noqa: E731
+    vectors = dict(mean=r(d), hess=r(d).abs(), momentum=r(d))
+    samples = dict(grads=r(mc_samples, d), eps=r(mc_samples, d))
+    terms = dict(delta=r(d).abs() + 0.1, prior_mean=r(d), v=r(d), u=0.1 * r(d).abs(), lr=torch.full((d,), 0.05,
+                                                                                                   dtype=dtype))
+    scalars = [torch.tensor(x, dtype=dtype) for x in (7.0, 0.9, 0.999, 1 - 0.9 ** 3, 0.5)]
+    return [*vectors.values(), *samples.values(), *terms.values(), *scalars]
+
+
+@pytest.mark.parametrize("mc_samples", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_compiled_update_equals_the_eager_maths(mc_samples, dtype):
+    args = random_update_inputs(1000, mc_samples, dtype)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
+    for fused, eager in zip(kernels.update_step(*args), kernels.update_step.eager(*args)):
+        torch.testing.assert_close(fused, eager, **tol)
+
+
+def test_compiled_sampling_equals_the_eager_maths_and_the_stream():
+    d, S = 1001, 2
+    g = torch.Generator().manual_seed(1)
+    mean, hess, delta = torch.randn(d, generator=g), torch.rand(d, generator=g), torch.rand(d, generator=g)
+    ess, key, offset = torch.tensor(30.0), torch.tensor(2024), torch.tensor(5 * S * d)
+    thetas, eps = kernels.sample_step(mean, hess, delta, ess, key, offset, S)
+    eager_thetas, eager_eps = kernels.sample_step.eager(mean, hess, delta, ess, key, offset, S)
+    torch.testing.assert_close(eps, eager_eps, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(thetas, eager_thetas, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(eps.reshape(-1), rng.counter_normal(key, offset, S * d, torch.float64, "cpu"),
+                               rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(thetas, mean + eps / torch.sqrt(30.0 * (hess + delta)))
+
+
+def test_sample_with_a_key_draws_block_t_of_the_stream():
+    """ivon.sample with a key uses block number `state.step` (so every step gets fresh noise without state)."""
+    d, S = 7, 3
+    key = torch.tensor(11)
+    delta = torch.full((d,), 0.2)
+    state = ivon.init(torch.zeros(d), 0.3)._replace(step=4)
+    thetas, eps = ivon.sample(state, 10.0, delta, key, S)
+    block = (S * d + 1) // 2
+    torch.testing.assert_close(eps.reshape(-1), rng.counter_normal(key, 4 * block, S * d, torch.float64, "cpu"))
+    torch.testing.assert_close(thetas, eps / math.sqrt(10.0 * 0.5))
+    _, next_eps = ivon.sample(state._replace(step=5), 10.0, delta, key, S)
+    assert not torch.isclose(eps, next_eps).any()
+
+
+def test_a_failing_compiler_falls_back_to_the_same_maths_with_a_warning(monkeypatch):
+    def broken_compile(fn, **kwargs):
+        def fail(*args):
+            raise RuntimeError("no C++ compiler here")
+        return fail
+
+    monkeypatch.setattr(torch, "compile", broken_compile)
+    kernel = kernels.fused(kernels.update_step.eager)
+    args = random_update_inputs(50, 2)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler here"):
+        first = kernel(*args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # warned once, then eager without a word
+        second = kernel(*args)
+    for a, b, c in zip(first, second, kernels.update_step.eager(*args)):
+        assert torch.equal(a, c) and torch.equal(b, c)
+
+
+def test_compilation_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("BAYESADMM_COMPILE", "0")
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: pytest.fail("compiled although switched off"))
+    kernel = kernels.fused(kernels.update_step.eager)
+    args = random_update_inputs(50, 1)
+    for a, b in zip(kernel(*args), kernels.update_step.eager(*args)):
+        assert torch.equal(a, b)
+
+
+def test_update_and_sample_equals_update_then_sample():
+    g = torch.Generator().manual_seed(8)
+    d, S = 501, 2
+    state = ivon.IVONState(torch.randn(d, generator=g), torch.rand(d, generator=g), torch.randn(d, generator=g), 6)
+    key = torch.tensor(77)
+    _, eps = ivon.sample(state, 20.0, 0.1, key, S)
+    grads = torch.randn(S, d, generator=g)
+    terms = dict(lr=0.01, ess=20.0, delta=torch.full((d,), 0.1), beta1=0.9, beta2=0.999,
+                 prior_mean=torch.randn(d, generator=g), v=torch.randn(d, generator=g), u=torch.full((d,), 0.01))
+    fused_state, fused_thetas, fused_eps = ivon.update_and_sample(state, grads, eps, key, S, **terms)
+    new_state = ivon.update(state, grads, eps, **terms)
+    thetas, next_eps = ivon.sample(new_state, 20.0, terms["delta"], key, S)
+    assert fused_state.step == new_state.step == 7
+    for a, b in zip((*fused_state[:3], fused_thetas, fused_eps), (*new_state[:3], thetas, next_eps)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
