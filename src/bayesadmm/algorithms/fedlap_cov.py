@@ -121,6 +121,13 @@ def diagonal_ggn(data, theta: Tensor, method: str = "ggn", generator: torch.Gene
         raise ValueError(f"unknown curvature {method!r}; valid: {', '.join(CURVATURES)}")
     if method == "mc-fisher" and generator is None:
         raise ValueError("the Monte-Carlo Fisher needs an explicit torch.Generator")
+    return per_example_diagonal_ggn(data, theta, method, generator, max_elements)
+
+
+def per_example_diagonal_ggn(data, theta: Tensor, method: str, generator: torch.Generator | None,
+                             max_elements: int) -> Tensor:
+    """`diagonal_ggn` for any model: per-example gradients (vmap of grad) of the cross-entropy, once per class for
+    "ggn". Memory and time grow like (examples × parameters); chunks hold at most `max_elements` gradient numbers."""
     logits_of, X = per_example_logits(data)
     theta = theta.detach()
 
