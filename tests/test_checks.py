@@ -23,6 +23,7 @@ def test_same_answers_as_the_elementwise_checks(values, dtype):
 
 
 def test_integer_complex_and_zero_dimensional_tensors():
-    assert all_finite(torch.tensor([1, -2])) and all_positive(torch.tensor([1, 2])) and not all_positive(torch.tensor([0]))
+    assert all_finite(torch.tensor([1, -2])) and all_positive(torch.tensor([1, 2]))
+    assert not all_positive(torch.tensor([0]))
     assert all_finite(torch.tensor([1 + 2j])) and not all_finite(torch.tensor([complex(1, math.inf)]))
     assert all_finite(torch.tensor(3.0)) and not all_finite(torch.tensor(math.nan)) and all_positive(torch.tensor(2.0))

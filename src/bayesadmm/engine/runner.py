@@ -207,7 +207,7 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
         if checkpoint is None:
             server = algorithm.init_server(experiment.theta0)
             clients.start(server)
-            _save_checkpoint(checkpoint_path, 0, server, clients)  # so a stop in round 1 still leaves a state to inspect
+            _save_checkpoint(checkpoint_path, 0, server, clients)  # a stop in round 1 still leaves a state
         else:
             server = checkpoint["server"]
             clients.restore(checkpoint, run_dir)
