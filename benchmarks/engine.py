@@ -5,8 +5,12 @@
     python benchmarks/engine.py --scenarios fmnist-heterog10 --methods ivon-admm --workers 1,2 --rounds 3
 
 Each (scenario, method, clients, workers) cell runs in a fresh process (so that its peak memory is its own): it builds
-the run exactly as `bayesadmm run` does, runs `--rounds` rounds of client updates and server update (no evaluation,
-no checkpoints) and reports the mean time of the rounds after the first (the first also starts the workers).
+the run exactly as `bayesadmm run` does, runs `--rounds` rounds of client updates and server update (no evaluation)
+and reports the mean time of the rounds after the first two (with --rounds 3 or more; after the first otherwise): the
+first compiles IVON's kernels in each process, and in the second the process's heap still grows, as the states or
+replies of two rounds are alive at once, and the fresh pages cost as much as the training (round 3 on reuses the
+memory). It then times one checkpoint as `bayesadmm run` writes it (`ckpt s`: the client states, by the workers in
+parallel, and the server state; in a temporary directory under the current one, deleted after).
 
 The limit: a round's arithmetic is counted as 6·B·P floating-point operations per local step and MC sample (forward
 2·B·P, backward 4·B·P, for minibatch size B and P weights in matrix multiplications; biases and elementwise work are
@@ -64,7 +68,11 @@ def state_bytes(tree) -> int:
 
 def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: list[str]) -> dict:
     """Run one cell in this process and return its measurements."""
-    from bayesadmm.engine.runner import build, participants
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from bayesadmm.engine.runner import _save_checkpoint, build, participants
     from bayesadmm.engine.workers import client_runner
     from bayesadmm.experiments.config import resolve
 
@@ -78,24 +86,31 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     flops = 6 * batch * matmul_weights(experiment.model) * steps * samples
 
     server = algorithm.init_server(experiment.theta0)
-    states = {k: algorithm.init_client(server, k) for k in experiment.clients}
-    runner = client_runner(config, experiment, workers)
+    clients = client_runner(config, experiment, workers)
     times = []
     try:
+        clients.start(server)
         for round_ in range(1, rounds + 1):
             began = time.perf_counter()
-            chosen = participants(config, round_)
-            new_states, replies = runner.train(round_, algorithm.broadcast(server), {k: states[k] for k in chosen})
-            states.update(new_states)
+            replies = clients.train(round_, algorithm.broadcast(server), participants(config, round_))
             server, _ = algorithm.server_update(server, replies)
             times.append(time.perf_counter() - began)
+        folder = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir="."))
+        try:
+            began = time.perf_counter()
+            _save_checkpoint(folder / "checkpoint.pt", rounds, server, clients)
+            checkpoint_seconds = time.perf_counter() - began
+        finally:
+            shutil.rmtree(folder)
+        peak_parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # MB (Linux reports KB)
+        states = clients.states()   # (fetched from the workers after measuring the parent's peak)
     finally:
-        runner.close()
-    peak_parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024          # MB (Linux reports KB)
+        clients.close()
     peak_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    timed = times[1:] or times
+    timed = times[2:] if len(times) >= 3 else times[1:] or times   # steady state (see the module docstring)
     return {"scenario": scenario, "method": method, "clients": config.clients, "workers": workers,
-            "seconds_per_round": sum(timed) / len(timed), "rounds_timed": len(timed), "local_steps": steps,
+            "seconds_per_round": sum(timed) / len(timed), "rounds_timed": len(timed), "round_seconds": times,
+            "checkpoint_seconds": checkpoint_seconds, "local_steps": steps,
             "gflop_per_round": flops / 1e9, "state_mb": (state_bytes(states) + state_bytes(server)) / 2**20,
             "peak_mb_parent": peak_parent, "peak_mb_worker": peak_child}
 
@@ -114,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default="fmnist-heterog10,fmnist-heterog100")
     parser.add_argument("--methods", default="fedavg,feddyn,ivon-admm")
     parser.add_argument("--workers", default=None, help="comma-separated worker counts (default: 1 and the cores)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds per cell; the first is not timed")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per cell; the first two are not timed")
     parser.add_argument("--scaling", action="store_true",
                         help="10, 100 and 1000 clients over the full training set (iid, one local epoch)")
+    parser.add_argument("--clients", default="10,100,1000", help="with --scaling: comma-separated client counts")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--cell", nargs="+", help=argparse.SUPPRESS)
@@ -135,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     if args.scaling:
         cells = [("fmnist-heterog100", m, w, [f"clients={c}", "partition=iid", "epochs=1", *args.set])
-                 for c in (10, 100, 1000) for m in args.methods.split(",") for w in workers]
+                 for c in map(int, args.clients.split(",")) for m in args.methods.split(",") for w in workers]
     else:
         cells = [(s, m, w, list(args.set)) for s in args.scenarios.split(",") for m in args.methods.split(",")
                  for w in workers]
     header = (f"{'scenario':<18} {'method':<10} {'clients':>7} {'workers':>7} {'s/round':>8} {'steps':>7} "
-              f"{'GFLOP':>7} {'limit s':>8} {'ratio':>6} {'state MB':>9} {'peak MB':>8}")
+              f"{'GFLOP':>7} {'limit s':>8} {'ratio':>6} {'state MB':>9} {'peak MB':>8} {'ckpt s':>7}")
     print(header, flush=True)
     rows = []
     for scenario, method, w, overrides in cells:
@@ -152,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         peak = row["peak_mb_parent"] + w * row["peak_mb_worker"] if w > 1 else row["peak_mb_parent"]
         print(f"{scenario:<18} {method:<10} {row['clients']:>7} {w:>7} {row['seconds_per_round']:>8.2f} "
               f"{row['local_steps']:>7} {row['gflop_per_round']:>7.1f} {row['limit_seconds']:>8.3f} "
-              f"{row['ratio']:>6.1f} {row['state_mb']:>9.1f} {peak:>8.0f}", flush=True)
+              f"{row['ratio']:>6.1f} {row['state_mb']:>9.1f} {peak:>8.0f} {row['checkpoint_seconds']:>7.2f}",
+              flush=True)
     by_key = {(r["scenario"], r["method"], r["clients"], r["workers"]): r for r in rows}
     if len(workers) > 1:
         print("\nspeed-up of the most workers over one:")

@@ -24,7 +24,7 @@ from typing import Mapping, NamedTuple
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, seen_clients
+from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, seen_clients, stacked
 from bayesadmm.solvers.adam import local_adam
 
 
@@ -46,13 +46,13 @@ def average(replies: Mapping[int, Message], weighted: bool) -> Tensor:
     ids = sorted(replies)
     if not ids:
         raise ValueError("the server needs at least one reply to average")
-    thetas = torch.stack([replies[k]["theta"] for k in ids])
+    thetas = stacked([replies[k]["theta"] for k in ids])   # a reused buffer: reduced below (in place), not kept
     if not weighted:
         return thetas.mean(dim=0)
     counts = torch.stack([replies[k]["num-examples"] for k in ids]).to(thetas.dtype)
     if not bool((counts > 0).all()):
         raise ValueError(f"weighted averaging needs positive num-examples, got {counts.tolist()}")
-    return (counts[:, None] * thetas).sum(dim=0) / counts.sum()
+    return thetas.mul_(counts[:, None]).sum(dim=0) / counts.sum()   # in place: (N_k θ_k) with no second matrix
 
 
 def reply_for(theta: Tensor, data) -> Message:

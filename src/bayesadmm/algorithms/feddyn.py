@@ -58,7 +58,7 @@ from typing import Mapping, NamedTuple
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, seen_clients
+from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, seen_clients, stacked
 from bayesadmm.solvers.adam import local_adam
 
 
@@ -111,10 +111,11 @@ def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, b
         last = seen_clients(server.clients, replies)
         if len(last) > num_clients:
             raise ValueError(f"{name}: {len(last)} distinct clients have replied but num_clients={num_clients}")
-        thetas = torch.stack([replies[k]["theta"] for k in sorted(replies)])
-        drift = (thetas - server.theta).sum(dim=0)
+        thetas = stacked([replies[k]["theta"] for k in sorted(replies)])   # a reused buffer, changed in place below
+        mean = thetas.mean(dim=0)
+        drift = thetas.sub_(server.theta).sum(dim=0)   # Σ_k (θ_k − θ_g) without a second K × P matrix
         h = server.h - (alpha / num_clients) * drift
-        theta = thetas.mean(dim=0) - h / alpha
+        theta = mean - h / alpha
         if not bool(torch.isfinite(theta).all()):
             raise DivergenceError(f"{name}: the server parameters are not finite")
         return ServerState(theta, h, last, server.round + 1), {"clients": len(replies)}

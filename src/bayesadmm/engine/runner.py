@@ -9,8 +9,11 @@ ids from 10⁹ on are the engine's own streams), and nothing uses torch's global
 continues with exactly the numbers an uninterrupted run would have produced.
 
 Files in the run directory: config.json (resolved config), metrics.jsonl (one JSON object per round),
-checkpoint.pt (state after the last finished round), status.json (running / completed / diverged / failed, with
-the reason), partition.json and labels.png (the client split), curves.png (accuracy and NLL per round).
+checkpoint.pt (the state after the last checkpointed round: every round by default, `checkpoint_every`), client-states/
+(with parallel workers: the client states of that checkpoint, one shard file per worker, named in checkpoint.pt),
+status.json (running / completed / diverged / failed, with the reason), partition.json and labels.png (the client
+split), curves.png (accuracy and NLL per round). A checkpoint is written shards first, checkpoint.pt last, each under
+a temporary name and renamed when complete, so a kill at any point leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from torch import Tensor
 
 from bayesadmm.algorithms import REGISTRY, Algorithm, DivergenceError
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.engine.workers import client_runner, default_workers
+from bayesadmm.engine.workers import client_runner, default_workers, remove_stale_shards
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel, make_model
@@ -145,9 +148,14 @@ def _write_json(path: Path, payload) -> None:
 
 
 def _save_checkpoint(path: Path, round_: int, server, clients) -> None:
+    """checkpoint.pt: the round, the server state and the record of the client states (`clients.save`: the states, or
+    the shard files the workers have just written). Written last and renamed into place, so that it only ever names a
+    complete state; the shards it does not name are deleted after."""
+    record = clients.save(path.parent, round_)
     tmp = path.with_suffix(".tmp")
-    torch.save({"round": round_, "server": server, "clients": clients}, tmp)
+    torch.save({"round": round_, "server": server, **record}, tmp)
     os.replace(tmp, path)  # never a half-written checkpoint
+    remove_stale_shards(path.parent, record)
 
 
 def _metrics_line(round_: int, results: dict, seconds: float, eval_seconds: float, count: int,
@@ -176,13 +184,9 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
                                                    run_dir / "checkpoint.pt")
     experiment = build(config)
     algorithm = experiment.algorithm
-    if resume and checkpoint_path.exists():
-        state = torch.load(checkpoint_path, weights_only=False)
-        start, server, states = state["round"], state["server"], state["clients"]
-    else:
-        start, server = 0, algorithm.init_server(experiment.theta0)
-        states = {k: algorithm.init_client(server, k) for k in experiment.clients}
-        _save_checkpoint(checkpoint_path, 0, server, states)  # so a stop in round 1 still leaves a state to inspect
+    checkpoint = torch.load(checkpoint_path, weights_only=False) if resume and checkpoint_path.exists() else None
+    start = checkpoint["round"] if checkpoint is not None else 0
+    if checkpoint is None:
         _write_json(run_dir / "config.json", config.to_json())
         _write_json(run_dir / "partition.json", {"clients": [idx.tolist() for idx in experiment.parts]})
         try:
@@ -200,7 +204,16 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     workers = config.workers or default_workers()
     clients = client_runner(config, experiment, min(workers, _max_participants(config)))
     try:
-        code, status = _rounds(config, experiment, clients, start, server, states, history, bar, run_dir)
+        if checkpoint is None:
+            server = algorithm.init_server(experiment.theta0)
+            clients.start(server)
+            _save_checkpoint(checkpoint_path, 0, server, clients)  # a stop in round 1 still leaves a state
+        else:
+            server = checkpoint["server"]
+            clients.restore(checkpoint, run_dir)
+            remove_stale_shards(run_dir, checkpoint)   # those of a checkpoint the kill did not let finish
+            del checkpoint   # the states now live in `clients`
+        code, status, saved = _rounds(config, experiment, clients, start, server, history, bar, run_dir)
     finally:
         clients.close()
     bar.close()
@@ -210,8 +223,7 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
         status = {"status": "stopped", "round": _last_round(config),
                   "message": f"stopped after round {config.stop_at} as asked (stop_at); `bayesadmm resume` goes on"}
     else:
-        print(f"stopped: {status['message']} (state of round {status['round']} is in {checkpoint_path})",
-              file=sys.stderr)
+        print(f"stopped: {status['message']} (state of round {saved} is in {checkpoint_path})", file=sys.stderr)
     _write_json(status_path, status)
     if history:
         plot_run(history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed {config.seed})")
@@ -226,29 +238,30 @@ def _max_participants(config: RunConfig) -> int:
     return len(participants(config, 1))
 
 
-def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, server, states, history: list,
-            bar, run_dir: Path) -> tuple[int, dict]:
-    """Rounds start+1 … config.rounds; returns (exit code, last status)."""
+def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, server, history: list,
+            bar, run_dir: Path) -> tuple[int, dict, int]:
+    """Rounds start+1 … config.rounds; returns (exit code, last status, round of the last checkpoint)."""
     algorithm = experiment.algorithm
     metrics_path, checkpoint_path, status_path = (run_dir / "metrics.jsonl", run_dir / "checkpoint.pt",
                                                    run_dir / "status.json")
-    status = {"status": "running", "round": start}
+    status, saved = {"status": "running", "round": start}, start
     for round_ in range(start + 1, _last_round(config) + 1):
         began = time.perf_counter()
         chosen = participants(config, round_)
-        finished = []
+        finished, shown = [], [began]
 
         def on_done(k: int) -> None:
             finished.append(k)
-            bar.set_postfix_str(f"client {len(finished)}/{len(chosen)}")
+            if time.perf_counter() - shown[0] > 0.2:   # not a terminal write per client: there may be thousands
+                bar.set_postfix_str(f"client {len(finished)}/{len(chosen)}")
+                shown[0] = time.perf_counter()
 
         try:
-            message = algorithm.broadcast(server)
-            new_states, replies = clients.train(round_, message, {k: states[k] for k in chosen}, on_done)
-            states.update(new_states)
+            replies = clients.train(round_, algorithm.broadcast(server), chosen, on_done)
             server, _ = algorithm.server_update(server, replies)
         except BREAKDOWNS as exc:
-            return EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"}
+            return (EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"},
+                    saved)
         seconds = time.perf_counter() - began
         began = time.perf_counter()
         results = evaluate(experiment.model, algorithm.posterior(server), experiment.X_test, experiment.y_test,
@@ -256,18 +269,20 @@ def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, serv
         line = _metrics_line(round_, results, seconds, time.perf_counter() - began, len(chosen),
                              "val" if config.validation > 0 else "test")
         if not all(math.isfinite(v) for v in results.values()):
-            return EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1,
-                                   "message": f"round {round_}: non-finite test metrics {results}"}
+            return (EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1,
+                                    "message": f"round {round_}: non-finite test metrics {results}"}, saved)
         with metrics_path.open("a") as f:
             f.write(json.dumps(line) + "\n")
-        _save_checkpoint(checkpoint_path, round_, server, states)
+        if round_ % config.checkpoint_every == 0 or round_ == _last_round(config):
+            _save_checkpoint(checkpoint_path, round_, server, clients)   # a resume redoes the rounds after it
+            saved = round_
         history.append(line)
         status = {"status": "running", "round": round_}
         _write_json(status_path, status)
         acc = next(line[key] for key in ("ens_test_acc", "test_acc", "ens_val_acc", "val_acc") if key in line)
         bar.set_postfix_str(f"acc {100 * acc:.1f}%")
         bar.update(1)
-    return EXIT_OK, status
+    return EXIT_OK, status, saved
 
 
 def _progress(config: RunConfig, start: int, enabled: bool):

@@ -1,30 +1,48 @@
-"""The client updates of a round: in this process (`LocalClients`) or in parallel worker processes (`ClientPool`).
+"""The clients of a run: their states and their updates, in this process (`LocalClients`) or in worker processes that
+each keep the states of the clients they train (`ClientPool`).
 
-Both run the same function, `train_client`, with one torch thread and the generator of (seed, round, client), on the
-same data (client k's examples are the same slice of one client-ordered training tensor in both), so a run gives
-the same numbers whatever the number of workers. One thread per client update is also the fast choice here: the
-minibatch matrices are small, and two processes each asking for several threads on two cores slow every
-elementwise kernel down many times over.
+Both hold the states of their clients from round to round and run the same function, `train_client`, on one torch
+thread with the generator of (seed, round, client) and on the same data (client k's examples are the same slice of one
+client-ordered training tensor in both), so a run gives the same numbers whatever the number of workers. One thread per
+client update is also the fast choice here: the minibatch matrices are small, and two processes each asking for
+several threads on two cores slow every elementwise kernel down many times over.
 
-Workers are started once per run with the "spawn" method (safe with CUDA and with torch's thread pools, unlike
-fork). The training data go to them once, in shared memory, not copied per worker; each worker rebuilds the model and
-the algorithm from the run's config (an `Algorithm` is a tuple of closures and does not pickle). Per round, each task
-carries a client's state and the broadcast as `torch.save` bytes (the broadcast serialised once per round, unpacked
-once per worker per round; bytes avoid one shared-memory file per tensor), and returns the new state and the reply. Tasks are submitted largest client first so that the slowest client does not start last.
+The pool keeps clients where they are (sticky clients). Each client belongs to one worker for the whole run, by a
+static assignment that balances the workers' numbers of examples (`assign`: longest processing time first). Workers
+are started once per run with the "spawn" method (safe with CUDA and with torch's thread pools, unlike fork); the
+training set goes to them once, in shared memory, and each rebuilds the model and the algorithm from the run's config
+(an `Algorithm` is a tuple of closures and does not pickle) and creates or loads the states of its own clients. Per
+round, the broadcast goes once to each worker with the list of its clients that take part; the worker trains them one
+after the other and sends each reply back as soon as it has it. Messages travel as raw tensor bytes through the pipe
+(`_send_tensors`: no serialisation, one copy on each side). Client states never travel, except when asked for
+(`states()`, for tests and tools) or when a resume hands a worker states written by another layout.
+
+Checkpoints: `save(run_dir, round)` returns what checkpoint.pt records about the client states. In one process these
+are the states themselves (stored with the server, sharing the tensors of its replies). A pool's workers each write
+their clients' states to a shard file of their own, `client-states/r<round>-w<worker>.pt`, in parallel, under a
+temporary name renamed once complete; checkpoint.pt then lists the shards with their clients. The runner writes
+checkpoint.pt last (also by renaming), so it only ever names complete shards of its own round, and deletes shards
+of other rounds only after that (`remove_stale_shards`). `restore` reads either form, whatever the number of workers
+of the run that wrote it.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+import signal
+import traceback
 from contextlib import contextmanager
-from typing import Any, Callable, Mapping, Sequence
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message
 from bayesadmm.engine.simulate import generator_for
+
+SHARDS = "client-states"   # the run directory's folder of checkpoint shards
 
 
 def default_workers() -> int:
@@ -39,8 +57,13 @@ def default_workers() -> int:
 
 @contextmanager
 def one_thread():
-    """torch on one intra-op thread inside the block (the caller's setting is restored after)."""
+    """torch on one intra-op thread inside the block (the caller's setting is restored after). Entering it costs
+    nothing when torch already runs on one thread; switching the count costs milliseconds (the thread pool restarts),
+    so loops over clients enter it once, not per client."""
     threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
     torch.set_num_threads(1)
     try:
         yield
@@ -57,24 +80,97 @@ def train_client(algorithm: Algorithm, state, message: Message, data, seed: int,
     return state, reply
 
 
+def assign(sizes: Mapping[int, int], workers: int) -> list[list[int]]:
+    """Clients per worker, with balanced numbers of examples: longest processing time first (Graham 1969), i.e. each
+    client, from the largest down (ties: lower id first), goes to the worker with the fewest examples so far (ties:
+    lower index). No worker is left without a client while there are enough. Each worker's clients in id order."""
+    groups: list[list[int]] = [[] for _ in range(max(1, min(workers, len(sizes))))]
+    loads = [0] * len(groups)
+    for k in sorted(sizes, key=lambda k: (-sizes[k], k)):
+        emptiest = min(range(len(groups)), key=lambda i: (loads[i], len(groups[i]), i))
+        groups[emptiest].append(k)
+        loads[emptiest] += sizes[k]
+    return [sorted(group) for group in groups]
+
+
 class LocalClients:
-    """Client updates one after the other in this process."""
+    """The states and updates of `clients` (id → data), one client after the other in this process."""
 
     def __init__(self, algorithm: Algorithm, clients: Mapping[int, Any], seed: int):
-        self.algorithm, self.clients, self.seed = algorithm, clients, seed
+        self.algorithm, self.clients, self.seed = algorithm, dict(clients), seed
+        self._states: dict[int, Any] = {}
 
-    def train(self, round_: int, message: Message, states: Mapping[int, Any],
-              on_done: Callable[[int], None] | None = None) -> tuple[dict, dict]:
-        new_states, replies = {}, {}
-        for k in states:
-            new_states[k], replies[k] = train_client(self.algorithm, states[k], message, self.clients[k], self.seed,
-                                                     round_, k)
-            if on_done is not None:
-                on_done(k)
-        return new_states, replies
+    def start(self, server) -> None:
+        """Every client's initial state, from the initial server state."""
+        self._states = {k: self.algorithm.init_client(server, k) for k in self.clients}
+
+    def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
+        """The client states a checkpoint recorded (`save`'s record in checkpoint.pt: the states, or shards)."""
+        self._states = checkpointed_states(checkpoint, run_dir, self.clients)
+
+    def train(self, round_: int, message: Message, chosen: Sequence[int],
+              on_done: Callable[[int], None] | None = None) -> dict[int, Message]:
+        """Update the `chosen` clients' states; returns their replies in the order of `chosen`. Each state is replaced
+        as soon as its client is done (so that old and new states are not all held at once): after an exception the
+        states are those of an unfinished round, and the run goes on from its checkpoint."""
+        replies = {}
+        with one_thread():
+            for k in chosen:
+                self._states[k], replies[k] = train_client(self.algorithm, self._states[k], message, self.clients[k],
+                                                           self.seed, round_, k)
+                if on_done is not None:
+                    on_done(k)
+        return replies
+
+    def states(self) -> dict[int, Any]:
+        """Every client's current state, by client id."""
+        return dict(self._states)
+
+    def save(self, run_dir: Path, round_: int) -> dict:
+        """The checkpoint's record of the client states: the states themselves (they are in this process)."""
+        return {"clients": self.states()}
+
+    def write_shard(self, path: Path) -> dict:
+        """Write the states to `path` (complete or not at all); the shard's entry in checkpoint.pt."""
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(self._states, tmp)
+        os.replace(tmp, path)
+        return {"file": f"{path.parent.name}/{path.name}", "clients": sorted(self._states)}
 
     def close(self) -> None:
         pass
+
+
+def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> dict[int, Any]:
+    """The states of the `wanted` clients recorded in a checkpoint: inline ("clients") or in shard files ("shards",
+    of which only those holding wanted clients are read)."""
+    wanted = list(wanted)
+    if "clients" in checkpoint:
+        found = checkpoint["clients"]
+    else:
+        found, needed = {}, set(wanted)
+        for shard in checkpoint["shards"]:
+            if not needed.isdisjoint(shard["clients"]):
+                states = torch.load(Path(run_dir) / shard["file"], weights_only=False)
+                found.update((k, state) for k, state in states.items() if k in needed)
+    missing = [k for k in wanted if k not in found]
+    if missing:
+        raise ValueError(f"the checkpoint has no state for clients {missing[:10]}{' ...' if len(missing) > 10 else ''}")
+    return {k: found[k] for k in wanted}
+
+
+def remove_stale_shards(run_dir: Path, record: Mapping) -> None:
+    """Delete the shard files that checkpoint record `record` does not name (other rounds, unfinished writes)."""
+    folder = Path(run_dir) / SHARDS
+    if not folder.is_dir():
+        return
+    keep = {shard["file"] for shard in record.get("shards", [])}
+    for path in folder.iterdir():
+        if f"{SHARDS}/{path.name}" not in keep:
+            path.unlink(missing_ok=True)
+
+
+# ---- messages through a pipe: a header, then each tensor's bytes -------------------------------------------------
 
 
 def _dumps(obj) -> bytes:
@@ -87,80 +183,220 @@ def _loads(payload: bytes):
     return torch.load(io.BytesIO(payload), weights_only=False)
 
 
+def _raw(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without a copy (also for dtypes numpy lacks, e.g. bfloat16)."""
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+
+
+def _payload(message: Message) -> tuple[list, list[torch.Tensor]]:
+    """A message's layout (key, dtype, shape, device) and its tensors as contiguous CPU tensors."""
+    tensors = {key: value.detach() for key, value in message.items()}
+    layout = [(key, t.dtype, tuple(t.shape), str(t.device)) for key, t in tensors.items()]
+    return layout, [t.cpu().contiguous() for t in tensors.values()]
+
+
+def _send_tensors(connection, header: tuple, layout: list, tensors: list[torch.Tensor]) -> None:
+    connection.send((*header, layout))
+    for tensor in tensors:
+        connection.send_bytes(_raw(tensor))
+
+
+def _receive_tensors(connection, layout: list) -> Message:
+    message = {}
+    for key, dtype, shape, device in layout:
+        tensor = torch.empty(shape, dtype=dtype)
+        connection.recv_bytes_into(_raw(tensor))
+        message[key] = tensor if device == "cpu" else tensor.to(device)
+    return message
+
+
 # ---- inside a worker process ----------------------------------------------------------------------------------------
-_WORKER: dict = {}
 
 
-def _init_worker(config_json: dict, model, train_X: torch.Tensor, train_y: torch.Tensor,
-                 slices: Mapping[int, tuple[int, int]], default_dtype: torch.dtype) -> None:
+def _worker(connection, config_json: dict, model, train_X: torch.Tensor, train_y: torch.Tensor,
+            slices: Mapping[int, tuple[int, int]], group: list[int], default_dtype: torch.dtype) -> None:
+    """A worker's life: build its clients, then answer the parent's commands until "close" (or the parent is gone)."""
     from bayesadmm.engine.runner import make_algorithm
     from bayesadmm.experiments.config import RunConfig
     from bayesadmm.problems.neural import ClassificationData
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole process group: the parent handles it
     torch.set_num_threads(1)
     torch.set_default_dtype(default_dtype)   # as in the parent, so that tensors made without a dtype agree
     config = RunConfig(**config_json)
     device = torch.device(config.device)
     X, y = train_X.to(device), train_y.to(device)   # no copy on the CPU: views of the shared tensors
-    clients = {k: ClassificationData(model, X[a:b], y[a:b]) for k, (a, b) in slices.items()}
-    _WORKER.update(algorithm=make_algorithm(config, model, {k: d.num_examples for k, d in clients.items()}),
-                   clients=clients, seed=config.seed)
+    sizes = {k: b - a for k, (a, b) in slices.items()}   # every client's size: some algorithms weigh by them
+    local = LocalClients(make_algorithm(config, model, sizes),
+                         {k: ClassificationData(model, X[slices[k][0]:slices[k][1]], y[slices[k][0]:slices[k][1]])
+                          for k in group}, config.seed)
+    commands = {"start": lambda server: local.start(_loads(server)),
+                "put": lambda states: local.restore({"clients": _loads(states)}, Path(".")),
+                "load": lambda run_dir, shards: local.restore({"shards": shards}, run_dir),
+                "save": local.write_shard,
+                "states": lambda: _dumps(local.states())}
+    while True:
+        try:
+            command, *args = connection.recv()
+        except EOFError:   # the parent is gone
+            return
+        if command == "close":
+            return
+        try:
+            if command == "train":
+                round_, chosen, layout = args
+                message = _receive_tensors(connection, layout)
+                for k in chosen:
+                    reply = local.train(round_, message, [k])[k]
+                    _send_tensors(connection, ("reply", k), *_payload(reply))
+                connection.send(("done",))
+            else:
+                connection.send(("ok", commands[command](*args)))
+        except Exception as exc:  # noqa: BLE001 — every failure goes to the parent, which raises it
+            text = traceback.format_exc()
+            try:
+                connection.send(("error", exc, text))
+            except Exception:  # noqa: BLE001 — an exception that does not pickle
+                connection.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}"), text))
 
 
-def _worker_task(client: int, round_: int, state: bytes, message: bytes) -> bytes:
-    w = _WORKER
-    if w.get("round") != round_:   # the broadcast is the same for every client of a round: unpack it once
-        w.update(round=round_, message=_loads(message))
-    return _dumps(train_client(w["algorithm"], _loads(state), w["message"], w["clients"][client], w["seed"], round_,
-                               client))
+# ---- in the parent --------------------------------------------------------------------------------------------------
 
 
 class ClientPool:
-    """Client updates in `workers` processes, each on one thread, sharing the training data."""
+    """The clients' states and updates in `workers` processes, each on one thread, sharing the training data; each
+    client stays in the worker it was assigned to (`assign`)."""
 
     def __init__(self, config, model, train_X: torch.Tensor, train_y: torch.Tensor,
                  slices: Mapping[int, tuple[int, int]], workers: int):
         if workers < 2:
             raise ValueError(f"ClientPool needs at least 2 workers, got {workers} (use LocalClients)")
+        self.groups = assign({k: b - a for k, (a, b) in slices.items()}, workers)
+        self.owner = {k: index for index, group in enumerate(self.groups) for k in group}
         shared_X, shared_y = train_X.cpu().share_memory_(), train_y.cpu().share_memory_()
-        self.sizes = {k: b - a for k, (a, b) in slices.items()}
         context = torch.multiprocessing.get_context("spawn")
-        self.executor = ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_init_worker,
-                                            initargs=(config.to_json(), model, shared_X, shared_y, dict(slices),
-                                                      torch.get_default_dtype()))
-
-    def train(self, round_: int, message: Message, states: Mapping[int, Any],
-              on_done: Callable[[int], None] | None = None) -> tuple[dict, dict]:
-        broadcast = _dumps({key: value.cpu() for key, value in message.items()})   # serialised once per round
-        order = sorted(states, key=lambda k: -self.sizes[k])
-        futures = {self.executor.submit(_worker_task, k, round_, _dumps(states[k]), broadcast): k for k in order}
-        results: dict[int, tuple] = {}
-        pending = set(futures)
+        self.connections, self.processes = [], []
+        self._in_round = False   # True from sending a round's work until every worker has finished it
         try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_EXCEPTION)
-                for future in done:
-                    k = futures[future]
-                    results[k] = _loads(future.result())   # re-raises the worker's exception
+            for index, group in enumerate(self.groups):
+                parent_end, child_end = context.Pipe()
+                process = context.Process(target=_worker, name=f"bayesadmm-worker-{index}",
+                                          args=(child_end, config.to_json(), model, shared_X, shared_y, dict(slices),
+                                                group, torch.get_default_dtype()))
+                process.start()
+                child_end.close()
+                self.connections.append(parent_end)
+                self.processes.append(process)
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self, server) -> None:
+        self._call_all([("start", _dumps(server))] * len(self.groups))
+
+    def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
+        """The client states a checkpoint recorded: each worker reads the shards that hold its clients, or is handed
+        its clients' states (a checkpoint written by one process)."""
+        if "shards" in checkpoint:
+            self._call_all([("load", Path(run_dir), checkpoint["shards"])] * len(self.groups))
+        else:
+            states = checkpoint["clients"]
+            self._call_all([("put", _dumps({k: states[k] for k in group})) for group in self.groups])
+
+    def train(self, round_: int, message: Message, chosen: Sequence[int],
+              on_done: Callable[[int], None] | None = None) -> dict[int, Message]:
+        """Update the `chosen` clients' states in their workers; returns their replies in the order of `chosen`."""
+        if self._in_round:
+            raise RuntimeError("the client pool stopped in the middle of a round (an error); start a new one")
+        layout, tensors = _payload(message)   # made once, sent to each worker
+        busy = {}
+        self._in_round = True
+        for index, group in enumerate(self.groups):
+            mine = [k for k in chosen if self.owner[k] == index]
+            if mine:
+                _send_tensors(self.connections[index], ("train", round_, mine), layout, tensors)
+                busy[self.connections[index]] = index
+        replies = {}
+        while busy:
+            for connection in wait(list(busy)):
+                kind, *rest = self._receive(busy[connection])
+                if kind == "reply":
+                    k, layout = rest
+                    replies[k] = _receive_tensors(connection, layout)
                     if on_done is not None:
                         on_done(k)
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
+                else:   # "done"
+                    del busy[connection]
+        self._in_round = False
         # in the caller's order, so that everything downstream sees the same order as a sequential run
-        return {k: results[k][0] for k in states}, {k: results[k][1] for k in states}
+        return {k: replies[k] for k in chosen}
+
+    def states(self) -> dict[int, Any]:
+        """Every client's current state, by client id (fetched from the workers)."""
+        found = {}
+        for payload in self._call_all([("states",)] * len(self.groups)):
+            found.update(_loads(payload))
+        return {k: found[k] for k in sorted(found)}
+
+    def save(self, run_dir: Path, round_: int) -> dict:
+        """Each worker writes its clients' states to a shard file (in parallel); the checkpoint's record of them."""
+        folder = Path(run_dir) / SHARDS
+        folder.mkdir(parents=True, exist_ok=True)
+        shards = self._call_all([("save", folder / f"r{round_:06d}-w{index}.pt") for index in range(len(self.groups))])
+        return {"shards": shards}
 
     def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        """Stop the workers: asked to, or killed if in the middle of a round (an error or an interrupt)."""
+        for connection in self.connections:
+            if not self._in_round:
+                try:
+                    connection.send(("close",))
+                except (OSError, ValueError):   # a worker that is already gone
+                    pass
+        for connection, process in zip(self.connections, self.processes):
+            process.join(timeout=0 if self._in_round else 60)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+            connection.close()
+        self.connections, self.processes = [], []
+
+    def _call_all(self, requests: list[tuple]) -> list:
+        """Send one command to each worker, then collect the answers in worker order (all of them, so that the
+        workers stay in step even if one fails; the first failure is raised after)."""
+        if self._in_round:
+            raise RuntimeError("the client pool stopped in the middle of a round (an error); start a new one")
+        for connection, request in zip(self.connections, requests):
+            connection.send(request)
+        answers, failure = [], None
+        for index in range(len(requests)):
+            try:
+                answers.append(self._receive(index)[1])
+            except Exception as exc:  # noqa: BLE001
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return answers
+
+    def _receive(self, index: int) -> tuple:
+        try:
+            answer = self.connections[index].recv()
+        except EOFError:
+            self.processes[index].join(timeout=5)
+            raise RuntimeError(f"client worker {index} died (exit code {self.processes[index].exitcode})") from None
+        if answer[0] == "error":
+            _, exc, text = answer
+            exc.add_note(f"in client worker {index}:\n{text}")
+            raise exc
+        return answer
 
 
 def client_runner(config, experiment, workers: int) -> LocalClients | ClientPool:
-    """Sequential for one worker (or one participant), a process pool otherwise."""
+    """The clients in this process for one worker (or one participant), in a process pool otherwise."""
     if workers <= 1:
         return LocalClients(experiment.algorithm, experiment.clients, config.seed)
     return ClientPool(config, experiment.model, experiment.train_X, experiment.train_y, experiment.slices, workers)
 
 
-__all__: Sequence[str] = ["LocalClients", "ClientPool", "client_runner", "train_client", "default_workers",
-                          "one_thread"]
+__all__: Sequence[str] = ["LocalClients", "ClientPool", "client_runner", "train_client", "assign", "default_workers",
+                          "one_thread", "checkpointed_states", "remove_stale_shards", "SHARDS"]

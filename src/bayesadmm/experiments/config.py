@@ -44,6 +44,7 @@ class RunConfig:
     eval_samples: int = 32              # posterior-predictive samples
     device: str = "cpu"
     workers: int = 0                    # client updates in parallel processes (0: one per core; results identical)
+    checkpoint_every: int = 1           # write checkpoint.pt every this many rounds (and after the last)
     data_dir: str = ""
     out: str = ""                       # run directory (default runs/<scenario>-<method>-s<seed>)
     hparams: dict = field(default_factory=dict)
@@ -202,7 +203,7 @@ def _validate(config: RunConfig) -> None:
         problems.append(f"stop_at must be in [0, rounds={config.rounds}] (0: run all rounds), got {config.stop_at}")
     if config.workers < 0:
         problems.append(f"workers must be >= 0 (0: one per core), got {config.workers}")
-    for key in ("clients", "rounds", "eval_samples"):
+    for key in ("clients", "rounds", "eval_samples", "checkpoint_every"):
         if getattr(config, key) < 1:
             problems.append(f"{key} must be >= 1, got {getattr(config, key)}")
     if problems:

@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from bayesadmm import rng
+from bayesadmm.checks import all_positive
 
 from .natural import Natural
 
@@ -301,7 +302,7 @@ class DiagonalGaussian(GaussianFamily):
         """``s = −2λ₂`` after checking that it is positive."""
         self._check_params(lam, "natural parameter")
         s = -2.0 * lam[1]
-        if not bool((s > 0).all()):
+        if not all_positive(s):
             raise ValueError("natural parameter is invalid: −2·λ[1] must be positive")
         return s
 
@@ -317,7 +318,7 @@ class DiagonalGaussian(GaussianFamily):
         if precision is None:
             raise ValueError("the diagonal family needs a precision vector of shape (d,)")
         _check_tensor(precision, (self.dim,), "precision")
-        if not bool((precision > 0).all()):
+        if not all_positive(precision):
             raise ValueError("precision must be positive")
         return (precision * mean, -0.5 * precision)
 

@@ -58,9 +58,10 @@ import torch
 from torch import Tensor
 
 from bayesadmm import rng
+from bayesadmm.checks import all_positive
 from bayesadmm.optim import kernels
 
-__all__ = ["IVONState", "init", "noise_scale", "sample", "update", "update_and_sample", "posterior", "IVON"]
+__all__ = ["IVONState", "init", "noise_scale", "check_noise_scale", "sample", "update", "update_and_sample", "posterior", "IVON"]
 
 
 # --- functional core ---------------------------------------------------------------------------------------------
@@ -123,12 +124,22 @@ def noise_scale(state: IVONState, ess: float, delta: Tensor | float, check: bool
     check=False skips the elementwise checks (each a full pass and a device sync): for hot loops whose caller
     validated the inputs once and checks the result for non-finite values at the end.
     """
+    curvature = _checked_curvature(state, ess, delta, check)
+    return torch.rsqrt(ess * curvature)
+
+
+def check_noise_scale(state: IVONState, ess: float, delta: Tensor | float) -> None:
+    """Raise ValueError where `noise_scale` would (ess ≤ 0, or h + δ ≤ 0 somewhere), without computing σ."""
+    _checked_curvature(state, ess, delta, True)
+
+
+def _checked_curvature(state: IVONState, ess: float, delta: Tensor | float, check: bool) -> Tensor:
     _check_positive("ess", ess)
     curvature = state.hess + delta
     # h + δ = 0 happens for hess_init = 0 without a prior; σ would be infinite, so say so instead of sampling inf.
-    if check and not bool((curvature > 0).all()):
+    if check and not all_positive(curvature):
         raise ValueError("h + delta must be > 0 for a finite noise scale (hess_init = 0 needs a prior precision)")
-    return torch.rsqrt(ess * curvature)
+    return curvature
 
 
 def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch.Generator | Tensor | None,

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from bayesadmm import rng
+from bayesadmm.checks import all_finite
 from bayesadmm.solvers.newton import PointResult
 
 
@@ -65,15 +66,20 @@ class LocalAdam:
             optimizer.zero_grad(set_to_none=True)
             data.batch_loss(theta, idx).backward()
             with torch.no_grad():
-                extra = self.weight_decay * theta if self.weight_decay else torch.zeros_like(theta)
+                # the extra terms' gradient, without a zero vector to start from where there is none (FedAvg). This
+                # changes only the sign of some zero gradient entries, which Adam's moments do not see (its first
+                # moment, a lerp from +0, never becomes −0; its second squares), so the steps are the same bits.
+                extra = self.weight_decay * theta if self.weight_decay else None
                 if linear is not None:
-                    extra = extra + linear
+                    extra = linear if extra is None else extra + linear
                 if has_prox:
-                    extra = extra + prox_weight * (theta - center)
-                theta.grad.add_(extra)
+                    pull = prox_weight * (theta - center)
+                    extra = pull if extra is None else extra + pull
+                if extra is not None:
+                    theta.grad.add_(extra)
             optimizer.step()
             steps += 1
-        if not bool(torch.isfinite(theta).all()):
+        if not all_finite(theta):
             raise FloatingPointError("local training diverged (non-finite parameters); lower the learning rate")
         return theta.detach(), steps
 

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from bayesadmm import rng
+from bayesadmm.checks import all_finite, all_positive
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.optim import ivon
 from bayesadmm.solvers.adam import minibatches
@@ -80,7 +81,7 @@ class IVONSolver:
             lr = lr * (self.hess_init + delta)
 
         state = ivon.init(m_g, self.hess_init)
-        ivon.noise_scale(state, ess, delta)   # h0 + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
+        ivon.check_noise_scale(state, ess, delta)   # h0 + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
         # the weight noise: a counter-based stream keyed once per solve (drawn in IVON's fused sampling kernel);
         # the generator also shuffles the minibatches
         noise_key = rng.stream_key(generator)
@@ -99,7 +100,7 @@ class IVONSolver:
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
             raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
         mean, precision = ivon.posterior(state, ess, delta)
-        if not bool(torch.isfinite(mean).all() and (precision > 0).all()):
+        if not (all_finite(mean) and all_positive(precision)):
             raise SubproblemError("IVON diverged on this client (non-finite mean or non-positive precision); "
                                   "lower lr or the dual step")
         return SolveResult(family.from_moments(mean, precision), steps, True)

@@ -1,0 +1,168 @@
+"""Sticky client workers: the assignment of clients to workers, states kept in the workers, checkpoint shards."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from bayesadmm.cli import main
+from bayesadmm.engine import runner
+from bayesadmm.engine.workers import SHARDS, assign, client_runner
+from bayesadmm.experiments.config import resolve
+from conftest import needs_fmnist
+
+SMALL = ["data_fraction=0.01", "clients=5", "epochs=1", "eval_samples=4"]
+
+
+def _lines(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in ("seconds", "eval_seconds")}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _tensors(tree, path=""):
+    """(path, tensor) for every tensor in a nest of NamedTuples, tuples, lists and dicts (None and numbers skipped)."""
+    if torch.is_tensor(tree):
+        yield path, tree
+    elif isinstance(tree, dict):
+        for key in sorted(tree, key=str):
+            yield from _tensors(tree[key], f"{path}.{key}")
+    elif isinstance(tree, (list, tuple)):
+        for i, item in enumerate(tree):
+            yield from _tensors(item, f"{path}[{i}]")
+
+
+def _same(a, b) -> bool:
+    ta, tb = dict(_tensors(a)), dict(_tensors(b))
+    return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta)
+
+
+# --- the assignment ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 7])
+def test_assignment_gives_every_client_once_and_balances_examples(workers):
+    generator = torch.Generator().manual_seed(0)
+    sizes = {k: int(n) for k, n in enumerate(torch.randint(1, 500, (101,), generator=generator))}
+    groups = assign(sizes, workers)
+    assert len(groups) == workers and sorted(k for group in groups for k in group) == list(range(101))
+    assert all(group == sorted(group) and group for group in groups)
+    loads = [sum(sizes[k] for k in group) for group in groups]
+    # greedy assignment, largest first: no worker is ahead of another by more than one client's examples
+    assert max(loads) - min(loads) <= max(sizes.values())
+    assert assign(sizes, workers) == groups                                        # deterministic
+
+
+def test_assignment_of_equal_clients_alternates_and_never_leaves_a_worker_idle():
+    assert assign({k: 60 for k in range(6)}, 2) == [[0, 2, 4], [1, 3, 5]]
+    assert assign({0: 10, 1: 5}, 4) == [[0], [1]]                                  # no more workers than clients
+    # one large client against many small ones: the large one's worker gets nothing else until the others catch up
+    groups = assign({0: 100, **{k: 10 for k in range(1, 11)}}, 2)
+    assert groups == [[0], list(range(1, 11))]
+
+
+# --- states in the workers -----------------------------------------------------------------------------------------
+
+
+@needs_fmnist
+def test_states_fetched_from_two_workers_are_the_bits_of_one_process(tmp_path):
+    """Two rounds with some clients absent (so some keep their initial state), then every client's state and the
+    server state compared bit for bit; and the checkpoint record of each layout restores the other."""
+    config, _ = resolve("fmnist-heterog10", SMALL + ["method=ivon-admm", "participation=0.6", "rounds=2"])
+    experiment = runner.build(config)
+    algorithm = experiment.algorithm
+    results = {}
+    for workers in (1, 2):
+        clients = client_runner(config, experiment, workers)
+        try:
+            server = algorithm.init_server(experiment.theta0)
+            clients.start(server)
+            for round_ in (1, 2):
+                replies = clients.train(round_, algorithm.broadcast(server), runner.participants(config, round_))
+                server, _ = algorithm.server_update(server, replies)
+            record = clients.save(tmp_path / str(workers), 2)
+            results[workers] = server, clients.states(), record
+        finally:
+            clients.close()
+    (server1, states1, inline), (server2, states2, shards) = results[1], results[2]
+    assert sorted(states1) == sorted(states2) == list(range(5))
+    assert any(states1[k].natural is None for k in states1)                       # absent in both rounds
+    assert _same(server1, server2) and _same(states1, states2)
+    assert set(inline) == {"clients"} and len(shards["shards"]) == 2
+    assert sorted(k for shard in shards["shards"] for k in shard["clients"]) == list(range(5))
+    for record, run_dir, workers in ((shards, tmp_path / "2", 1), (inline, tmp_path / "1", 2)):
+        clients = client_runner(config, experiment, workers)
+        try:
+            clients.restore(record, run_dir)
+            assert _same(clients.states(), states1)
+        finally:
+            clients.close()
+
+
+# --- checkpoints and resume ----------------------------------------------------------------------------------------
+
+
+@needs_fmnist
+def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_checkpoint(tmp_path, monkeypatch):
+    """Workers write round 2's shards, then the process dies before checkpoint.pt names them: resume must use round
+    1's checkpoint and shards (never a mix of rounds), delete the orphans, and give the uninterrupted run's numbers."""
+    common = ["fmnist-heterog10", *SMALL, "method=feddyn", "rounds=3", "--quiet"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main(["run", *common, "workers=1", f"out={whole}"]) == 0
+    save = runner._save_checkpoint
+
+    def dies_after_the_shards(path, round_, server, clients):
+        if round_ == 2:
+            clients.save(path.parent, round_)         # the workers' shards of round 2 are complete ...
+            raise KeyboardInterrupt                    # ... checkpoint.pt still says round 1
+        save(path, round_, server, clients)
+
+    monkeypatch.setattr(runner, "_save_checkpoint", dies_after_the_shards)
+    with pytest.raises(KeyboardInterrupt):
+        main(["run", *common, "workers=2", f"out={killed}"])
+    monkeypatch.setattr(runner, "_save_checkpoint", save)
+    checkpoint = torch.load(killed / "checkpoint.pt", weights_only=False)
+    assert checkpoint["round"] == 1 and "clients" not in checkpoint
+    assert sorted(p.name for p in (killed / SHARDS).iterdir()) == ["r000001-w0.pt", "r000001-w1.pt",
+                                                                   "r000002-w0.pt", "r000002-w1.pt"]
+    assert main(["resume", str(killed), "--quiet"]) == 0
+    assert _lines(killed) == _lines(whole)
+    assert sorted(p.name for p in (killed / SHARDS).iterdir()) == ["r000003-w0.pt", "r000003-w1.pt"]
+    final = torch.load(killed / "checkpoint.pt", weights_only=False)
+    assert final["round"] == 3 and [s["file"] for s in final["shards"]] == [f"{SHARDS}/r000003-w0.pt",
+                                                                           f"{SHARDS}/r000003-w1.pt"]
+
+
+@needs_fmnist
+def test_resume_with_another_number_of_workers(tmp_path):
+    """A run checkpointed by two workers (shards) resumed in one process, and the other way round: both give the
+    uninterrupted run's numbers."""
+    common = [*SMALL, "method=ivon-admm", "rounds=3"]
+    whole, config = tmp_path / "whole", resolve("fmnist-heterog10", common)[0]
+    assert runner.run(dataclasses.replace(config, workers=1, out=str(whole)), progress=False) == 0
+    for first, second in ((2, 1), (1, 2)):
+        out = tmp_path / f"{first}-{second}"
+        split = dataclasses.replace(config, workers=first, out=str(out), stop_at=1)
+        assert runner.run(split, progress=False) == 0
+        assert ("shards" in torch.load(out / "checkpoint.pt", weights_only=False)) == (first == 2)
+        resumed = dataclasses.replace(config, workers=second, out=str(out))
+        assert runner.run(resumed, resume=True, progress=False) == 0
+        assert _lines(out) == _lines(whole)
+        assert sorted(p.name for p in (out / SHARDS).glob("*")) == (["r000003-w0.pt", "r000003-w1.pt"] if second == 2
+                                                                     else [])
+
+
+@needs_fmnist
+def test_checkpoint_every_skips_rounds_but_always_saves_the_last(tmp_path, monkeypatch):
+    saved = []
+    save = runner._save_checkpoint
+
+    def recording_save(path, round_, server, clients):
+        saved.append(round_)
+        save(path, round_, server, clients)
+
+    monkeypatch.setattr(runner, "_save_checkpoint", recording_save)
+    assert main(["run", "fmnist-heterog10", *SMALL, "method=fedavg", "rounds=5", "checkpoint_every=2",
+                 f"out={tmp_path / 'run'}", "--quiet"]) == 0
+    assert saved == [0, 2, 4, 5]
