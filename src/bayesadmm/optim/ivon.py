@@ -61,7 +61,8 @@ from bayesadmm import rng
 from bayesadmm.checks import all_positive
 from bayesadmm.optim import kernels
 
-__all__ = ["IVONState", "init", "noise_scale", "check_noise_scale", "sample", "update", "update_and_sample", "posterior", "IVON"]
+__all__ = ["IVONState", "init", "noise_scale", "check_noise_scale", "sample", "update", "update_and_sample",
+           "posterior", "IVON"]
 
 
 # --- functional core ---------------------------------------------------------------------------------------------
@@ -450,9 +451,7 @@ class IVON(torch.optim.Optimizer):
                 state = self._state(g)
                 if self.noise == "counter":
                     delta = self._delta(g)
-                    if not bool((state.hess + delta > 0).all()):   # as `sample` checks, without computing σ
-                        raise ValueError("h + delta must be > 0 for a finite noise scale (hess_init = 0 needs a "
-                                         "prior precision)")
+                    check_noise_scale(state, g["ess"], delta)   # raises where `sample` would, without computing σ
                     offset = torch.tensor(g["draws"] * ((g["numel"] + 1) // 2), dtype=torch.int64)
                     thetas, e = kernels.sample_step(state.mean, state.hess, _vector(delta, state.mean),
                                                     _scalar(g["ess"], state.mean), g["noise_key"], offset, 1)
