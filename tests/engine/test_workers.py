@@ -166,3 +166,37 @@ def test_checkpoint_every_skips_rounds_but_always_saves_the_last(tmp_path, monke
     assert main(["run", "fmnist-heterog10", *SMALL, "method=fedavg", "rounds=5", "checkpoint_every=2",
                  f"out={tmp_path / 'run'}", "--quiet"]) == 0
     assert saved == [0, 2, 4, 5]
+
+
+@needs_fmnist
+@pytest.mark.parametrize("arena_bytes", [1000, 6 << 20])
+def test_replies_through_the_pipe_or_few_arena_slots_are_the_same(arena_bytes, monkeypatch):
+    """Replies larger than the worker's arena go through the pipe; an arena of two IVON replies makes the worker wait
+    for the parent's acknowledgements all the time. Both give the numbers of one process."""
+    from bayesadmm.engine import workers
+    monkeypatch.setattr(workers, "ARENA_BYTES", arena_bytes)
+    config, _ = resolve("fmnist-heterog10", SMALL + ["method=ivon-admm", "rounds=2"])
+    experiment = runner.build(config)
+    algorithm = experiment.algorithm
+    replies = {}
+    for count in (1, 2):
+        clients = client_runner(config, experiment, count)
+        try:
+            server = algorithm.init_server(experiment.theta0)
+            clients.start(server)
+            for round_ in (1, 2):
+                replies[count] = clients.train(round_, algorithm.broadcast(server), list(range(5)))
+                server, _ = algorithm.server_update(server, replies[count])
+        finally:
+            clients.close()
+    assert list(replies[2]) == list(range(5)) and _same(replies[1], replies[2])
+
+
+@needs_fmnist
+def test_a_client_that_breaks_down_in_a_worker_stops_the_run_as_diverged(tmp_path):
+    out = tmp_path / "diverged"
+    code = main(["run", "fmnist-heterog10", *SMALL, "method=ivon-admm", "lr=1e30", "rounds=2", "workers=2",
+                 f"out={out}", "--quiet"])
+    assert code == runner.EXIT_DIVERGED                  # the worker's SubproblemError, raised again in the parent
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "diverged" and "IVON diverged on this client" in status["message"]
