@@ -65,22 +65,28 @@ def test_assignment_of_equal_clients_alternates_and_never_leaves_a_worker_idle()
 # --- states in the workers -----------------------------------------------------------------------------------------
 
 
+def _two_rounds(experiment, clients, chosen):
+    """Rounds 1 and 2 through `clients` (started here) with participants chosen(round); (server, last replies)."""
+    algorithm = experiment.algorithm
+    server = algorithm.init_server(experiment.theta0)
+    clients.start(server)
+    for round_ in (1, 2):
+        replies = clients.train(round_, algorithm.broadcast(server), chosen(round_))
+        server, _ = algorithm.server_update(server, replies)
+    return server, replies
+
+
 @needs_fmnist
 def test_states_fetched_from_two_workers_are_the_bits_of_one_process(tmp_path):
     """Two rounds with some clients absent (so some keep their initial state), then every client's state and the
     server state compared bit for bit; and the checkpoint record of each layout restores the other."""
     config, _ = resolve("fmnist-heterog10", SMALL + ["method=ivon-admm", "participation=0.6", "rounds=2"])
     experiment = runner.build(config)
-    algorithm = experiment.algorithm
     results = {}
     for workers in (1, 2):
         clients = client_runner(config, experiment, workers)
         try:
-            server = algorithm.init_server(experiment.theta0)
-            clients.start(server)
-            for round_ in (1, 2):
-                replies = clients.train(round_, algorithm.broadcast(server), runner.participants(config, round_))
-                server, _ = algorithm.server_update(server, replies)
+            server, _ = _two_rounds(experiment, clients, lambda round_: runner.participants(config, round_))
             record = clients.save(tmp_path / str(workers), 2)
             results[workers] = server, clients.states(), record
         finally:
@@ -177,16 +183,11 @@ def test_replies_through_the_pipe_or_few_arena_slots_are_the_same(arena_bytes, m
     monkeypatch.setattr(workers, "ARENA_BYTES", arena_bytes)
     config, _ = resolve("fmnist-heterog10", SMALL + ["method=ivon-admm", "rounds=2"])
     experiment = runner.build(config)
-    algorithm = experiment.algorithm
     replies = {}
     for count in (1, 2):
         clients = client_runner(config, experiment, count)
         try:
-            server = algorithm.init_server(experiment.theta0)
-            clients.start(server)
-            for round_ in (1, 2):
-                replies[count] = clients.train(round_, algorithm.broadcast(server), list(range(5)))
-                server, _ = algorithm.server_update(server, replies[count])
+            _, replies[count] = _two_rounds(experiment, clients, lambda round_: list(range(5)))
         finally:
             clients.close()
     assert list(replies[2]) == list(range(5)) and _same(replies[1], replies[2])
