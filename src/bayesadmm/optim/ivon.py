@@ -161,10 +161,8 @@ def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch
         if check:
             noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
         mean = state.mean
-        block = mc_samples * mean.numel()
-        offset = torch.tensor(state.step * ((block + 1) // 2), dtype=torch.int64)
-        return kernels.sample_step(mean, state.hess, _vector(delta, mean), _scalar(ess, mean), generator, offset,
-                                   mc_samples)
+        return kernels.sample_step(mean, state.hess, _vector(delta, mean), _scalar(ess, mean), generator,
+                                   _block_offset(state.step, mc_samples, mean.numel()), mc_samples)
     sigma = noise_scale(state, ess, delta, check)
     eps = rng.randn((mc_samples, state.mean.numel()), generator, state.mean.dtype, state.mean.device)
     return state.mean + sigma * eps, eps
@@ -215,9 +213,10 @@ def update_and_sample(state: IVONState, grads: Tensor, eps: Tensor, key: Tensor,
     return IVONState(mean, hess, momentum, step), thetas, new_eps
 
 
-def _block_offset(step: int, mc_samples: int, d: int) -> Tensor:
-    """Where step `step`'s noise starts in a counter-based stream (in pairs of draws: rng.counter_normal)."""
-    return torch.tensor(step * ((mc_samples * d + 1) // 2), dtype=torch.int64)
+def _block_offset(block: int, mc_samples: int, d: int) -> Tensor:
+    """Where block number `block` of mc_samples·d draws starts in a counter-based stream (in pairs of draws, as
+    rng.counter_normal counts): the solver's step t takes block t, the nn.Module optimizer's i-th sample block i."""
+    return torch.tensor(block * ((mc_samples * d + 1) // 2), dtype=torch.int64)
 
 
 def _update_args(state: IVONState, grads: Tensor, eps: Tensor, *, lr, ess, delta, beta1, beta2, prior_mean, v, u,
@@ -452,9 +451,9 @@ class IVON(torch.optim.Optimizer):
                 if self.noise == "counter":
                     delta = self._delta(g)
                     check_noise_scale(state, g["ess"], delta)   # raises where `sample` would, without computing σ
-                    offset = torch.tensor(g["draws"] * ((g["numel"] + 1) // 2), dtype=torch.int64)
                     thetas, e = kernels.sample_step(state.mean, state.hess, _vector(delta, state.mean),
-                                                    _scalar(g["ess"], state.mean), g["noise_key"], offset, 1)
+                                                    _scalar(g["ess"], state.mean), g["noise_key"],
+                                                    _block_offset(g["draws"], 1, g["numel"]), 1)
                     g["draws"] += 1
                 else:
                     thetas, e = sample(state, g["ess"], self._delta(g), self.generator, mc_samples=1)
