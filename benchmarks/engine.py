@@ -17,6 +17,9 @@ The limit: a round's arithmetic is counted as 6·B·P floating-point operations 
 left out, so the limit is optimistic), summed over the clients' steps. The matrix-multiply throughput is measured in
 the same run on one thread (2048 × 2048 float32 products); the limit with N workers is flops / (N × throughput).
 `ratio` = measured time / limit: 1 would be a round that is nothing but large matrix products on every core.
+`state MB`: the tensors of the client states and the server state (in one process the server's stored replies are the
+clients' tensors, counted twice here). `peak MB`: the peak resident memory of the process plus that of each worker
+(each counts the shared training set).
 """
 
 from __future__ import annotations
@@ -66,6 +69,14 @@ def state_bytes(tree) -> int:
     return 0
 
 
+def peak_mb(pid: int) -> float:
+    """A live process's peak resident memory in MB (Linux: VmHWM in /proc/<pid>/status)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: list[str]) -> dict:
     """Run one cell in this process and return its measurements."""
     import shutil
@@ -103,16 +114,16 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
         finally:
             shutil.rmtree(folder)
         peak_parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # MB (Linux reports KB)
-        states = clients.states()   # (fetched from the workers after measuring the parent's peak)
+        peak_workers = [peak_mb(process.pid) for process in getattr(clients, "processes", [])]
+        states = clients.states()   # (fetched from the workers after measuring the peaks)
     finally:
         clients.close()
-    peak_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     timed = times[2:] if len(times) >= 3 else times[1:] or times   # steady state (see the module docstring)
     return {"scenario": scenario, "method": method, "clients": config.clients, "workers": workers,
             "seconds_per_round": sum(timed) / len(timed), "rounds_timed": len(timed), "round_seconds": times,
             "checkpoint_seconds": checkpoint_seconds, "local_steps": steps,
             "gflop_per_round": flops / 1e9, "state_mb": (state_bytes(states) + state_bytes(server)) / 2**20,
-            "peak_mb_parent": peak_parent, "peak_mb_worker": peak_child}
+            "peak_mb_parent": peak_parent, "peak_mb_workers": peak_workers}
 
 
 def run_cell(scenario: str, method: str, workers: int, rounds: int, overrides: list[str]) -> dict:
@@ -165,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         row["ratio"] = row["seconds_per_round"] / row["limit_seconds"]
         row["matmul_gflops"] = gflops
         rows.append(row)
-        peak = row["peak_mb_parent"] + w * row["peak_mb_worker"] if w > 1 else row["peak_mb_parent"]
+        peak = row["peak_mb_parent"] + sum(row["peak_mb_workers"])
         print(f"{scenario:<18} {method:<10} {row['clients']:>7} {w:>7} {row['seconds_per_round']:>8.2f} "
               f"{row['local_steps']:>7} {row['gflop_per_round']:>7.1f} {row['limit_seconds']:>8.3f} "
               f"{row['ratio']:>6.1f} {row['state_mb']:>9.1f} {peak:>8.0f} {row['checkpoint_seconds']:>7.2f}",
