@@ -17,9 +17,8 @@ The limit: a round's arithmetic is counted as 6·B·P floating-point operations 
 left out, so the limit is optimistic), summed over the clients' steps. The matrix-multiply throughput is measured in
 the same run on one thread (2048 × 2048 float32 products); the limit with N workers is flops / (N × throughput).
 `ratio` = measured time / limit: 1 would be a round that is nothing but large matrix products on every core.
-`state MB`: the tensors of the client states and the server state (in one process the server's stored replies are the
-clients' tensors, counted twice here). `peak MB`: the peak resident memory of the process plus that of each worker
-(each counts the shared training set).
+`state MB`: the size of that checkpoint on disk (server and client states). `peak MB`: the peak resident memory of the
+process plus that of each worker (each counts the shared training set).
 """
 
 from __future__ import annotations
@@ -56,17 +55,6 @@ def matmul_gflops(size: int = 2048, repeats: int = 5) -> float:
 def matmul_weights(model) -> int:
     """The number of weights that sit in matrix multiplications (2-D and higher parameters of the template)."""
     return sum(p.numel() for p in model.module.parameters() if p.dim() >= 2)
-
-
-def state_bytes(tree) -> int:
-    """Bytes of all tensors in a (nested) state."""
-    if torch.is_tensor(tree):
-        return tree.numel() * tree.element_size()
-    if isinstance(tree, dict):
-        return sum(state_bytes(v) for v in tree.values())
-    if isinstance(tree, (list, tuple)):
-        return sum(state_bytes(v) for v in tree)
-    return 0
 
 
 def peak_mb(pid: int) -> float:
@@ -111,18 +99,19 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
             began = time.perf_counter()
             _save_checkpoint(folder / "checkpoint.pt", rounds, server, clients)
             checkpoint_seconds = time.perf_counter() - began
+            # the state's size as saved (server + every client's state, from the workers' shards)
+            state_mb = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
         finally:
             shutil.rmtree(folder)
         peak_parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # MB (Linux reports KB)
         peak_workers = [peak_mb(process.pid) for process in getattr(clients, "processes", [])]
-        states = clients.states()   # (fetched from the workers after measuring the peaks)
     finally:
         clients.close()
     timed = times[2:] if len(times) >= 3 else times[1:] or times   # steady state (see the module docstring)
     return {"scenario": scenario, "method": method, "clients": config.clients, "workers": workers,
             "seconds_per_round": sum(timed) / len(timed), "rounds_timed": len(timed), "round_seconds": times,
             "checkpoint_seconds": checkpoint_seconds, "local_steps": steps,
-            "gflop_per_round": flops / 1e9, "state_mb": (state_bytes(states) + state_bytes(server)) / 2**20,
+            "gflop_per_round": flops / 1e9, "state_mb": state_mb,
             "peak_mb_parent": peak_parent, "peak_mb_workers": peak_workers}
 
 

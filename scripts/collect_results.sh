@@ -5,7 +5,8 @@
 #
 # For every RUNS_DIR/<scenario>/<run>: config.json, metrics.jsonl and status.json go to DEST/runs/<scenario>/<run>
 # (checkpoints stay behind: they are large and only needed to resume). Then, per scenario, `bayesadmm compare` over
-# the runs that completed writes DEST/<scenario>/table.md, table.tex and curves.png (ROUNDS default 10,25,50).
+# the runs that completed writes DEST/<scenario>/table.md, table.tex and curves.png (ROUNDS default 10,25,50), and
+# for the FashionMNIST scenarios paper.md, our accuracy and NLL beside the papers' (`compare --paper`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:?usage: scripts/collect_results.sh RUNS_DIR DEST [ROUNDS]}
@@ -25,6 +26,8 @@ for scenario_dir in "$RUNS"/*/; do
     fi
   done
   if [ ${#completed[@]} -gt 0 ]; then
-    "$BIN" compare "${completed[@]}" --rounds "$ROUNDS" --out "$DEST/$scenario"
+    paper=()
+    case "$scenario" in fmnist-heterog10|fmnist-homog10|fmnist-heterog100) paper=(--paper "$scenario") ;; esac
+    "$BIN" compare "${completed[@]}" --rounds "$ROUNDS" --out "$DEST/$scenario" "${paper[@]}"
   fi
 done

@@ -56,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("run_dirs", nargs="+", type=Path)
     compare.add_argument("--rounds", default="10,25,50", help="comma-separated rounds (default 10,25,50)")
     compare.add_argument("--out", type=Path, default=None, help="write table.md, table.tex and curves.png here")
+    compare.add_argument("--paper", default=None, metavar="SCENARIO",
+                         help="also set accuracy and NLL beside the papers' published numbers for this scenario "
+                              "(written to paper.md with --out)")
     paper = commands.add_parser("paper", help="reproduce one of the papers' illustrative experiments")
     paper.add_argument("experiment", choices=sorted(PAPER_EXPERIMENTS),
                        help="; ".join(f"{k}: {v[1]}" for k, v in PAPER_EXPERIMENTS.items()))
@@ -123,7 +126,7 @@ def _compare(args) -> int:
 
     try:
         rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
-        print(compare(args.run_dirs, rounds, args.out))
+        print(compare(args.run_dirs, rounds, args.out, paper=args.paper))
     except (ValueError, FileNotFoundError) as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2

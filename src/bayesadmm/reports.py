@@ -72,8 +72,50 @@ def method_label(config: dict) -> str:
     return f"{config['method']}-{inference}" if inference else config["method"]
 
 
-def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None) -> str:
-    """The comparison table (Markdown, returned and written with a LaTeX version) and an overlay plot."""
+def paper_numbers(scenario: str) -> dict:
+    """The papers' published numbers for `scenario` (experiments/paper_numbers.json), keyed by our row names."""
+    from importlib import resources
+
+    table = json.loads(resources.files("bayesadmm.experiments").joinpath("paper_numbers.json").read_text())
+    if scenario not in table:
+        known = ", ".join(k for k in table if not k.startswith("_"))
+        raise ValueError(f"no paper numbers for scenario {scenario!r}; known: {known}")
+    return table[scenario]
+
+
+def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> str:
+    """Ours beside the paper's, per row the paper reports: 'ours / paper (ours − paper)' for accuracy and NLL."""
+    paper = paper_numbers(scenario)
+    header = ["method", "runs"] + [f"{label} @{r}: ours / paper" for _, label, _ in METRICS for r in rounds]
+    rows = []
+    for (method, where), histories in sorted(groups.items()):
+        published = paper.get(method if where == "m_g" else f"{method}+predictive")
+        if published is None:
+            continue
+        prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
+        cells = [f"{method} ({where})", str(len(histories))]
+        for metric, _, scale in METRICS:
+            digits = 1 if metric == "acc" else 3
+            published_digits = 1 if metric == "acc" else 2     # as the papers print them
+            for r in rounds:
+                values = [v for h in histories if (v := _last3(h, prefix + metric, r)) is not None]
+                theirs = published.get(metric, {}).get(str(r))
+                ours = scale * statistics.fmean(values) if values else None
+                shown = ("—" if ours is None else f"{ours:.{digits}f}",
+                         "—" if theirs is None else f"{theirs:.{published_digits}f}")
+                difference = "" if ours is None or theirs is None else f" ({ours - theirs:+.{digits}f})"
+                cells.append(f"{shown[0]} / {shown[1]}{difference}")
+        rows.append(cells)
+    if not rows:
+        return f"(none of these methods has published numbers for {scenario})"
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+                     + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None, paper: str | None = None) -> str:
+    """The comparison table (Markdown, returned and written with a LaTeX version) and an overlay plot. With
+    `paper` (a scenario name), a second table sets our accuracy and NLL beside the papers' (`paper_numbers`),
+    returned after the first and written to paper.md."""
     groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
     scenarios, sets = set(), set()
     for run_dir in run_dirs:
@@ -111,13 +153,16 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
 
     markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
                          + ["| " + " | ".join(row) + " |" for row in rows])
+    beside = _paper_table(groups, rounds, split, paper) if paper else None
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "table.md").write_text(markdown + "\n")
         (out_dir / "table.tex").write_text(_latex(header, rows))
+        if beside is not None:
+            (out_dir / "paper.md").write_text(beside + "\n")
         _plot_overlay(groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split)
-    return markdown
+    return markdown if beside is None else f"{markdown}\n\n{beside}"
 
 
 def _latex(header: list[str], rows: list[list[str]]) -> str:

@@ -213,6 +213,140 @@ def test_mc_fisher_is_an_unbiased_estimate_of_the_ggn():
         fedlap_cov.diagonal_ggn(synthetic.ridge_clients(1)[0], torch.zeros(5))
 
 
+# --- FedLap-Cov: the fast curvature of linear layers and elementwise activations -----------------------------------
+
+
+def _flat_data(build, X, classes, seed=0):
+    """ClassificationData for the network `build()` on inputs X, with float64 parameters from `seed`."""
+    from bayesadmm.models.functional import FlatModel
+    from bayesadmm.problems.neural import ClassificationData
+
+    model = FlatModel(build)
+    y = torch.randint(0, classes, (X.shape[0],), generator=torch.Generator().manual_seed(seed))
+    theta = model.initial_params(torch.Generator().manual_seed(seed + 1)).double()
+    return ClassificationData(model, X, y), theta
+
+
+def _assert_fast_equals_per_example(data, theta):
+    """The fast path is taken and equals the per-example vmap gradients for "ggn", and for "mc-fisher" with the same
+    generator (one chunk each, so both draw all labels in one call), every coordinate to relative 1e-10: both are
+    sums of squares, without cancellation, so even the tiny entries of a saturated layer are compared."""
+    assert fedlap_cov.linear_chain(data) is not None
+    big = 2 ** 40
+    for method in fedlap_cov.CURVATURES:
+        fast = fedlap_cov.diagonal_ggn(data, theta, method, torch.Generator().manual_seed(7), max_elements=big)
+        slow = fedlap_cov.per_example_diagonal_ggn(data, theta, method, torch.Generator().manual_seed(7), big)
+        assert slow.abs().max() > 0
+        torch.testing.assert_close(fast, slow, rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu", "sigmoid"])
+def test_fast_ggn_of_the_zoo_mlp_equals_per_example_gradients(activation):
+    from bayesadmm.models import mlp
+    from bayesadmm.problems.neural import ClassificationData
+
+    g = torch.Generator().manual_seed(0)
+    model = mlp(in_features=6, hidden=(7, 5), num_classes=4, activation=activation)
+    X = 2.0 * torch.randn(30, 6, generator=g, dtype=torch.float64)
+    data = ClassificationData(model, X, torch.randint(0, 4, (30,), generator=g))
+    theta = model.initial_params(g).double()
+    _assert_fast_equals_per_example(data, theta)
+    # chunking does not change the exact curvature (here 1 example per chunk)
+    whole = fedlap_cov.diagonal_ggn(data, theta)
+    torch.testing.assert_close(fedlap_cov.diagonal_ggn(data, theta, max_elements=1), whole, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu"])
+def test_fast_ggn_of_the_papers_mlp_equals_per_example_gradients(activation):
+    """784-200-100-10 on a few raw-scale (0–255) images, where the sigmoid saturates as in the experiments."""
+    from bayesadmm.models import mlp
+    from bayesadmm.problems.neural import ClassificationData
+
+    g = torch.Generator().manual_seed(1)
+    model = mlp(activation=activation)
+    X = torch.rand(5, 1, 28, 28, generator=g, dtype=torch.float64) * 255
+    data = ClassificationData(model, X, torch.randint(0, 10, (5,), generator=g))
+    theta = model.initial_params(g).double()
+    _assert_fast_equals_per_example(data, theta)
+
+
+def test_fast_ggn_of_the_logistic_model_equals_per_example_gradients():
+    from bayesadmm.models import logistic
+
+    X = torch.randn(25, 2, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    _assert_fast_equals_per_example(*_flat_data(lambda: logistic(in_features=6, num_classes=3).build(), X, 3))
+
+
+@pytest.mark.parametrize("activation", fedlap_cov.ELEMENTWISE, ids=lambda t: t.__name__)
+def test_fast_ggn_with_every_elementwise_activation_and_unusual_chains(activation):
+    """Every activation the fast path accepts, and chains with activations of the inputs, a linear layer without
+    bias, two activations in a row, a Flatten between linear layers and an activation of the logits."""
+    from torch import nn
+
+    X = torch.randn(20, 2, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+    def build():
+        return nn.Sequential(activation(), nn.Flatten(), nn.Linear(6, 7, bias=False), activation(), nn.Tanh(),
+                             nn.Linear(7, 5), nn.Flatten(), nn.Linear(5, 4), activation())
+
+    _assert_fast_equals_per_example(*_flat_data(build, X, 4))
+    _assert_fast_equals_per_example(*_flat_data(lambda: nn.Sequential(nn.Linear(6, 5), activation(), nn.Linear(5, 3)),
+                                                X.flatten(1), 3))
+
+
+def test_models_that_are_not_linear_chains_take_the_per_example_path(monkeypatch):
+    from torch import nn
+
+    from bayesadmm.models.zoo import zenke_cnn
+    from bayesadmm.problems.neural import ClassificationData
+
+    class Wrapped(nn.Module):                       # the same function, but not an nn.Sequential
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+
+        def forward(self, x):
+            return self.net(x)
+
+    class Square(nn.Tanh):                          # an ELEMENTWISE type's subclass may compute anything
+        def forward(self, x):
+            return x.square()
+
+    def shared_layer():
+        shared = nn.Linear(5, 5)
+        return nn.Sequential(nn.Flatten(), nn.Linear(6, 5), shared, nn.Tanh(), shared, nn.Linear(5, 3))
+
+    X = torch.randn(12, 2, 3, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    others = {
+        "not Sequential": _flat_data(Wrapped, X, 3),
+        "not elementwise": _flat_data(lambda: nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.LayerNorm(5),
+                                                            nn.Linear(5, 3)), X, 3),
+        "subclassed activation": _flat_data(lambda: nn.Sequential(nn.Flatten(), nn.Linear(6, 5), Square(),
+                                                                  nn.Linear(5, 3)), X, 3),
+        "shared linear layer": _flat_data(shared_layer, X, 3),
+        "linear layer on (n, 2, 3) inputs": _flat_data(lambda: nn.Sequential(nn.Linear(3, 4), nn.Flatten(),
+                                                                             nn.Linear(8, 3)), X, 3),
+        "partial Flatten": _flat_data(lambda: nn.Sequential(nn.Flatten(0, -1), nn.Linear(6 * 12, 3)), X, 3),
+    }
+    for why, (data, _) in others.items():
+        assert fedlap_cov.linear_chain(data) is None, why
+    cnn = ClassificationData(zenke_cnn(), torch.zeros(1, 3, 32, 32), torch.zeros(1, dtype=torch.long))
+    assert fedlap_cov.linear_chain(cnn) is None
+
+    # diagonal_ggn on such models never calls the fast path, and is still the exact GGN (Σ_i J_iᵀ Λ_i J_i)
+    def fail(*args, **kwargs):
+        raise AssertionError("the fast path was taken")
+
+    monkeypatch.setattr(fedlap_cov, "linear_chain_diagonal_ggn", fail)
+    for why in ("not Sequential", "shared linear layer", "linear layer on (n, 2, 3) inputs"):
+        data, theta = others[why]
+        J = torch.func.jacrev(lambda th: data.model.forward(th, data.X))(theta)          # (n, C, P)
+        p = torch.softmax(data.model.forward(theta, data.X), -1)
+        Lam = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+        expected = torch.einsum("icp,icd,idp->p", J, Lam, J)
+        torch.testing.assert_close(fedlap_cov.diagonal_ggn(data, theta), expected, rtol=1e-9, atol=1e-12)
+
+
 # --- FedLap-Cov: the algorithm ------------------------------------------------------------------------------------
 
 

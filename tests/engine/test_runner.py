@@ -170,6 +170,34 @@ def test_compare_table_uses_mean_of_last_three_rounds_over_seeds(tmp_path, capsy
     assert "50.0 ± 14.1" in capsys.readouterr().out
 
 
+def test_compare_sets_our_numbers_beside_the_papers(tmp_path, capsys):
+    """--paper adds a table of 'ours / paper (difference)' for the rows the paper reports, read from
+    experiments/paper_numbers.json: IVON-ADMM's predictive row against the paper's IVON-ADMM (ensemble), its m_g row
+    against IVON-ADMM@m_g, and methods the paper does not report (FedEP) left out."""
+    from bayesadmm.reports import paper_numbers
+
+    published = paper_numbers("fmnist-heterog10")
+    _fake_run(tmp_path / "a0", "ivon-admm", 0, [0.80, 0.81, 0.82, 0.83, 0.84], ens=True)
+    _fake_run(tmp_path / "b0", "fedep", 0, [0.5] * 5, ens=False)
+    out = tmp_path / "cmp"
+    assert main(["compare", str(tmp_path / "a0"), str(tmp_path / "b0"), "--rounds", "3,5", "--paper",
+                 "fmnist-heterog10", "--out", str(out)]) == 0
+    beside = (out / "paper.md").read_text()
+    assert beside in capsys.readouterr().out
+    # the paper has no rounds 3 and 5 (—); our predictive accuracy at round 5 is the mean of 83, 84, 85 %
+    row = next(line for line in beside.splitlines() if line.startswith("| ivon-admm (predictive)"))
+    assert "| 84.0 / — |" in row
+    assert "fedep" not in beside
+    # a round the paper reports: 10 rounds of constant accuracy against the paper's value at round 10
+    _fake_run(tmp_path / "c0", "fedavg", 0, [0.75] * 10, ens=False)
+    assert main(["compare", str(tmp_path / "c0"), "--rounds", "10", "--paper", "fmnist-heterog10"]) == 0
+    paper_acc, paper_nll = published["fedavg"]["acc"]["10"], published["fedavg"]["nll"]["10"]
+    expected = (f"| fedavg (m_g) | 1 | 75.0 / {paper_acc:.1f} ({75.0 - paper_acc:+.1f}) | "
+                f"0.250 / {paper_nll:.2f} ({0.25 - paper_nll:+.3f}) |")
+    assert expected in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "c0"), "--paper", "cifar-nothing"]) == 2
+
+
 def test_compare_and_resume_errors(tmp_path):
     assert main(["compare", str(tmp_path / "missing")]) == 2
     assert main(["resume", str(tmp_path)]) == 2

@@ -65,8 +65,9 @@ def seen_clients(previous: tuple[int, ...], replies: Mapping[int, Message]) -> t
     return tuple(sorted(set(previous) | set(replies)))
 
 
-def merge_replies(previous: Mapping[int, Message], replies: Mapping[int, Message]) -> dict[int, Message]:
-    """The server's memory of each client's last reply, so that absent clients still count (partial participation).
+def merge_replies(previous: Mapping[int, Any], replies: Mapping[int, Any]) -> dict[int, Any]:
+    """The server's memory of each client's last reply (or of what it needs of it), so that absent clients still count
+    (partial participation).
 
     Sorted by client id, so that sums over clients do not depend on the order in which replies arrived.
     """

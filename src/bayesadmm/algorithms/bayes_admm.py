@@ -40,7 +40,10 @@ Natural = tuple[Tensor, ...]
 
 class ServerState(NamedTuple):
     natural: Natural                    # λ_g
-    replies: Mapping[int, Message]      # last reply of every client that has replied
+    # η_k + ρ_s λ_k of every client that has replied, from its last reply: all the server update reads of a client
+    # (it sums them), so absent clients still count under partial participation. Half the memory of keeping whole
+    # replies (λ_k and η_k), which matters with many clients: 2 vectors per client for the diagonal family, not 4.
+    replies: Mapping[int, Natural]
     round: int = 0                      # completed rounds (local solvers may schedule on it, e.g. cosine lr)
 
 
@@ -65,13 +68,17 @@ def initial_natural(family, mean: Tensor, delta: float) -> Natural:
     raise TypeError(f"unknown family {family!r}")
 
 
-def server_natural(family, delta: float, server_rho: float, replies: Mapping[int, Message]) -> Natural:
-    """The closed-form server update (Eq. 54 generalised, see the module docstring)."""
-    lam_sum = nat.total([unpack("lam", r) for r in replies.values()])
-    c, b = family.prior_terms(delta, dtype=lam_sum[0].dtype, device=lam_sum[0].device)
-    eta_sum = nat.total([unpack("eta", r) for r in replies.values()])
-    numerator = nat.add(nat.add(b, eta_sum), nat.scale(lam_sum, server_rho))
-    return nat.scale(numerator, 1.0 / (c + server_rho * len(replies)))
+def client_contribution(reply: Message, server_rho: float) -> Natural:
+    """η_k + ρ_s λ_k from a client's reply: its term in the server's sum (Eq. 54)."""
+    return nat.add(unpack("eta", reply), nat.scale(unpack("lam", reply), server_rho))
+
+
+def server_natural(family, delta: float, server_rho: float, contributions: Mapping[int, Natural]) -> Natural:
+    """The closed-form server update (Eq. 54 generalised, see the module docstring) from the clients'
+    η_k + ρ_s λ_k (`client_contribution`): λ_g = (b + Σ_k (η_k + ρ_s λ_k)) / (c + ρ_s K)."""
+    total = nat.total(list(contributions.values()))
+    c, b = family.prior_terms(delta, dtype=total[0].dtype, device=total[0].device)
+    return nat.scale(nat.add(b, total), 1.0 / (c + server_rho * len(contributions)))
 
 
 def make(family, solver, rho: float, delta: float, gamma: float | None = None, server_rho: float | None = None,
@@ -106,7 +113,7 @@ def make(family, solver, rho: float, delta: float, gamma: float | None = None, s
         return ClientState(dual, result.natural), reply, info
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
-        last = merge_replies(server.replies, replies)
+        last = merge_replies(server.replies, {k: client_contribution(r, server_rho) for k, r in replies.items()})
         lam_g = server_natural(family, delta, server_rho, last)
         if not family.is_valid(lam_g):
             raise DivergenceError(f"{name}: the server's natural parameter is no longer a valid Gaussian")

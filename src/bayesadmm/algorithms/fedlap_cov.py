@@ -23,9 +23,12 @@ reading, which fits the extra pass):
 
     "ggn" (default): exact.  With logits f_i(w), p_i = softmax(f_i), J_i = ∂f_i/∂w and Λ_i = diag(p_i) − p_i p_iᵀ,
         diag(Σ_i J_iᵀ Λ_i J_i)_j = Σ_i Σ_c p_ic (∂_j CE(f_i(w), c))²,
-        because ∇_w CE(f_i, c) = J_iᵀ(p_i − e_c) and Σ_c p_c (p − e_c)(p − e_c)ᵀ = Λ: per-example gradients (vmap of
-        grad) for every class c, weighted by the model's own predictive. C passes over the data (about C times the
-        cost of "mc-fisher"; for MNIST/CIFAR-sized runs "mc-fisher" is the practical choice).
+        because ∇_w CE(f_i, c) = J_iᵀ(p_i − e_c) and Σ_c p_c (p − e_c)(p − e_c)ᵀ = Λ: the squared gradients for
+        every class c, weighted by the model's own predictive. For networks of linear layers and elementwise
+        activations (the MLP, the logistic model) they are summed without forming per-example gradients
+        (`linear_chain_diagonal_ggn`: one forward pass, C backpropagated directions, about 2× "mc-fisher"); any
+        other model uses per-example gradients (vmap of grad), C passes over the data (about C times the cost of
+        "mc-fisher"; for CNNs "mc-fisher" is the practical choice).
     "mc-fisher": one label per example sampled from the model's predictive (with the client's generator),
         Σ_i (∂_j CE(f_i, ĉ_i))² — an unbiased estimate of the same diagonal at the cost of one pass, which is the
         cost the paper quotes.
@@ -53,7 +56,7 @@ import numbers
 from typing import Callable, Mapping, NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.func import grad, vmap
 
 from bayesadmm import rng
@@ -115,12 +118,24 @@ def diagonal_ggn(data, theta: Tensor, method: str = "ggn", generator: torch.Gene
     """The diagonal GGN (= Fisher with the model's predictive) of the SUMMED cross-entropy of `data` at θ.
 
     method "ggn": exact, Σ_i Σ_c p_ic (∂ CE(f_i, c)/∂θ)²; "mc-fisher": Σ_i (∂ CE(f_i, ĉ_i)/∂θ)² with ĉ_i ~ p_i drawn
-    from `generator`. Per-example gradients are computed in chunks of at most `max_elements` numbers.
+    from `generator`. The examples are processed in chunks whose intermediate tensors hold about `max_elements`
+    numbers. A network of linear layers and elementwise activations (`linear_chain`) takes the fast path
+    `linear_chain_diagonal_ggn`; any other model the general `per_example_diagonal_ggn`.
     """
     if method not in CURVATURES:
         raise ValueError(f"unknown curvature {method!r}; valid: {', '.join(CURVATURES)}")
     if method == "mc-fisher" and generator is None:
         raise ValueError("the Monte-Carlo Fisher needs an explicit torch.Generator")
+    layers = linear_chain(data)
+    if layers is not None:
+        return linear_chain_diagonal_ggn(data, layers, theta, method, generator, max_elements)
+    return per_example_diagonal_ggn(data, theta, method, generator, max_elements)
+
+
+def per_example_diagonal_ggn(data, theta: Tensor, method: str, generator: torch.Generator | None,
+                             max_elements: int) -> Tensor:
+    """`diagonal_ggn` for any model: per-example gradients (vmap of grad) of the cross-entropy, once per class for
+    "ggn". Memory and time grow like (examples × parameters); chunks hold at most `max_elements` gradient numbers."""
     logits_of, X = per_example_logits(data)
     theta = theta.detach()
 
@@ -146,6 +161,101 @@ def diagonal_ggn(data, theta: Tensor, method: str = "ggn", generator: torch.Gene
             target = torch.nn.functional.one_hot(labels, classes).to(probs.dtype)
             total = total + per_example_grad(theta, x, target).square().sum(0)
     return total
+
+
+# Activation modules that act on each number separately, so that their Jacobian is diagonal and a forward-mode
+# derivative along a vector of ones gives all of it. Exact types: a subclass may override forward.
+ELEMENTWISE = (nn.Sigmoid, nn.Tanh, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Softplus, nn.Identity)
+
+
+def linear_chain(data) -> list[tuple[str, nn.Module]] | None:
+    """The (name, module) children of `data`'s network if its logits are computed by a chain of nn.Linear layers and
+    elementwise activations that `linear_chain_diagonal_ggn` can differentiate; None for any other model.
+
+    Qualifies: ClassificationData whose FlatModel's template is a plain nn.Sequential of nn.Linear, nn.Flatten
+    (start_dim=1, end_dim=-1) and `ELEMENTWISE` modules, in which every linear layer sees one vector per example (a
+    Flatten comes first or the inputs are already (n, features)), and no module is used twice (shared weights would
+    add the gradients of both uses before squaring). The zoo's `mlp` and `logistic` qualify; CNNs do not.
+    """
+    module = getattr(getattr(data, "model", None), "module", None)
+    if not isinstance(data, ClassificationData) or type(module) is not nn.Sequential:
+        return None
+    # named_children() lists a module used twice only once; the names are needed to find the parameters
+    children = list(module.named_children())
+    if len(children) != len(module):
+        return None
+    flat = data.X.dim() == 2
+    for _, child in children:
+        if type(child) is nn.Flatten and child.start_dim == 1 and child.end_dim == -1:
+            flat = True
+        elif not (type(child) is nn.Linear and flat or type(child) in ELEMENTWISE):
+            return None
+    if not any(type(child) is nn.Linear for _, child in children):
+        return None
+    return children
+
+
+def linear_chain_diagonal_ggn(data: ClassificationData, layers: list[tuple[str, nn.Module]], theta: Tensor,
+                              method: str, generator: torch.Generator | None, max_elements: int) -> Tensor:
+    """`diagonal_ggn` for a chain of linear layers and elementwise activations (`linear_chain`), without
+    per-example gradients.
+
+    For a linear layer z_i = W a_i + b, ∂ℓ_i/∂W = δ_i a_iᵀ with δ_i = ∂ℓ_i/∂z_i, so over the examples
+    Σ_i (∂ℓ_i/∂W)² = (δ∘δ)ᵀ(a∘a), one matrix product, and Σ_i (∂ℓ_i/∂b)² = Σ_i δ_i∘δ_i. The curvature is a sum of
+    such squares over K output directions g_ik per example (the gradient of a CE with respect to the logits): for
+    "ggn" g_ic = √p_ic (p_i − e_c), c = 1..C, since Σ_c p_c (p − e_c)(p − e_c)ᵀ = diag(p) − ppᵀ; for "mc-fisher"
+    the one direction p_i − e_ĉi. All K directions are backpropagated at once as a (K, n, width) tensor by
+    δ_l = (δ_{l+1} W_{l+1}) ∘ σ'(z_l), and the squares are summed over the directions before the matrix product.
+    """
+    model = data.model
+    params = model.unflatten(theta.detach())
+    total = {name: torch.zeros_like(p) for name, p in params.items()}
+    linears = [(name, layer) for name, layer in layers if isinstance(layer, nn.Linear)]
+    classes = linears[-1][1].out_features
+    directions = classes if method == "ggn" else 1
+    # numbers held per example: every layer's input and σ'(z), and the K backpropagated δ's (and their squares)
+    per_example = sum(layer.in_features + (2 * directions + 1) * layer.out_features for _, layer in linears)
+    n = data.X.shape[0]
+    chunk = max(1, min(n, max_elements // per_example))
+    with torch.no_grad():
+        for start in range(0, n, chunk):
+            h = data.X[start:start + chunk]
+            if h.is_floating_point():
+                h = h.to(theta.dtype)                    # as FlatModel.forward: θ decides the precision
+            # forward, keeping each linear layer's input a and the slope σ'(z) of the activations after it
+            inputs, slopes = [], []
+            for name, layer in layers:
+                if isinstance(layer, nn.Linear):
+                    inputs.append(h)
+                    slopes.append(None)                  # None: no activation after this layer (yet)
+                    h = torch.nn.functional.linear(h, params[f"{name}.weight"], params.get(f"{name}.bias"))
+                elif inputs and type(layer) in ELEMENTWISE:
+                    h, slope = torch.func.jvp(layer, (h,), (torch.ones_like(h),))
+                    slopes[-1] = slope if slopes[-1] is None else slopes[-1] * slope
+                else:
+                    h = layer(h)                         # Flatten, or activations of the inputs (nothing to learn)
+            probs = torch.softmax(h, -1)
+            if method == "ggn":
+                # delta[c, i] = √p_ic (p_i − e_c)
+                eye = torch.eye(classes, dtype=probs.dtype, device=probs.device)
+                delta = probs.T.sqrt().unsqueeze(-1) * (probs.unsqueeze(0) - eye.unsqueeze(1))
+            else:
+                # drawn chunk by chunk like the per-example path; the two agree label for label when their chunks do
+                # (torch 2.13's CPU multinomial also gives the same labels for any split of the rows)
+                labels = rng.multinomial(probs, generator)
+                delta = (probs - torch.nn.functional.one_hot(labels, classes).to(probs.dtype)).unsqueeze(0)
+            # backward: delta holds ∂ℓ/∂(output of the layer's activations), then ∂ℓ/∂z of the layer
+            for index in reversed(range(len(linears))):
+                name, _ = linears[index]
+                if slopes[index] is not None:
+                    delta = delta * slopes[index]
+                squares = delta.square().sum(0)          # Σ_k δ_ik², (n, out)
+                total[f"{name}.weight"] += squares.T @ inputs[index].square()
+                if f"{name}.bias" in total:
+                    total[f"{name}.bias"] += squares.sum(0)
+                if index > 0:                            # (the first layer's input needs no δ: the costliest product)
+                    delta = delta @ params[f"{name}.weight"]
+    return model.flatten(total)
 
 
 def _is_real(x) -> bool:

@@ -61,7 +61,8 @@ from bayesadmm import rng
 from bayesadmm.checks import all_positive
 from bayesadmm.optim import kernels
 
-__all__ = ["IVONState", "init", "noise_scale", "check_noise_scale", "sample", "update", "update_and_sample", "posterior", "IVON"]
+__all__ = ["IVONState", "init", "noise_scale", "check_noise_scale", "sample", "update", "update_and_sample",
+           "posterior", "IVON"]
 
 
 # --- functional core ---------------------------------------------------------------------------------------------
@@ -301,8 +302,13 @@ class IVON(torch.optim.Optimizer):
 
     prior_mean, prior_precision, v, u cover all parameters of all groups, in group order: a flat vector, a sequence
     of tensors shaped like the parameters, or (prior_precision only) a float. Change them later with `set_prior` and
-    `set_duals`. Noise comes from `generator` (None: torch's global RNG, as ivon-opt). The generator is the caller's:
-    it is not part of `state_dict`, save its `get_state()` alongside to resume identically.
+    `set_duals`.
+
+    Noise: noise="torch" (default) draws ε from `generator` with torch's generator (None: the global RNG, as
+    ivon-opt does); the generator is the caller's and not part of `state_dict`: save its `get_state()` alongside to
+    resume identically. noise="counter" draws ε from the counter-based stream of `rng.counter_normal` inside IVON's
+    fused sampling kernel (`optim.kernels`), keyed once per group from `generator`: about as fast as Adam's step,
+    and the key and draw count are in `state_dict`, so a reloaded optimizer continues the same noise by itself.
 
     Left out of ivon-opt's options: hess_approx (only "price", the Stein estimator above) and sync (distributed).
     """
@@ -313,7 +319,9 @@ class IVON(torch.optim.Optimizer):
                  beta2: float = 0.99999, weight_decay: float | None = None, mc_samples: int = 1,
                  clip_radius: float = math.inf, rescale_lr: bool = True, debias: bool = True,
                  prior_mean: _Vec = None, prior_precision: _Vec = None, v: _Vec = None, u: _Vec = None,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, noise: str = "torch"):
+        if noise not in ("torch", "counter"):
+            raise ValueError(f"noise must be 'torch' or 'counter', got {noise!r}")
         if weight_decay is not None and prior_precision is not None:
             raise ValueError("give either weight_decay or prior_precision (= ess * weight_decay), not both")
         if weight_decay is None and prior_precision is None:
@@ -322,6 +330,7 @@ class IVON(torch.optim.Optimizer):
             raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
         self.mc_samples = int(mc_samples)
         self.generator = generator
+        self.noise = noise
         self._sampling = False
         defaults = dict(lr=lr, ess=ess, hess_init=hess_init, beta1=beta1, beta2=beta2, weight_decay=weight_decay,
                         clip_radius=clip_radius, rescale_lr=rescale_lr, debias=debias)
@@ -343,6 +352,9 @@ class IVON(torch.optim.Optimizer):
         group["hess"] = torch.full((group["numel"],), float(group["hess_init"]), dtype=p0.dtype, device=p0.device)
         group["momentum"] = torch.zeros_like(group["hess"])
         group["step"] = 0
+        if self.noise == "counter":
+            # one stream per group; "draws" counts the samples taken from it (one block of `numel` draws each)
+            group["noise_key"], group["draws"] = rng.stream_key(self.generator), 0
         for key in ("prior_mean", "prior_precision", "v", "u"):
             group.setdefault(key, None)
         group["_samples"] = []
@@ -437,7 +449,15 @@ class IVON(torch.optim.Optimizer):
         try:
             for g in self.param_groups:
                 state = self._state(g)
-                thetas, e = sample(state, g["ess"], self._delta(g), self.generator, mc_samples=1)
+                if self.noise == "counter":
+                    delta = self._delta(g)
+                    check_noise_scale(state, g["ess"], delta)   # raises where `sample` would, without computing σ
+                    offset = torch.tensor(g["draws"] * ((g["numel"] + 1) // 2), dtype=torch.int64)
+                    thetas, e = kernels.sample_step(state.mean, state.hess, _vector(delta, state.mean),
+                                                    _scalar(g["ess"], state.mean), g["noise_key"], offset, 1)
+                    g["draws"] += 1
+                else:
+                    thetas, e = sample(state, g["ess"], self._delta(g), self.generator, mc_samples=1)
                 means.append(state.mean)
                 eps.append(e[0])
                 _write(g["params"], thetas[0])
@@ -467,7 +487,11 @@ class IVON(torch.optim.Optimizer):
             eps = torch.stack([s[1] for s in g["_samples"]])
             new = update(self._state(g), grads, eps, lr=self._lr(g), ess=g["ess"], delta=self._delta(g),
                          beta1=g["beta1"], beta2=g["beta2"], prior_mean=g["prior_mean"], v=g["v"], u=g["u"],
-                         clip_radius=g["clip_radius"], debias=g["debias"])
+                         clip_radius=g["clip_radius"], debias=g["debias"],
+                         # every input was validated: the hyperparameters just above, prior and duals when set, the
+                         # curvature when the samples were drawn; the per-step elementwise checks cost more than
+                         # the update itself
+                         check=False)
             _write(g["params"], new.mean)
             g["hess"], g["momentum"], g["step"] = new.hess, new.momentum, new.step
             g["_samples"] = []
@@ -506,6 +530,9 @@ class IVON(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         for g in self.param_groups:
             p0 = g["params"][0]
+            if self.noise == "counter" and "noise_key" not in g:
+                raise ValueError("this state dict is of an IVON with noise='torch'; load it into one with the same "
+                                 "noise, or set noise='torch'")
             if g["numel"] != sum(p.numel() for p in g["params"]):
                 raise ValueError("loaded state dict does not match the size of the parameters")
             for key in ("hess", "momentum", "prior_mean", "prior_precision", "v", "u"):
