@@ -6,10 +6,11 @@
 
 Each (scenario, method, clients, workers) cell runs in a fresh process (so that its peak memory is its own): it builds
 the run exactly as `bayesadmm run` does, runs `--rounds` rounds of client updates and server update (no evaluation)
-and reports the mean time of the rounds after the first two (with --rounds 3 or more; after the first otherwise): the
-first compiles IVON's kernels in each process, and in the second the process's heap still grows, as the states or
-replies of two rounds are alive at once, and the fresh pages cost as much as the training (round 3 on reuses the
-memory). It then times one checkpoint as `bayesadmm run` writes it (`ckpt s`: the client states, by the workers in
+and reports the mean time of the rounds after the first three (all but the last if there are fewer): round 1 compiles
+IVON's kernels in each process, and in rounds 2 and 3 the processes' heaps still grow (the states, replies and stored
+replies of successive rounds are alive at once), paying page faults that cost as much as the training and that a long
+run pays once (1000 IVON-ADMM clients: 1.4, 0.7 and 0.17 million page faults in the parent with 2 workers, then ~0).
+It then times one checkpoint as `bayesadmm run` writes it (`ckpt s`: the client states, by the workers in
 parallel, and the server state; in a temporary directory under the current one, deleted after).
 
 The limit: a round's arithmetic is counted as 6·B·P floating-point operations per local step and MC sample (forward
@@ -17,6 +18,8 @@ The limit: a round's arithmetic is counted as 6·B·P floating-point operations 
 left out, so the limit is optimistic), summed over the clients' steps. The matrix-multiply throughput is measured in
 the same run on one thread (2048 × 2048 float32 products); the limit with N workers is flops / (N × throughput).
 `ratio` = measured time / limit: 1 would be a round that is nothing but large matrix products on every core.
+`state MB`: the size of that checkpoint on disk (server and client states). `peak MB`: the peak resident memory of the
+process plus that of each worker (each counts the shared training set).
 """
 
 from __future__ import annotations
@@ -55,6 +58,14 @@ def matmul_weights(model) -> int:
     return sum(p.numel() for p in model.module.parameters() if p.dim() >= 2)
 
 
+def peak_mb(pid: int) -> float:
+    """A live process's peak resident memory in MB (Linux: VmHWM in /proc/<pid>/status)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: list[str]) -> dict:
     """Run one cell in this process and return its measurements."""
     import shutil
@@ -89,21 +100,20 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
             began = time.perf_counter()
             _save_checkpoint(folder / "checkpoint.pt", rounds, server, clients)
             checkpoint_seconds = time.perf_counter() - began
-            # the state's size as saved (server + every client's state, from the workers' shards): fetching 1000
-            # IVON-ADMM client states (2.8 GB) through the workers' pipes only to count them broke the pipe
+            # the state's size as saved (server + every client's state, from the workers' shards)
             state_mb = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20
         finally:
             shutil.rmtree(folder)
         peak_parent = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024      # MB (Linux reports KB)
+        peak_workers = [peak_mb(process.pid) for process in getattr(clients, "processes", [])]
     finally:
         clients.close()
-    peak_child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    timed = times[2:] if len(times) >= 3 else times[1:] or times   # steady state (see the module docstring)
+    timed = times[3:] or times[-1:]   # steady state (see the module docstring)
     return {"scenario": scenario, "method": method, "clients": config.clients, "workers": workers,
             "seconds_per_round": sum(timed) / len(timed), "rounds_timed": len(timed), "round_seconds": times,
             "checkpoint_seconds": checkpoint_seconds, "local_steps": steps,
             "gflop_per_round": flops / 1e9, "state_mb": state_mb,
-            "peak_mb_parent": peak_parent, "peak_mb_worker": peak_child}
+            "peak_mb_parent": peak_parent, "peak_mb_workers": peak_workers}
 
 
 def run_cell(scenario: str, method: str, workers: int, rounds: int, overrides: list[str]) -> dict:
@@ -120,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default="fmnist-heterog10,fmnist-heterog100")
     parser.add_argument("--methods", default="fedavg,feddyn,ivon-admm")
     parser.add_argument("--workers", default=None, help="comma-separated worker counts (default: 1 and the cores)")
-    parser.add_argument("--rounds", type=int, default=4, help="rounds per cell; the first two are not timed")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per cell; the first three are not timed")
     parser.add_argument("--scaling", action="store_true",
                         help="10, 100 and 1000 clients over the full training set (iid, one local epoch)")
     parser.add_argument("--clients", default="10,100,1000", help="with --scaling: comma-separated client counts")
@@ -156,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         row["ratio"] = row["seconds_per_round"] / row["limit_seconds"]
         row["matmul_gflops"] = gflops
         rows.append(row)
-        peak = row["peak_mb_parent"] + w * row["peak_mb_worker"] if w > 1 else row["peak_mb_parent"]
+        peak = row["peak_mb_parent"] + sum(row["peak_mb_workers"])
         print(f"{scenario:<18} {method:<10} {row['clients']:>7} {w:>7} {row['seconds_per_round']:>8.2f} "
               f"{row['local_steps']:>7} {row['gflop_per_round']:>7.1f} {row['limit_seconds']:>8.3f} "
               f"{row['ratio']:>6.1f} {row['state_mb']:>9.1f} {peak:>8.0f} {row['checkpoint_seconds']:>7.2f}",

@@ -35,6 +35,7 @@ import io
 import math
 import os
 import signal
+import tempfile
 import traceback
 from contextlib import contextmanager
 from multiprocessing.connection import wait
@@ -274,8 +275,7 @@ def _worker(connection, arena: torch.Tensor, config_json: dict, model, train_X: 
     commands = {"start": lambda server: local.start(_loads(server)),
                 "put": lambda states: local.restore({"clients": _loads(states)}, Path(".")),
                 "load": lambda run_dir, shards: local.restore({"shards": shards}, run_dir),
-                "save": local.write_shard,
-                "states": lambda: _dumps(local.states())}
+                "save": local.write_shard}
     while True:
         try:
             command, *args = connection.recv()
@@ -431,11 +431,11 @@ class ClientPool:
         return {k: replies[k] for k in chosen}
 
     def states(self) -> dict[int, Any]:
-        """Every client's current state, by client id (fetched from the workers)."""
-        found = {}
-        for payload in self._call_all([("states",)] * len(self.groups)):
-            found.update(_loads(payload))
-        return {k: found[k] for k in sorted(found)}
+        """Every client's current state, by client id: the workers write them as shards to a temporary directory (not
+        as bytes through the pipe, which would hold several copies in memory at once) and this process reads them."""
+        with tempfile.TemporaryDirectory(prefix="bayesadmm-states-") as folder:
+            record = self.save(Path(folder), 0)
+            return checkpointed_states(record, Path(folder), sorted(self.owner))
 
     def save(self, run_dir: Path, round_: int) -> dict:
         """Each worker writes its clients' states to a shard file (in parallel); the checkpoint's record of them."""
