@@ -18,6 +18,12 @@ The limit: a round's arithmetic is counted as 6·B·P floating-point operations 
 left out, so the limit is optimistic), summed over the clients' steps. The matrix-multiply throughput is measured in
 the same run on one thread (2048 × 2048 float32 products); the limit with N workers is flops / (N × throughput).
 `ratio` = measured time / limit: 1 would be a round that is nothing but large matrix products on every core.
+With more than one worker count, each speed-up is printed beside its ceiling on this machine: workers × balance /
+contention. `balance` is how evenly the pool's static assignment spreads the round's local steps (total / (workers ×
+the busiest worker's steps); unequal clients cannot always be split evenly). `contention` is measured in the same
+run: the largest client's update timed in one process alone, then in as many processes at once as there are workers
+(the same update in each); the ratio is what the machine's shared caches and memory bandwidth take from each worker,
+which no scheduling of ours can win back.
 `state MB`: the size of that checkpoint on disk (server and client states). `peak MB`: the peak resident memory of the
 process plus that of each worker (each counts the shared training set).
 """
@@ -73,7 +79,7 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     from pathlib import Path
 
     from bayesadmm.engine.runner import _save_checkpoint, build, participants
-    from bayesadmm.engine.workers import client_runner
+    from bayesadmm.engine.workers import assign, client_runner
     from bayesadmm.experiments.config import resolve
 
     config, _ = resolve(scenario, [f"method={method}", f"workers={workers}", f"rounds={rounds}", *overrides])
@@ -82,7 +88,11 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     batch = int(config.hparams.get("batch_size", 32))
     epochs = int(config.hparams.get("epochs", 1))
     samples = int(config.hparams.get("mc_samples", 1))
-    steps = sum(epochs * math.ceil(d.num_examples / batch) for d in experiment.clients.values())
+    client_steps = {k: epochs * math.ceil(d.num_examples / batch) for k, d in experiment.clients.items()}
+    steps = sum(client_steps.values())
+    # how evenly the pool's static assignment spreads the steps: total / (workers × the busiest worker's steps)
+    groups = assign({k: d.num_examples for k, d in experiment.clients.items()}, workers)
+    balance = steps / (len(groups) * max(sum(client_steps[k] for k in group) for group in groups))
     flops = 6 * batch * matmul_weights(experiment.model) * steps * samples
 
     server = algorithm.init_server(experiment.theta0)
@@ -111,9 +121,52 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     timed = times[3:] or times[-1:]   # steady state (see the module docstring)
     return {"scenario": scenario, "method": method, "clients": config.clients, "workers": workers,
             "seconds_per_round": sum(timed) / len(timed), "rounds_timed": len(timed), "round_seconds": times,
-            "checkpoint_seconds": checkpoint_seconds, "local_steps": steps,
+            "checkpoint_seconds": checkpoint_seconds, "local_steps": steps, "balance": balance,
             "gflop_per_round": flops / 1e9, "state_mb": state_mb,
             "peak_mb_parent": peak_parent, "peak_mb_workers": peak_workers}
+
+
+def client_cell(scenario: str, method: str, overrides: list[str], min_seconds: float = 2.0) -> dict:
+    """Time the largest client's update alone in this process (after one untimed warm-up that compiles the kernels):
+    repeated until `min_seconds` have passed (at least 3 times); returns the median."""
+    from bayesadmm.engine.runner import build
+    from bayesadmm.engine.workers import train_client
+    from bayesadmm.experiments.config import resolve
+
+    config, _ = resolve(scenario, [f"method={method}", "workers=1", *overrides])
+    experiment = build(config)
+    algorithm = experiment.algorithm
+    server = algorithm.init_server(experiment.theta0)
+    message = algorithm.broadcast(server)
+    largest = max(experiment.clients, key=lambda k: (experiment.clients[k].num_examples, -k))
+    state = algorithm.init_client(server, largest)
+    data = experiment.clients[largest]
+    train_client(algorithm, state, message, data, config.seed, 1, largest)
+    times: list[float] = []
+    while len(times) < 3 or sum(times) < min_seconds:
+        began = time.perf_counter()
+        train_client(algorithm, state, message, data, config.seed, 1, largest)   # the same update each time
+        times.append(time.perf_counter() - began)
+    return {"median_seconds": sorted(times)[len(times) // 2], "repeats": len(times)}
+
+
+def contention(scenario: str, method: str, copies: int, overrides: list[str]) -> float:
+    """How much slower one client update runs when `copies` processes run it at the same moment than when it runs
+    alone: the machine's own limit on the workers' speed-up (shared caches and memory bandwidth), whatever our code
+    does. Each process times the same update of the scenario's largest client; factor = mean concurrent median /
+    the lone median."""
+    command = [sys.executable, __file__, "--client-cell", scenario, method, *overrides]
+
+    def finish(process) -> float:
+        out, err = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"client cell {scenario} {method} failed:\n{err[-3000:]}")
+        return json.loads(out.strip().splitlines()[-1])["median_seconds"]
+
+    alone = finish(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    together = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(copies)]
+    return sum(finish(p) for p in together) / copies / alone
 
 
 def run_cell(scenario: str, method: str, workers: int, rounds: int, overrides: list[str]) -> dict:
@@ -137,8 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--cell", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--client-cell", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.client_cell:
+        scenario, method, *overrides = args.client_cell
+        print(json.dumps(client_cell(scenario, method, overrides)))
+        return 0
     if args.cell:
         scenario, method, workers, rounds, *overrides = args.cell
         print(json.dumps(one_cell(scenario, method, int(workers), int(rounds), overrides)))
@@ -160,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{'GFLOP':>7} {'limit s':>8} {'ratio':>6} {'state MB':>9} {'peak MB':>8} {'ckpt s':>7}")
     print(header, flush=True)
     rows = []
+    overrides_of = {}
     for scenario, method, w, overrides in cells:
         row = run_cell(scenario, method, w, args.rounds, overrides)
+        overrides_of[(scenario, method, row["clients"])] = overrides
         row["limit_seconds"] = row["gflop_per_round"] / (w * gflops)
         row["ratio"] = row["seconds_per_round"] / row["limit_seconds"]
         row["matmul_gflops"] = gflops
@@ -177,8 +237,12 @@ def main(argv: list[str] | None = None) -> int:
         for (scenario, method, clients, w), row in by_key.items():
             if w == max(workers) and (scenario, method, clients, 1) in by_key:
                 one = by_key[(scenario, method, clients, 1)]
+                factor = contention(scenario, method, w, overrides_of[(scenario, method, clients)])
+                ceiling = w * row["balance"] / factor
                 print(f"  {scenario} {method} clients={clients}: "
-                      f"{one['seconds_per_round'] / row['seconds_per_round']:.2f}x with {w} workers")
+                      f"{one['seconds_per_round'] / row['seconds_per_round']:.2f}x with {w} workers; ceiling "
+                      f"{ceiling:.2f}x = {w} workers x balance {row['balance']:.3f} / contention {factor:.2f} "
+                      f"(one client update runs {factor:.2f}x slower while {w} run at once)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
