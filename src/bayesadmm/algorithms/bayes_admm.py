@@ -40,9 +40,9 @@ Natural = tuple[Tensor, ...]
 
 class ServerState(NamedTuple):
     natural: Natural                    # λ_g
-    # η_k + ρ_s λ_k of every client that has replied, from its last reply: all the server update reads of a client
-    # (it sums them), so absent clients still count under partial participation. Half the memory of keeping whole
-    # replies (λ_k and η_k), which matters with many clients: 2 vectors per client for the diagonal family, not 4.
+    # η_k + ρ_s λ_k of every client that has replied (its reply, `client_contribution`): all the server update reads
+    # of a client (it sums them), kept so that absent clients still count under partial participation. 2 vectors per
+    # client for the diagonal family.
     replies: Mapping[int, Natural]
     round: int = 0                      # completed rounds (local solvers may schedule on it, e.g. cosine lr)
 
@@ -68,9 +68,9 @@ def initial_natural(family, mean: Tensor, delta: float) -> Natural:
     raise TypeError(f"unknown family {family!r}")
 
 
-def client_contribution(reply: Message, server_rho: float) -> Natural:
-    """η_k + ρ_s λ_k from a client's reply: its term in the server's sum (Eq. 54)."""
-    return nat.add(unpack("eta", reply), nat.scale(unpack("lam", reply), server_rho))
+def client_contribution(lam_k: Natural, eta_k: Natural, server_rho: float) -> Natural:
+    """η_k + ρ_s λ_k: client k's term in the server's sum (Eq. 54), all the server needs of it."""
+    return nat.add(eta_k, nat.scale(lam_k, server_rho))
 
 
 def server_natural(family, delta: float, server_rho: float, contributions: Mapping[int, Natural]) -> Natural:
@@ -108,12 +108,14 @@ def make(family, solver, rho: float, delta: float, gamma: float | None = None, s
         lam_g = unpack("lam", message)
         result = solver.solve(family, loss, lam_g, state.dual, rho, generator, round_=int(message["round"]))
         dual = dual_step(family, state.dual, result.natural, lam_g, gamma)
-        reply = {**pack("lam", result.natural), **pack("eta", dual)}
+        # The reply is the client's term of the server's sum, not λ_k and η_k apart: half the numbers to send, and
+        # the arithmetic is done by the clients (in parallel) rather than by the server.
+        reply = pack("contribution", client_contribution(result.natural, dual, server_rho))
         info = {"iterations": result.iterations, "converged": result.converged}
         return ClientState(dual, result.natural), reply, info
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
-        last = merge_replies(server.replies, {k: client_contribution(r, server_rho) for k, r in replies.items()})
+        last = merge_replies(server.replies, {k: unpack("contribution", r) for k, r in replies.items()})
         lam_g = server_natural(family, delta, server_rho, last)
         if not family.is_valid(lam_g):
             raise DivergenceError(f"{name}: the server's natural parameter is no longer a valid Gaussian")
