@@ -18,8 +18,8 @@ The limit: a round's arithmetic is counted as 6·B·P floating-point operations 
 left out, so the limit is optimistic), summed over the clients' steps. The matrix-multiply throughput is measured in
 the same run on one thread (2048 × 2048 float32 products); the limit with N workers is flops / (N × throughput).
 `ratio` = measured time / limit: 1 would be a round that is nothing but large matrix products on every core.
-With more than one worker count, each speed-up is printed beside its ceiling on this machine: workers × balance /
-contention. `balance` is how evenly the pool's static assignment spreads the round's local steps (total / (workers ×
+With more than one worker count, each speed-up is printed beside what the machine leaves room for: workers ×
+balance / contention (an estimate: both timings vary by ±15 % from run to run on this VM). `balance` is how evenly the pool's static assignment spreads the round's local steps (total / (workers ×
 the busiest worker's steps); unequal clients cannot always be split evenly). `contention` is measured in the same
 run: the largest client's update timed in one process alone, then in as many processes at once as there are workers
 (the same update in each); the ratio is what the machine's shared caches and memory bandwidth take from each worker,
@@ -238,11 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             if w == max(workers) and (scenario, method, clients, 1) in by_key:
                 one = by_key[(scenario, method, clients, 1)]
                 factor = contention(scenario, method, w, overrides_of[(scenario, method, clients)])
-                ceiling = w * row["balance"] / factor
+                expected = w * row["balance"] / factor
                 print(f"  {scenario} {method} clients={clients}: "
-                      f"{one['seconds_per_round'] / row['seconds_per_round']:.2f}x with {w} workers; ceiling "
-                      f"{ceiling:.2f}x = {w} workers x balance {row['balance']:.3f} / contention {factor:.2f} "
-                      f"(one client update runs {factor:.2f}x slower while {w} run at once)", flush=True)
+                      f"{one['seconds_per_round'] / row['seconds_per_round']:.2f}x with {w} workers "
+                      f"(machine: one client update runs {factor:.2f}x slower while {w} run at once; with the step "
+                      f"balance {row['balance']:.3f} that leaves ~{expected:.2f}x)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
