@@ -134,7 +134,8 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
                          "separately")
     split = sets.pop()
 
-    header = ["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in TABLE_METRICS]
+    header = (["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in TABLE_METRICS]
+              + ["s/round"])
     rows = []
     for (method, where), histories in sorted(groups.items()):
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
@@ -149,6 +150,7 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
                 std = scale * statistics.stdev(values) if len(values) > 1 else 0.0
                 digits = 1 if metric == "acc" else 3
                 cells.append(f"{mean:.{digits}f} ± {std:.{digits}f}")
+        cells.append(_seconds_per_round(histories))
         rows.append(cells)
 
     markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -163,6 +165,15 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
             (out_dir / "paper.md").write_text(beside + "\n")
         _plot_overlay(groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split)
     return markdown if beside is None else f"{markdown}\n\n{beside}"
+
+
+def _seconds_per_round(histories: list[list[dict]]) -> str:
+    """The wall-clock seconds of a round as the runs measured it (client updates and server update, no evaluation):
+    the median over runs of each run's median round after the first (which starts workers and compiles kernels).
+    It depends on the machine's load and the run's `workers` when it ran; benchmarks/engine.py times it cleanly."""
+    per_run = [statistics.median(seconds) for h in histories
+               if (seconds := [row["seconds"] for row in h[1:] if "seconds" in row])]
+    return f"{statistics.median(per_run):.1f}" if per_run else "—"
 
 
 def _latex(header: list[str], rows: list[list[str]]) -> str:

@@ -138,12 +138,15 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
 # --- compare ---------------------------------------------------------------------------------------------------------
 
 
-def _fake_run(directory: Path, method: str, seed: int, accs: list[float], ens: bool):
+def _fake_run(directory: Path, method: str, seed: int, accs: list[float], ens: bool,
+              seconds: list[float] | None = None):
     directory.mkdir(parents=True)
     (directory / "config.json").write_text(json.dumps({"method": method, "seed": seed, "scenario": "toy"}))
     lines = []
     for r, acc in enumerate(accs, start=1):
         line = {"round": r, "test_acc": acc, "test_nll": 1.0 - acc, "test_ece": acc / 2}
+        if seconds is not None:
+            line["seconds"] = seconds[r - 1]
         if ens:
             line.update({"ens_test_acc": acc + 0.01, "ens_test_nll": 0.9 - acc})
         lines.append(json.dumps(line))
@@ -151,8 +154,9 @@ def _fake_run(directory: Path, method: str, seed: int, accs: list[float], ens: b
 
 
 def test_compare_table_uses_mean_of_last_three_rounds_over_seeds(tmp_path, capsys):
-    _fake_run(tmp_path / "a0", "ivon-admm", 0, [0.1, 0.2, 0.3, 0.4, 0.5], ens=True)
-    _fake_run(tmp_path / "a1", "ivon-admm", 1, [0.1, 0.2, 0.5, 0.6, 0.7], ens=True)
+    # seconds per round: round 1 (compiling) is left out, then the median of each run, then the median over runs
+    _fake_run(tmp_path / "a0", "ivon-admm", 0, [0.1, 0.2, 0.3, 0.4, 0.5], ens=True, seconds=[9, 2, 1, 2, 3])
+    _fake_run(tmp_path / "a1", "ivon-admm", 1, [0.1, 0.2, 0.5, 0.6, 0.7], ens=True, seconds=[9, 4, 4, 5, 3])
     _fake_run(tmp_path / "b0", "fedavg", 0, [0.1, 0.1, 0.1, 0.1, 0.1], ens=False)
     out = tmp_path / "cmp"
     assert main(["compare", str(tmp_path / "a0"), str(tmp_path / "a1"), str(tmp_path / "b0"), "--rounds", "3,5",
@@ -161,7 +165,9 @@ def test_compare_table_uses_mean_of_last_three_rounds_over_seeds(tmp_path, capsy
     # round 3: the runs average 20 % and 26.7 % over rounds 1–3; round 5: 40 % and 60 % over rounds 3–5
     # columns: accuracy, NLL, ECE at round 3, then at round 5 (ECE = acc / 2 in these runs; none for the predictive)
     assert ("| ivon-admm (m_g) | 2 | 23.3 ± 4.7 | 0.767 ± 0.047 | 0.117 ± 0.024 | 50.0 ± 14.1 | 0.500 ± 0.141 | "
-            "0.250 ± 0.071 |") in table
+            "0.250 ± 0.071 | 3.0 |") in table
+    assert table.splitlines()[0].endswith("| s/round |")
+    assert next(line for line in table.splitlines() if line.startswith("| fedavg")).endswith("| — |")
     assert "| fedavg (m_g) | 1 | 10.0 ± 0.0 | 0.900 ± 0.000 | 0.050 ± 0.000 | 10.0 ± 0.0 | 0.900 ± 0.000 |" in table
     assert "| ivon-admm (predictive) | 2 | 24.3 ± 4.7 | 0.667 ± 0.047 | — |" in table
     assert "ivon-admm (predictive)" in table and "fedavg (predictive)" not in table

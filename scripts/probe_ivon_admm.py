@@ -1,0 +1,90 @@
+"""Diagnostic runs for why IVON-ADMM learns slower in its first rounds than the paper reports (docs/results).
+
+    python scripts/probe_ivon_admm.py VARIANT SCENARIO OUT [KEY=VALUE ...]
+
+Each variant is the scenario's IVON-ADMM run on the validation split (`validation=0.1`, `stop_at=10`, as
+scripts/select_ivon_lr.sh; never the test set) with one reading of the authors' setup changed that the paper leaves
+open or states differently from what we do:
+
+  rescale-lr  the step size is lr·(h0 + δ) (the ivon-opt package's default `rescale_lr`), not Alg. 2's lr
+  zero-init   the server starts at m_g = 0, as Alg. 1 writes, not at the network's random initialisation
+  keep-hess   each client's IVON Hessian estimate h carries over from its previous round instead of Alg. 2's h ← h0
+              (an optimizer state kept across rounds, as the authors' code did by mistake)
+  baseline    none of these (the published settings)
+
+OUT becomes a normal run directory: `bayesadmm compare OUT ... --rounds 5,10` tabulates it. These are probes, not
+library features: they patch the run in this process (one worker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import torch
+
+from bayesadmm.algorithms import bayes_admm
+from bayesadmm.engine import runner
+from bayesadmm.experiments.config import resolve
+from bayesadmm.families import DiagonalGaussian
+from bayesadmm.optim import ivon
+from bayesadmm.solvers.ivon import IVONSolver
+
+VARIANTS = ("baseline", "rescale-lr", "zero-init", "keep-hess")
+
+
+def rescale_lr(experiment):
+    """The same algorithm with the IVON solver's step size lr·(h0 + δ)."""
+    h = experiment.config.hparams
+    solver = IVONSolver(lr=h["lr"], epochs=h["epochs"], batch_size=h["batch_size"], tau=h["tau"],
+                        hess_init=h["hess_init"], beta2=h["beta2"],
+                        cosine_rounds=experiment.config.rounds if h.get("cosine") else None, rescale_lr=True)
+    algorithm = bayes_admm.make(DiagonalGaussian(experiment.model.dim), solver, rho=h["rho"], delta=h["delta"],
+                                gamma=h["gamma"], name="ivon-admm")
+    return dataclasses.replace(experiment, algorithm=algorithm)
+
+
+def zero_init(experiment):
+    return dataclasses.replace(experiment, theta0=torch.zeros_like(experiment.theta0))
+
+
+def keep_hess(experiment):
+    """Each client's IVON starts from the h its previous solve ended with (clamped at 0, as init requires)."""
+    last_hess: dict[int, torch.Tensor] = {}
+    original_solve, original_init, original_posterior = IVONSolver.solve, ivon.init, ivon.posterior
+
+    def solve(self, family, data, lam_g, eta, rho, generator, init=None, round_=1):
+        client = id(data)
+
+        def init_from_last(mean, hess_init):
+            return original_init(mean, last_hess.get(client, hess_init))
+
+        def posterior_and_keep(state, ess, delta):
+            last_hess[client] = state.hess.clamp(min=0)
+            return original_posterior(state, ess, delta)
+
+        ivon.init, ivon.posterior = init_from_last, posterior_and_keep
+        try:
+            return original_solve(self, family, data, lam_g, eta, rho, generator, init=init, round_=round_)
+        finally:
+            ivon.init, ivon.posterior = original_init, original_posterior
+
+    IVONSolver.solve = solve
+    return experiment
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[0] not in VARIANTS:
+        print(__doc__)
+        return 2
+    variant, scenario, out, *overrides = argv
+    config, _ = resolve(scenario, ["method=ivon-admm", "validation=0.1", "stop_at=10", *overrides, "workers=1",
+                                   f"out={out}"])
+    change = {"baseline": lambda e: e, "rescale-lr": rescale_lr, "zero-init": zero_init, "keep-hess": keep_hess}
+    build = runner.build
+    runner.build = lambda c: change[variant](build(c))
+    return runner.run(config, progress=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
