@@ -12,7 +12,7 @@ demo: setup
 	@VENV=$(VENV) bash scripts/demo.sh $(OUT)
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=15
 
 figures: setup
 	$(VENV)/bin/bayesadmm paper onestep --out docs/figures
