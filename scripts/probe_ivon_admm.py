@@ -12,13 +12,15 @@ open or states differently from what we do:
               (an optimizer state kept across rounds, as the authors' code did by mistake)
   baseline    none of these (the published settings)
 
-OUT becomes a normal run directory: `bayesadmm compare OUT ... --rounds 5,10` tabulates it. These are probes, not
+OUT becomes a normal run directory (plus probe.json, naming the variant): `bayesadmm compare OUT --rounds 5,10`
+tabulates it. These are probes, not
 library features: they patch the run in this process (one worker).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 
 import torch
@@ -83,7 +85,10 @@ def main(argv: list[str]) -> int:
     change = {"baseline": lambda e: e, "rescale-lr": rescale_lr, "zero-init": zero_init, "keep-hess": keep_hess}
     build = runner.build
     runner.build = lambda c: change[variant](build(c))
-    return runner.run(config, progress=False)
+    code = runner.run(config, progress=False)
+    # config.json cannot say what the probe changed: record it beside
+    (config.run_dir() / "probe.json").write_text(json.dumps({"variant": variant, "command": argv}) + "\n")
+    return code
 
 
 if __name__ == "__main__":
