@@ -226,7 +226,7 @@ def _receive_tensors(connection, layout: list) -> Message:
     return message
 
 
-ARENA_BYTES = 64 << 20   # each worker's shared memory for replies in flight (23 IVON-ADMM replies of the MLP)
+ARENA_BYTES = 64 << 20   # each worker's shared memory for replies in flight (47 IVON-ADMM replies of the MLP)
 
 
 def _aligned(nbytes: int) -> int:
