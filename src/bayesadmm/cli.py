@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("--quiet", action="store_true")
     resume.add_argument("--stop-at", type=int, default=0, metavar="ROUND",
                         help="stop again after this round (default: run to the end)")
-    compare = commands.add_parser("compare", help="Table-1-style comparison of finished runs")
+    compare = commands.add_parser("compare", help="Table-1-style comparison of finished runs (accuracy, NLL and ECE "
+                                                  "at the given rounds, and seconds per round)")
     compare.add_argument("run_dirs", nargs="+", type=Path)
     compare.add_argument("--rounds", default="10,25,50", help="comma-separated rounds (default 10,25,50)")
     compare.add_argument("--out", type=Path, default=None, help="write table.md, table.tex and curves.png here")
