@@ -3,8 +3,9 @@
 #
 #   scripts/collect_results.sh RUNS_DIR DEST [ROUNDS]
 #
-# For every RUNS_DIR/<scenario>/<run>: config.json, metrics.jsonl and status.json go to DEST/runs/<scenario>/<run>
-# (checkpoints stay behind: they are large and only needed to resume). Then, per scenario, `bayesadmm compare` over
+# For every completed RUNS_DIR/<scenario>/<run>: config.json, metrics.jsonl and status.json go to
+# DEST/runs/<scenario>/<run> (checkpoints stay behind: they are large and only needed to resume; runs not completed
+# are left out, named on stderr). Then, per scenario, `bayesadmm compare` over
 # the runs that completed writes DEST/<scenario>/table.md, table.tex and curves.png (ROUNDS default 10,25,50), and
 # for the FashionMNIST scenarios paper.md, our accuracy and NLL beside the papers' (`compare --paper`).
 set -euo pipefail
@@ -19,11 +20,13 @@ for scenario_dir in "$RUNS"/*/; do
   for run in "$scenario_dir"*/; do
     name=$(basename "$run")
     [ -f "$run/config.json" ] || continue
-    mkdir -p "$DEST/runs/$scenario/$name"
-    cp "$run"/config.json "$run"/metrics.jsonl "$run"/status.json "$DEST/runs/$scenario/$name/" 2>/dev/null || true
-    if grep -q '"completed"' "$run/status.json" 2>/dev/null; then
-      completed+=("$DEST/runs/$scenario/$name")
+    if ! grep -q '"completed"' "$run/status.json" 2>/dev/null; then
+      echo "not completed, left out: $run" >&2      # its checkpoint (not copied) is what resumes it
+      continue
     fi
+    mkdir -p "$DEST/runs/$scenario/$name"
+    cp "$run"/config.json "$run"/metrics.jsonl "$run"/status.json "$DEST/runs/$scenario/$name/"
+    completed+=("$DEST/runs/$scenario/$name")
   done
   if [ ${#completed[@]} -gt 0 ]; then
     paper=()
