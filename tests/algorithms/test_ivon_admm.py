@@ -92,6 +92,54 @@ def test_ivon_admm_dual_and_server_lines_of_alg1():
         torch.testing.assert_close(m_alg, m_new)
 
 
+@dataclass(frozen=True)
+class FlatLoss:
+    """A loss with zero gradient everywhere: IVON's h then only decays (ĥ = 0) and the mean stays at the prior's."""
+
+    n: int
+
+    @property
+    def num_examples(self):
+        return self.n
+
+    def batch_loss(self, theta, idx):
+        return 0.0 * theta.sum()
+
+
+def test_ivon_solver_restart_at_q_g_starts_later_rounds_at_the_broadcast_posterior():
+    """With `restart_at_q_g`, rounds after the first start at h = 0, so λ(h + δ) = s_g: on a flat loss (ĝ = ĥ = 0, h
+    stays 0) the client returns q_g exactly. Round 1, and every round without the flag, start at h0 and return
+    s_g + λ·h_T with h_T = h0·Π(β2 + ½(1 − β2)²h/(h + δ)) > 0 (Alg. 2's h-update with ĥ = 0)."""
+    family = DiagonalGaussian(3)
+    m_g, s_g = torch.tensor([0.2, -0.1, 0.4], dtype=torch.float64), torch.tensor([3.0, 5.0, 4.0], dtype=torch.float64)
+    lam_g = family.from_moments(m_g, s_g)
+    zero_dual = (torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64))
+    tau, rho, n, h0, beta2 = 0.5, 0.25, 40, 0.3, 0.9
+    ess = n / (rho * tau)
+
+    def solve(restart, round_):
+        solver = IVONSolver(lr=0.1, epochs=2, batch_size=10, tau=tau, hess_init=h0, beta2=beta2,
+                            restart_at_q_g=restart)
+        result = solver.solve(family, FlatLoss(n), lam_g, zero_dual, rho, torch.Generator().manual_seed(0),
+                              round_=round_)
+        return family.to_moments(result.natural)
+
+    m, s = solve(True, round_=2)
+    torch.testing.assert_close(m, m_g)
+    torch.testing.assert_close(s, s_g)
+
+    delta = s_g / ess
+    h = torch.full_like(s_g, h0)
+    for _ in range(8):                                   # 2 epochs × 4 batches
+        h = beta2 * h + 0.5 * (1 - beta2) ** 2 * h * h / (h + delta)
+    expected = ess * (h + delta)
+    for restart, round_ in ((True, 1), (False, 2)):
+        m, s = solve(restart, round_)
+        torch.testing.assert_close(m, m_g)
+        torch.testing.assert_close(s, expected)
+        assert bool((s > s_g + 1.0).all())               # the h0 start adds precision q_g does not have
+
+
 def test_ivon_pvi_is_ivon_admm_with_alpha_one():
     alg = make("ivon-pvi", dim=3, damping=0.2, delta=1.0, lr=0.05, epochs=1, batch_size=16)
     clients = [LeastSquares(*_client(seed=k, n=32)) for k in range(2)]

@@ -9,9 +9,14 @@ divided by ρ is Alg. 2's objective λ E_q[ℓ̄(θ) + vᵀθ − ½θᵀdiag(u)
 
     λ = N_k/(ρτ),   v = τ v_k / N_k,   u = τ u_k / N_k                                          (Eq. 67)
 
-so IVON's weight decay is the vector δ = s_g/λ. Every round starts from q_g (m ← m_g, h ← h0, g ← 0), as the authors
-did; the optimizer's state is never carried across rounds or shared between clients. IVON returns s = λ(h + δ),
-which already includes the prior's precision s_g.
+so IVON's weight decay is the vector δ = s_g/λ. Every round starts from m ← m_g, g ← 0 and, as Alg. 2 writes,
+h ← h0: the client's first posterior is then N(m_g, diag(s_g + λh0)⁻¹), q_g with λh0 of extra precision. With
+`restart_at_q_g` the rounds after the first start at q_g itself (h ← 0, so λ(h + δ) = s_g), which is what the
+authors' public code does (it resets IVON's posterior to q_g after each server step; only round 1, where q_g is the
+wide prior, uses h0). The two differ in the early rounds: λh0 (≈ 6000 for the FashionMNIST presets) is added to every
+s_k each round and never decays, so δ = s_g/λ stays ≳ h0 and caps the step lr/(h + δ) on flat coordinates. The
+optimizer's state is never carried across rounds or shared between clients. IVON returns s = λ(h + δ), which already
+includes the prior's precision s_g.
 
 `data` is anything with `num_examples` and `batch_loss(theta, idx)` (the mean loss over examples `idx`): the convex
 per-example losses, or `problems.neural.ClassificationData` for neural networks.
@@ -55,6 +60,7 @@ class IVONSolver:
     clip_radius: float = float("inf")
     cosine_rounds: int | None = None   # decay the lr over this many rounds (None: constant)
     rescale_lr: bool = False           # True: step size lr·(h0 + δ) as ivon-opt does (first steps SGD-sized)
+    restart_at_q_g: bool = False       # True: rounds > 1 start at q_g (h ← 0) instead of h ← h0 (module docstring)
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be > 0, got {value}" for name, value in
@@ -80,8 +86,8 @@ class IVONSolver:
         if self.rescale_lr:
             lr = lr * (self.hess_init + delta)
 
-        state = ivon.init(m_g, self.hess_init)
-        ivon.check_noise_scale(state, ess, delta)   # h0 + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
+        state = ivon.init(m_g, 0.0 if self.restart_at_q_g and round_ > 1 else self.hess_init)
+        ivon.check_noise_scale(state, ess, delta)   # h + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
         # the weight noise: a counter-based stream keyed once per solve (drawn in IVON's fused sampling kernel);
         # the generator also shuffles the minibatches
         noise_key = rng.stream_key(generator)
