@@ -9,7 +9,8 @@ open or states differently from what we do:
   rescale-lr  the step size is lr·(h0 + δ) (the ivon-opt package's default `rescale_lr`), not Alg. 2's lr
   zero-init   the server starts at m_g = 0, as Alg. 1 writes, not at the network's random initialisation
   keep-hess   each client's IVON Hessian estimate h carries over from its previous round instead of Alg. 2's h ← h0
-              (an optimizer state kept across rounds, as the authors' code did by mistake)
+              (an optimizer state kept across rounds; the authors' code keeps IVON's momentum and step count, not h,
+              which it resets to 0: that reading is `bayesadmm run ... restart_at_q_g=true`, a library option)
   baseline    none of these (the published settings)
 
 OUT becomes a normal run directory (plus probe.json, naming the variant): `bayesadmm compare OUT --rounds 5,10`

@@ -33,7 +33,8 @@ Implementation choices (none stated by the paper unless cited):
   then fixed. τ_i = τ_f N_{k,c}/M_{k,c} (App. E), so Σ_{i∈M_k} τ_i = τ_f N_k: at τ_f = 1 the memory stands for the
   client's whole data set. ŷ_i come from the w_k just trained; the client keeps them and subtracts exactly those in
   the next round, which is what the server holds for it (its last reply).
-- Round 1 has no function-space terms: the server has no memory yet and the client has no earlier ŷ_i.
+- Round 1's clients have no function-space terms (no memory has been sent yet and they have no earlier ŷ_i); round
+  1's server already fits the memories its clients just sent.
 - Server. Adam (fresh state) on the summed-units server objective above, full batch over all memories,
   `server_iterations` steps at `server_lr` from the previous w_g (FMNIST in the paper: 5000 steps at 1e-3; MNIST 3000
   at 5e-4; CIFAR10 500 at 5e-4). It needs the model to evaluate f_w, hence the `model` argument. It is deterministic,
