@@ -1,33 +1,43 @@
 #!/usr/bin/env bash
 # Rebuild every table and plot of docs/results from the runs, then refresh the tables docs/results/README.md quotes:
 #
-#   scripts/results_tables.sh [RUNS_DIR] [LR_RUNS_DIR]
+#   scripts/results_tables.sh [RUNS_DIR] [LR_RUNS_DIR] [RESTART_RUNS_DIR]
 #
-# 1. scripts/collect_results.sh RUNS_DIR docs/results (published settings; default runs/fmnist) and LR_RUNS_DIR
-#    docs/results/chosen-lr (IVON-ADMM with the lr chosen on the validation split; default runs/fmnist-lr), each only
-#    if the folder exists: without them the tables are rebuilt from the run files already in docs/results;
-# 2. per 10-client scenario, the chosen-lr IVON-ADMM runs against every completed baseline run (compare --paper),
-#    written to docs/results/<scenario>-chosen-lr;
+# 1. scripts/collect_results.sh RUNS_DIR docs/results (published settings; default runs/fmnist) and, for each IVON-ADMM
+#    variant, its runs folder into docs/results/<variant>: `chosen-lr` (the lr chosen on the validation split; default
+#    runs/fmnist-lr) and `restart` (rounds after the first start at q_g, `restart_at_q_g=true`; default
+#    runs/fmnist-restart); each only if the folder exists: without them the tables are rebuilt from the run files
+#    already in docs/results;
+# 2. per 10-client scenario and variant, the variant's IVON-ADMM runs against every completed baseline run
+#    (compare --paper), written to docs/results/<scenario>-<variant>;
 # 3. scripts/embed_tables.py docs/results/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-runs/fmnist}
-LR_RUNS=${2:-runs/fmnist-lr}
+declare -A VARIANT_RUNS=([chosen-lr]=${2:-runs/fmnist-lr} [restart]=${3:-runs/fmnist-restart})
 BIN=${BAYESADMM:-.venv/bin/bayesadmm}
 PY=${PYTHON:-.venv/bin/python}
 if [ -d "$RUNS" ]; then scripts/collect_results.sh "$RUNS" docs/results; fi
-if [ -d "$LR_RUNS" ]; then scripts/collect_results.sh "$LR_RUNS" docs/results/chosen-lr; fi
 completed() { grep -q '"completed"' "$1/status.json" 2>/dev/null; }
-for scenario in fmnist-heterog10 fmnist-homog10; do
-  runs=()
-  for method in fedavg fedprox feddyn fedlap fedlap-cov fedlap-func; do
-    for run in docs/results/runs/$scenario/$method-s*; do
-      if completed "$run"; then runs+=("$run"); fi
+for variant in chosen-lr restart; do
+  if [ -d "${VARIANT_RUNS[$variant]}" ]; then
+    scripts/collect_results.sh "${VARIANT_RUNS[$variant]}" "docs/results/$variant"
+  fi
+  for scenario in fmnist-heterog10 fmnist-homog10; do
+    runs=()
+    for method in fedavg fedprox feddyn fedlap fedlap-cov fedlap-func; do
+      for run in docs/results/runs/$scenario/$method-s*; do
+        if completed "$run"; then runs+=("$run"); fi
+      done
     done
+    variant_runs=()
+    for run in docs/results/$variant/runs/$scenario/ivon-admm-s*; do
+      if completed "$run"; then variant_runs+=("$run"); fi
+    done
+    if [ ${#variant_runs[@]} -gt 0 ]; then
+      "$BIN" compare "${runs[@]}" "${variant_runs[@]}" --rounds 10,25,50 --paper "$scenario" \
+        --out "docs/results/$scenario-$variant" > /dev/null
+    fi
   done
-  for run in docs/results/chosen-lr/runs/$scenario/ivon-admm-s*; do
-    if completed "$run"; then runs+=("$run"); fi
-  done
-  "$BIN" compare "${runs[@]}" --rounds 10,25,50 --paper "$scenario" --out "docs/results/$scenario-chosen-lr" > /dev/null
 done
 "$PY" scripts/embed_tables.py docs/results/README.md
