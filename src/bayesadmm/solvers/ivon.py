@@ -9,14 +9,14 @@ divided by ρ is Alg. 2's objective λ E_q[ℓ̄(θ) + vᵀθ − ½θᵀdiag(u)
 
     λ = N_k/(ρτ),   v = τ v_k / N_k,   u = τ u_k / N_k                                          (Eq. 67)
 
-so IVON's weight decay is the vector δ = s_g/λ. Every round starts from m ← m_g, g ← 0 and, as Alg. 2 writes,
-h ← h0: the client's first posterior is then N(m_g, diag(s_g + λh0)⁻¹), q_g with λh0 of extra precision. With
-`restart_at_q_g` the rounds after the first start at q_g itself (h ← 0, so λ(h + δ) = s_g), which is what the
-authors' public code does (it resets IVON's posterior to q_g after each server step; only round 1, where q_g is the
-wide prior, uses h0). The two differ in the early rounds: λh0 (≈ 6000 for the FashionMNIST presets) is added to every
-s_k each round and never decays, so δ = s_g/λ stays ≳ h0 and caps the step lr/(h + δ) on flat coordinates. The
-optimizer's state is never carried across rounds or shared between clients. IVON returns s = λ(h + δ), which already
-includes the prior's precision s_g.
+so IVON's weight decay is the vector δ = s_g/λ. Every round starts from m ← m_g, g ← 0 and, as Alg. 2 writes, h ← h0:
+the client's first posterior is then N(m_g, diag(s_g + λh0)⁻¹), q_g with λh0 of extra precision. With `restart_at_q_g`
+the rounds after the first start at q_g itself (h ← 0, so λ(h + δ) = s_g), which is what the authors' public code does
+(it resets IVON's posterior to q_g after each server step; only round 1, where q_g is the wide prior, uses h0). The
+two differ in the early rounds: λh0 (3000–6000 on average for the FashionMNIST presets) is added to every s_k each
+round and never decays, so δ = s_g/λ stays ≳ h0 and caps the step lr/(h + δ) on flat coordinates. The optimizer's
+state is never carried across rounds or shared between clients. IVON returns s = λ(h + δ), which already includes the
+prior's precision s_g.
 
 `data` is anything with `num_examples` and `batch_loss(theta, idx)` (the mean loss over examples `idx`): the convex
 per-example losses, or `problems.neural.ClassificationData` for neural networks.
