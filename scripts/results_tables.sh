@@ -8,7 +8,7 @@
 #    runs/fmnist-lr) and `restart` (rounds after the first start at q_g, `restart_at_q_g=true`; default
 #    runs/fmnist-restart); each only if the folder exists: without them the tables are rebuilt from the run files
 #    already in docs/results;
-# 2. per 10-client scenario and variant, the variant's IVON-ADMM runs against every completed baseline run
+# 2. per scenario and variant (where the variant has runs), the variant's IVON-ADMM runs against every completed baseline run
 #    (compare --paper), written to docs/results/<scenario>-<variant>;
 # 3. scripts/embed_tables.py docs/results/README.md.
 set -euo pipefail
@@ -23,7 +23,7 @@ for variant in chosen-lr restart; do
   if [ -d "${VARIANT_RUNS[$variant]}" ]; then
     scripts/collect_results.sh "${VARIANT_RUNS[$variant]}" "docs/results/$variant"
   fi
-  for scenario in fmnist-heterog10 fmnist-homog10; do
+  for scenario in fmnist-heterog10 fmnist-homog10 fmnist-heterog100; do
     runs=()
     for method in fedavg fedprox feddyn fedlap fedlap-cov fedlap-func; do
       for run in docs/results/runs/$scenario/$method-s*; do
