@@ -8,8 +8,8 @@
 #    runs/fmnist-lr) and `restart` (rounds after the first start at q_g, `restart_at_q_g=true`; default
 #    runs/fmnist-restart); each only if the folder exists: without them the tables are rebuilt from the run files
 #    already in docs/results;
-# 2. per scenario and variant (where the variant has runs), the variant's IVON-ADMM runs against every completed baseline run
-#    (compare --paper), written to docs/results/<scenario>-<variant>;
+# 2. per scenario and variant (where the variant has runs), the variant's IVON-ADMM runs against every completed
+#    baseline run (compare --paper), written to docs/results/<scenario>-<variant>;
 # 3. scripts/embed_tables.py docs/results/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
