@@ -18,11 +18,12 @@ from bayesadmm.flower.demo import Deployment, run_demo
 @needs_fmnist
 def test_tls_deployment_survives_a_killed_supernode(tmp_path):
     # Rounds 2 and 3 each wait the whole round timeout for the killed node, so the timeout sets the test's length:
-    # FedDyn (no kernels to compile in each SuperNode's first round) answers well within 30 s even on a loaded
-    # machine. IVON-ADMM through the same message path is tests/flower/test_adapter.py's.
+    # FedDyn (no kernels to compile in each SuperNode's first round) answers well within 45 s even on a loaded
+    # machine (30 s once missed round 1 with two reproduction runs on the 2 cores). IVON-ADMM through the same
+    # message path is tests/flower/test_adapter.py's.
     result = run_demo(overrides=("method=feddyn", "data_fraction=0.005", "epochs=1", "eval_samples=2"),
                       supernodes=3, rounds=3, workdir=tmp_path / "deployment", kill_after_round=1,
-                      round_timeout=30.0, timeout=480.0, echo=lambda text: None)
+                      round_timeout=45.0, timeout=480.0, echo=lambda text: None)
     run_dir = result["run_dir"]
     assert result["killed"] and result["status"]["status"] == "completed"
     for name in ("config.json", "metrics.jsonl", "status.json", "curves.png", "partition.json", "flower.log"):
