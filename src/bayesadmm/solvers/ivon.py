@@ -14,9 +14,9 @@ the client's first posterior is then N(m_g, diag(s_g + λh0)⁻¹), q_g with λh
 the rounds after the first start at q_g itself (h ← 0, so λ(h + δ) = s_g), which is what the authors' public code does
 (it resets IVON's posterior to q_g after each server step; only round 1, where q_g is the wide prior, uses h0). The
 two differ in the early rounds: λh0 (3000–6000 on average for the FashionMNIST presets) is added to every s_k each
-round (β2^steps of it survives the round), so δ = s_g/λ stays ≳ h0 and caps the step lr/(h + δ) on flat coordinates. The optimizer's
-state is never carried across rounds or shared between clients. IVON returns s = λ(h + δ), which already includes the
-prior's precision s_g.
+round (β2^steps of it survives the round), so δ = s_g/λ stays ≳ h0 and caps the step lr/(h + δ) on flat coordinates.
+The optimizer's state is never carried across rounds or shared between clients. IVON returns s = λ(h + δ), which
+already includes the prior's precision s_g.
 
 `data` is anything with `num_examples` and `batch_loss(theta, idx)` (the mean loss over examples `idx`): the convex
 per-example losses, or `problems.neural.ClassificationData` for neural networks.
