@@ -3,7 +3,7 @@
 #
 #   scripts/collect_results.sh RUNS_DIR DEST [ROUNDS]
 #
-# For every completed RUNS_DIR/<scenario>/<run>: config.json, metrics.jsonl and status.json go to
+# For every completed RUNS_DIR/<scenario>/<run>: config.json, metrics.jsonl, status.json (and environment.json) go to
 # DEST/runs/<scenario>/<run> (checkpoints stay behind: they are large and only needed to resume; runs not completed
 # are left out, named on stderr). Then, per scenario, `bayesadmm compare` over
 # the runs that completed writes DEST/<scenario>/table.md, table.tex and curves.png (ROUNDS default 10,25,50), and
@@ -26,6 +26,7 @@ for scenario_dir in "$RUNS"/*/; do
     fi
     mkdir -p "$DEST/runs/$scenario/$name"
     cp "$run"/config.json "$run"/metrics.jsonl "$run"/status.json "$DEST/runs/$scenario/$name/"
+    if [ -f "$run/environment.json" ]; then cp "$run/environment.json" "$DEST/runs/$scenario/$name/"; fi  # since session 6
     completed+=("$DEST/runs/$scenario/$name")
   done
   if [ ${#completed[@]} -gt 0 ]; then

@@ -4,14 +4,15 @@
 
 Each variant is the scenario's IVON-ADMM run on the validation split (`validation=0.1`, `stop_at=10`, as
 scripts/select_ivon_lr.sh; never the test set) with one reading of the authors' setup changed that the paper leaves
-open or states differently from what we do:
+open or states differently from what we do. They probe Alg. 2 as written (h <- h0 every round), so they run with
+`restart_at_q_g=false` (the presets' default became true after these probes):
 
   rescale-lr  the step size is lr·(h0 + δ) (the ivon-opt package's default `rescale_lr`), not Alg. 2's lr
   zero-init   the server starts at m_g = 0, as Alg. 1 writes, not at the network's random initialisation
   keep-hess   each client's IVON Hessian estimate h carries over from its previous round instead of Alg. 2's h ← h0
               (an optimizer state kept across rounds; the authors' code keeps IVON's momentum and step count, not h,
               which it resets to 0: that reading is `bayesadmm run ... restart_at_q_g=true`, a library option)
-  baseline    none of these (the published settings)
+  baseline    none of these (the published settings, Alg. 2 as written)
 
 OUT becomes a normal run directory (plus probe.json, naming the variant): `bayesadmm compare OUT --rounds 5,10`
 tabulates it. These are probes, not
@@ -81,7 +82,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     variant, scenario, out, *overrides = argv
-    config, _ = resolve(scenario, ["method=ivon-admm", "validation=0.1", "stop_at=10", *overrides, "workers=1",
+    config, _ = resolve(scenario, ["method=ivon-admm", "validation=0.1", "stop_at=10", "restart_at_q_g=false", *overrides, "workers=1",
                                    f"out={out}"])
     change = {"baseline": lambda e: e, "rescale-lr": rescale_lr, "zero-init": zero_init, "keep-hess": keep_hess}
     build = runner.build

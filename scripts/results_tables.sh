@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # Rebuild every table and plot of docs/results from the runs, then refresh the tables docs/results/README.md quotes:
 #
-#   scripts/results_tables.sh [RUNS_DIR] [LR_RUNS_DIR] [RESTART_RUNS_DIR]
+#   scripts/results_tables.sh [RUNS_DIR] [LR_RUNS_DIR] [H0_RUNS_DIR]
 #
-# 1. scripts/collect_results.sh RUNS_DIR docs/results (published settings; default runs/fmnist) and, for each IVON-ADMM
-#    variant, its runs folder into docs/results/<variant>: `chosen-lr` (the lr chosen on the validation split; default
-#    runs/fmnist-lr) and `restart` (rounds after the first start at q_g, `restart_at_q_g=true`; default
-#    runs/fmnist-restart); each only if the folder exists: without them the tables are rebuilt from the run files
-#    already in docs/results;
+# 1. scripts/collect_results.sh RUNS_DIR docs/results (the presets' settings; default runs/fmnist) and, for each
+#    IVON-ADMM variant, its runs folder into docs/results/<variant>: `h0-every-round` (Alg. 2 as written, h <- h0 at
+#    every round, `restart_at_q_g=false`; default runs/fmnist-h0) and `chosen-lr` (that, with the lr chosen on the
+#    validation split; default runs/fmnist-lr); each only if the folder exists: without them the tables are rebuilt
+#    from the run files already in docs/results;
 # 2. per scenario and variant (where the variant has runs), the variant's IVON-ADMM runs against every completed
 #    baseline run (compare --paper), written to docs/results/<scenario>-<variant>;
 # 3. scripts/embed_tables.py docs/results/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-runs/fmnist}
-declare -A VARIANT_RUNS=([chosen-lr]=${2:-runs/fmnist-lr} [restart]=${3:-runs/fmnist-restart})
+declare -A VARIANT_RUNS=([chosen-lr]=${2:-runs/fmnist-lr} [h0-every-round]=${3:-runs/fmnist-h0})
 BIN=${BAYESADMM:-.venv/bin/bayesadmm}
 PY=${PYTHON:-.venv/bin/python}
 if [ -d "$RUNS" ]; then scripts/collect_results.sh "$RUNS" docs/results; fi
 completed() { grep -q '"completed"' "$1/status.json" 2>/dev/null; }
-for variant in chosen-lr restart; do
+for variant in h0-every-round chosen-lr; do
   if [ -d "${VARIANT_RUNS[$variant]}" ]; then
     scripts/collect_results.sh "${VARIANT_RUNS[$variant]}" "docs/results/$variant"
   fi

@@ -34,6 +34,10 @@ def test_preset_and_overrides_resolve_with_types():
     assert changed == ["method=fedavg", "rounds=7", "lr=0.01", "epochs=2"]
     ivon, _ = resolve("fmnist-heterog10", [])
     assert ivon.method == "ivon-admm" and ivon.hparams["gamma"] == 2e-4 and ivon.hparams["cosine"] is True
+    # the FashionMNIST presets start rounds after the first at q_g (docs/results); Alg. 2 as written stays one key away
+    assert ivon.hparams["restart_at_q_g"] is True
+    as_written, _ = resolve("fmnist-heterog10", ["restart_at_q_g=false"])
+    assert as_written.hparams["restart_at_q_g"] is False
 
 
 def test_unknown_keys_and_wrong_types_are_errors_that_list_valid_keys():
@@ -90,6 +94,10 @@ def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeyp
     assert [line["round"] for line in _lines(killed)] == [1, 2]
     assert main(["resume", str(killed), "--quiet"]) == 0
     assert _strip_times(_lines(killed)) == _strip_times(lines)
+    # each start and resume leaves a record of what computed it: the resume continues from round 1's checkpoint
+    records = json.loads((killed / "environment.json").read_text())
+    assert [r["from_round"] for r in records] == [0, 1]
+    assert records[0]["torch"] == torch.__version__ and records[0]["processor"] and records[0]["device"] == "cpu"
 
 
 @needs_fmnist

@@ -12,7 +12,8 @@ Files in the run directory: config.json (resolved config), metrics.jsonl (one JS
 checkpoint.pt (the state after the last checkpointed round: every round by default, `checkpoint_every`), client-states/
 (with parallel workers: the client states of that checkpoint, one shard file per worker, named in checkpoint.pt),
 status.json (running / completed / diverged / failed, with the reason), partition.json and labels.png (the client
-split), curves.png (accuracy and NLL per round). A checkpoint is written shards first, checkpoint.pt last, each under
+split), curves.png (accuracy and NLL per round), environment.json (code version, torch, processor: one record per
+start or resume, `provenance`). A checkpoint is written shards first, checkpoint.pt last, each under
 a temporary name and renamed when complete, so a kill at any point leaves the previous checkpoint whole.
 """
 
@@ -32,6 +33,7 @@ from torch import Tensor
 
 from bayesadmm.algorithms import REGISTRY, Algorithm, DivergenceError
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.workers import client_runner, default_workers, remove_stale_shards
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.metrics import evaluate
@@ -195,6 +197,7 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
                                     run_dir / "labels.png", title=f"{config.scenario}: labels per client")
         except Exception as exc:  # a plot is never worth losing a run
             print(f"warning: could not plot the label distribution: {exc}", file=sys.stderr)
+    record_environment(run_dir, config.device, start)
     history = _read_metrics(metrics_path, start)
     metrics_path.write_text("".join(json.dumps(line) + "\n" for line in history))  # drop rounds after the checkpoint
 
