@@ -8,7 +8,7 @@
 #    every round, `restart_at_q_g=false`; default runs/fmnist-h0) and `chosen-lr` (that, with the lr chosen on the
 #    validation split; default runs/fmnist-lr); each only if the folder exists: without them the tables are rebuilt
 #    from the run files already in docs/results;
-# 2. per scenario and variant (where the variant has runs), the variant's IVON-ADMM runs against every completed
+# 2. per scenario and variant (where the variant has runs), the variant's IVON-ADMM (and IVON-PVI) runs against every completed
 #    baseline run (compare --paper), written to docs/results/<scenario>-<variant>;
 # 3. scripts/embed_tables.py docs/results/README.md.
 set -euo pipefail
@@ -31,7 +31,7 @@ for variant in h0-every-round chosen-lr; do
       done
     done
     variant_runs=()
-    for run in docs/results/$variant/runs/$scenario/ivon-admm-s*; do
+    for run in docs/results/$variant/runs/$scenario/ivon-admm-s* docs/results/$variant/runs/$scenario/ivon-pvi-s*; do
       if completed "$run"; then variant_runs+=("$run"); fi
     done
     if [ ${#variant_runs[@]} -gt 0 ]; then

@@ -38,6 +38,8 @@ def test_preset_and_overrides_resolve_with_types():
     assert ivon.hparams["restart_at_q_g"] is True
     as_written, _ = resolve("fmnist-heterog10", ["restart_at_q_g=false"])
     assert as_written.hparams["restart_at_q_g"] is False
+    pvi, _ = resolve("fmnist-homog10", ["method=ivon-pvi"])   # IVON-ADMM's special case runs the same solver
+    assert pvi.hparams["restart_at_q_g"] is True
 
 
 def test_unknown_keys_and_wrong_types_are_errors_that_list_valid_keys():
