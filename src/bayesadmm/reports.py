@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -63,6 +64,14 @@ def plot_run(history: list[dict], path: Path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def try_plot_run(history: list[dict], path: Path, title: str = "") -> None:
+    """`plot_run`, with a failure reported on stderr instead of raised: a plot is never worth losing a run's status."""
+    try:
+        plot_run(history, path, title)
+    except Exception as exc:  # noqa: BLE001 — any plotting failure (a missing backend, a full disk)
+        print(f"warning: could not plot {path}: {exc}", file=sys.stderr)
 
 
 def method_label(config: dict) -> str:

@@ -103,6 +103,35 @@ def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeyp
 
 
 @needs_fmnist
+def test_the_final_status_is_written_after_the_plot_and_a_failing_plot_does_not_lose_it(tmp_path, monkeypatch):
+    """The final status.json is the signal that the run directory is complete (the Flower demo stops its processes on
+    it): curves.png must exist by then, and a plot that fails must not keep the status from being written."""
+    seen = []
+    write = runner._write_json
+
+    def recording_write(path, payload):
+        if path.name == "status.json" and payload["status"] == "completed":
+            seen.append((path.parent / "curves.png").exists())
+        write(path, payload)
+
+    monkeypatch.setattr(runner, "_write_json", recording_write)
+    assert main(["run", "fmnist-heterog10", *SMALL, "rounds=1", "method=fedavg", f"out={tmp_path / 'a'}",
+                 "--quiet"]) == 0
+    assert seen == [True]
+
+    import bayesadmm.reports as reports
+
+    def broken_plot(history, path, title=""):
+        raise RuntimeError("no backend")
+
+    monkeypatch.setattr(reports, "plot_run", broken_plot)
+    assert main(["run", "fmnist-heterog10", *SMALL, "rounds=1", "method=fedavg", f"out={tmp_path / 'b'}",
+                 "--quiet"]) == 0
+    assert json.loads((tmp_path / "b" / "status.json").read_text())["status"] == "completed"
+    assert not (tmp_path / "b" / "curves.png").exists()
+
+
+@needs_fmnist
 def test_partial_participation_and_absent_clients(tmp_path):
     out = tmp_path / "partial"
     assert main(["run", "fmnist-heterog10", *SMALL, "clients=4", "participation=0.5", "rounds=2", "method=ivon-admm",

@@ -178,7 +178,7 @@ def _read_metrics(path: Path, up_to: int) -> list[dict]:
 
 def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     """Run (or resume) the configured experiment; returns the exit code."""
-    from bayesadmm.reports import plot_run
+    from bayesadmm.reports import try_plot_run
 
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -227,9 +227,10 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
                   "message": f"stopped after round {config.stop_at} as asked (stop_at); `bayesadmm resume` goes on"}
     else:
         print(f"stopped: {status['message']} (state of round {saved} is in {checkpoint_path})", file=sys.stderr)
+    if history:   # before the final status, which tells a watcher the run directory is complete
+        try_plot_run(history, run_dir / "curves.png",
+                     title=f"{config.scenario} — {config.method} (seed {config.seed})")
     _write_json(status_path, status)
-    if history:
-        plot_run(history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed {config.seed})")
     return code
 
 

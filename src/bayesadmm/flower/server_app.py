@@ -148,7 +148,7 @@ def discover(grid: Grid, config: RunConfig, dtype: str, timeouts: Timeouts, log:
 
 def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -> int:
     """The federated run on a Flower grid; writes the run directory; returns the engine's exit code."""
-    from bayesadmm.reports import plot_run
+    from bayesadmm.reports import try_plot_run
 
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -236,11 +236,11 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
         _write_json(status_path, {"status": "running", "round": round_})
         acc = line.get("ens_test_acc", line["test_acc"])
         log(f"round {round_}: {len(replies)}/{len(chosen)} clients, test acc {100 * acc:.2f}%")
+    if history:   # before the final status: whoever waits for it (run_demo) may stop everything once it is written
+        try_plot_run(history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed "
+                                                            f"{config.seed}, Flower)")
     _write_json(status_path, status)
     log(f"{status['status']} after round {status['round']}" + (f": {status['message']}" if "message" in status else ""))
-    if history:
-        plot_run(history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed {config.seed}, "
-                                                        "Flower)")
     return code
 
 
