@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from bayesadmm.algorithms import REGISTRY, Algorithm, DivergenceError
-from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.provenance import record_environment
+from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.workers import client_runner, default_workers, remove_stale_shards
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.metrics import evaluate
