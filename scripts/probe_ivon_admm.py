@@ -82,7 +82,8 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     variant, scenario, out, *overrides = argv
-    config, _ = resolve(scenario, ["method=ivon-admm", "validation=0.1", "stop_at=10", "restart_at_q_g=false", *overrides, "workers=1",
+    config, _ = resolve(scenario, ["method=ivon-admm", "validation=0.1", "stop_at=10", "restart_at_q_g=false",
+                                   *overrides, "workers=1",
                                    f"out={out}"])
     change = {"baseline": lambda e: e, "rescale-lr": rescale_lr, "zero-init": zero_init, "keep-hess": keep_hess}
     build = runner.build
