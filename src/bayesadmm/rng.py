@@ -36,51 +36,92 @@ def multinomial(probs: Tensor, generator: torch.Generator | None) -> Tensor:
 
 # --- a counter-based stream of normals, for IVON's per-step noise --------------------------------------------------
 #
-# torch's CPU generator (mt19937) is sequential: 178k normals cost ~0.6 ms, half an Adam step of the papers' MLP.
-# A counter-based generator computes draw i from (key, i) with plain integer and float arithmetic, so the draws can be
-# made inside the fused IVON sampling kernel (optim/kernels.py) in one vectorised pass, and give the same integers on
-# any device. Draw i hashes the key and i with SplitMix64's output function (Steele, Lea & Flood 2014: the state
-# key + i·γ, γ the golden-ratio increment, is exactly SplitMix64's i-th state, a generator that passes BigCrush), and
-# turns the 64 bits into two normals by Box–Muller. torch has no unsigned 64-bit arithmetic, so the hash runs on
-# int64, whose multiplication wraps like uint64's; right shifts are made logical by masking.
+# A sequential generator (torch's mt19937) cannot be drawn inside a fused kernel, and on a CPU it is slow: 178k
+# normals cost as much as a whole Adam step of the papers' MLP. A counter-based generator computes draw i from
+# (key, i) with plain integer and float arithmetic, so the draws are made inside the fused IVON sampling kernel
+# (optim/kernels.py) in one vectorised pass and give the same numbers on any device.
+#
+# Block b of stream `key` (IVON's step b) gets its own 64-bit key, SplitMix64(key + (b + 1)·γ) (Steele, Lea & Flood
+# 2014), computed once per step in Python; within the block, pair j of draws comes from 32-bit integer hashes only:
+#     a = H(H(j·φ + k_lo) ^ k_hi),   b = H(a + φ),    H = Wellons' "lowbias32" integer hash, φ = 2³²/golden ratio,
+# with (k_lo, k_hi) the halves of the block key; a is bijective in j, so no pair repeats within a block, and every
+# draw depends on all 64 key bits. Why 32-bit: CPUs without AVX-512 (AVX2) have no vectorised 64-bit multiply or
+# int64 → float conversion, and SplitMix64 on every draw cost twice as much as this (benchmarks/noise.py).
+# The pair is turned into two normals by Box–Muller: radius √(−2 ln u₁) with u₁ = (top 24 bits of a + ½)/2²⁴, angle
+# from b: quadrant from its top 2 bits, offset y ∈ [−π/4, π/4) from its low 24 bits, with cos y and sin y as Taylor
+# polynomials (|error| < 2·10⁻⁹, below float32's resolution), which are cheaper than the library cos/sin. u₁ ≥ 2⁻²⁵, so |draw| ≤ √(2 ln 2²⁵) ≈ 5.9: the
+# normal's tail beyond 5.9σ (probability 4·10⁻⁹) is cut.
+#
+# torch has no unsigned 32-bit arithmetic, so the hash runs on int32, whose multiplication wraps like uint32's
+# (two's complement); right shifts are made logical by masking.
 
-_GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)   # as int64
-_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
-_MIX2 = 0x94D049BB133111EB - (1 << 64)
-_LOW32 = (1 << 32) - 1
+_GAMMA = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+_MASK64 = (1 << 64) - 1
+_PHI32 = 0x9E3779B9 - (1 << 32)   # as int32
+_HASH1 = 0x7FEB352D
+_HASH2 = 0x846CA68B - (1 << 32)
+_LOW24 = (1 << 24) - 1
+
+
+def _splitmix64(z: int) -> int:
+    """SplitMix64's output function on a Python integer (mod 2⁶⁴)."""
+    z = ((z ^ (z >> 30)) * _MIX1) & _MASK64
+    z = ((z ^ (z >> 27)) * _MIX2) & _MASK64
+    return z ^ (z >> 31)
 
 
 def _shift_right(z: Tensor, bits: int) -> Tensor:
-    """Logical right shift of int64 values (>> is arithmetic on signed integers)."""
-    return (z >> bits) & ((1 << (64 - bits)) - 1)
+    """Logical right shift of int32 values (>> is arithmetic on signed integers)."""
+    return (z >> bits) & ((1 << (32 - bits)) - 1)
 
 
-def _splitmix64(z: Tensor) -> Tensor:
-    z = (z ^ _shift_right(z, 30)) * _MIX1
-    z = (z ^ _shift_right(z, 27)) * _MIX2
-    return z ^ _shift_right(z, 31)
+def _hash32(x: Tensor) -> Tensor:
+    """Wellons' lowbias32 integer hash (a bijection of 32-bit integers), on int32 tensors."""
+    x = (x ^ _shift_right(x, 16)) * _HASH1
+    x = (x ^ _shift_right(x, 15)) * _HASH2
+    return x ^ _shift_right(x, 16)
 
 
 def stream_key(generator: torch.Generator | None) -> Tensor:
-    """A key for `counter_normal` (a 0-d int64 tensor on the CPU), drawn from the generator: one draw per stream."""
+    """A key for `block_key` (a 0-d int64 tensor on the CPU), drawn from the generator: one draw per stream."""
     return torch.randint(-(1 << 63), (1 << 63) - 1, (), generator=generator, dtype=torch.int64,
                          device=_source(generator)).cpu()
 
 
-def counter_normal(key: Tensor, offset: Tensor | int, n: int, dtype: torch.dtype, device) -> Tensor:
-    """Standard normals number 2·offset … 2·offset + n − 1 of the stream `key` (0-d int64), as a flat tensor.
+def block_key(key: Tensor | int, block: int) -> Tensor:
+    """The key of block number `block` (≥ 0) of stream `key`: SplitMix64(key + (block + 1)·γ), a 0-d int64 tensor.
+    Computed in Python (one per IVON step), so blocks of any size and any number of steps never share draws."""
+    if block < 0:
+        raise ValueError(f"block must be >= 0, got {block}")
+    bits = _splitmix64((int(key) + (block + 1) * _GAMMA) & _MASK64)
+    return torch.tensor(bits - (1 << 64) if bits >= 1 << 63 else bits, dtype=torch.int64)
 
-    Pair j (j = offset, offset + 1, …) of the stream is Box–Muller of the two 32-bit halves of SplitMix64(key + j·γ);
-    the first ⌈n/2⌉ outputs are the cosine halves, the rest the sine halves. `offset` counts pairs, so consecutive
-    blocks of n draws use offsets 0, ⌈n/2⌉, 2⌈n/2⌉, …. The uniforms are (k + ½)/2³², never 0, so the largest |draw|
-    is √(2·ln 2³³) ≈ 6.8: the normal's tail beyond 6.8σ (probability 10⁻¹¹) is cut.
+
+def counter_normal(key: Tensor, n: int, dtype: torch.dtype, device) -> Tensor:
+    """n standard normals of the block with key `key` (0-d int64, from `block_key`), as a flat tensor.
+
+    Pair j = 0 … ⌈n/2⌉ − 1 gives outputs j (cosine half) and ⌈n/2⌉ + j (sine half); see the comment above for the
+    hash and the transform. The same (key, n) always gives the same draws, on any device and in compiled code.
     """
     pairs = (n + 1) // 2
-    j = torch.arange(pairs, dtype=torch.int64, device=device) + offset
-    bits = _splitmix64(key.to(device) + j * _GAMMA)
-    scale = 2.0 ** -32
-    u1 = (_shift_right(bits, 32).to(dtype) + 0.5) * scale
-    u2 = ((bits & _LOW32).to(dtype) + 0.5) * scale
+    key = key.to(device)
+    k_lo, k_hi = key.to(torch.int32), (key >> 32).to(torch.int32)   # int64 → int32 keeps the low 32 bits
+    j = torch.arange(pairs, dtype=torch.int32, device=device)
+    a = _hash32(_hash32(j * _PHI32 + k_lo) ^ k_hi)
+    b = _hash32(a + _PHI32)
+    scale = 2.0 ** -24
+    u1 = (_shift_right(a, 8).to(dtype) + 0.5) * scale
     radius = torch.sqrt(-2.0 * torch.log(u1))
-    angle = (2.0 * math.pi) * u2
-    return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:n]
+    quadrant = _shift_right(b, 30)
+    y = ((b & _LOW24).to(dtype) * scale - 0.5) * (math.pi / 2)
+    y2 = y * y
+    sin_y = y * (1.0 + y2 * (-1.0 / 6 + y2 * (1.0 / 120 + y2 * (-1.0 / 5040 + y2 * (1.0 / 362880)))))
+    cos_y = 1.0 + y2 * (-0.5 + y2 * (1.0 / 24 + y2 * (-1.0 / 720 + y2 * (1.0 / 40320 + y2 * (-1.0 / 3628800)))))
+    # angle = quadrant·π/2 + y: rotate (cos y, sin y) by the quadrant
+    cos_angle = torch.where(quadrant == 0, cos_y, torch.where(quadrant == 1, -sin_y,
+                                                              torch.where(quadrant == 2, -cos_y, sin_y)))
+    sin_angle = torch.where(quadrant == 0, sin_y, torch.where(quadrant == 1, cos_y,
+                                                              torch.where(quadrant == 2, -sin_y, -cos_y)))
+    return torch.cat([radius * cos_angle, radius * sin_angle])[:n]

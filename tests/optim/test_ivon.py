@@ -567,7 +567,7 @@ def test_counter_noise_samples_are_block_after_block_of_the_stream():
                 opt.zero_grad()
                 ((model(x) - y) ** 2).mean().backward()
             block = 2 * step + i
-            eps = rng.counter_normal(key, block * ((d + 1) // 2), d, torch.float64, "cpu")
+            eps = rng.counter_normal(rng.block_key(key, block), d, torch.float64, "cpu")
             torch.testing.assert_close(theta, m + eps / torch.sqrt(s), rtol=1e-12, atol=1e-12)
             seen.append(eps)
         opt.step()

@@ -148,8 +148,9 @@ def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch
     """Draw θ_i = m + σ ε_i for i = 1..S: returns (thetas (S, d), eps (S, d)).
 
     The noise comes from `generator`:
-    * a 0-d int64 key tensor (`rng.stream_key`): the counter-based stream of `rng.counter_normal`, block number
-      `state.step` of it, drawn inside one fused kernel (`optim.kernels`). Fast; what the federated solver uses.
+    * a 0-d int64 key tensor (`rng.stream_key`): block number `state.step` of that counter-based stream
+      (`rng.block_key`, `rng.counter_normal`), drawn inside one fused kernel (`optim.kernels`). Fast; what the
+      federated solver uses.
     * a torch.Generator, or None for torch's global RNG (what ivon-opt does): one randn((S, d)) call. Note that
       randn((S, d)) is not the same stream as S calls of randn(d); `IVON` draws one row per `sampled_params` entry.
     """
@@ -161,8 +162,8 @@ def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch
         if check:
             noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
         mean = state.mean
-        return kernels.sample_step(mean, state.hess, _vector(delta, mean), _scalar(ess, mean), generator,
-                                   _block_offset(state.step, mc_samples, mean.numel()), mc_samples)
+        return kernels.sample_step(mean, state.hess, _vector(delta, mean), _scalar(ess, mean),
+                                   rng.block_key(generator, state.step), mc_samples)
     sigma = noise_scale(state, ess, delta, check)
     eps = rng.randn((mc_samples, state.mean.numel()), generator, state.mean.dtype, state.mean.device)
     return state.mean + sigma * eps, eps
@@ -209,14 +210,8 @@ def update_and_sample(state: IVONState, grads: Tensor, eps: Tensor, key: Tensor,
                         prior_mean=prior_mean, v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
     step = state.step + 1
     mean, hess, momentum, thetas, new_eps = kernels.update_and_sample_step(
-        *args, key, _block_offset(step, mc_samples, state.mean.numel()), mc_samples)
+        *args, rng.block_key(key, step), mc_samples)
     return IVONState(mean, hess, momentum, step), thetas, new_eps
-
-
-def _block_offset(block: int, mc_samples: int, d: int) -> Tensor:
-    """Where block number `block` of mc_samples·d draws starts in a counter-based stream (in pairs of draws, as
-    rng.counter_normal counts): the solver's step t takes block t, the nn.Module optimizer's i-th sample block i."""
-    return torch.tensor(block * ((mc_samples * d + 1) // 2), dtype=torch.int64)
 
 
 def _update_args(state: IVONState, grads: Tensor, eps: Tensor, *, lr, ess, delta, beta1, beta2, prior_mean, v, u,
@@ -452,8 +447,8 @@ class IVON(torch.optim.Optimizer):
                     delta = self._delta(g)
                     check_noise_scale(state, g["ess"], delta)   # raises where `sample` would, without computing σ
                     thetas, e = kernels.sample_step(state.mean, state.hess, _vector(delta, state.mean),
-                                                    _scalar(g["ess"], state.mean), g["noise_key"],
-                                                    _block_offset(g["draws"], 1, g["numel"]), 1)
+                                                    _scalar(g["ess"], state.mean),
+                                                    rng.block_key(g["noise_key"], g["draws"]), 1)
                     g["draws"] += 1
                 else:
                     thetas, e = sample(state, g["ess"], self._delta(g), self.generator, mc_samples=1)

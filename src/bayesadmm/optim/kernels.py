@@ -65,12 +65,12 @@ def fused(fn: Callable) -> Callable:
 
 
 @fused
-def sample_step(mean: Tensor, hess: Tensor, delta: Tensor, ess: Tensor, key: Tensor, offset: Tensor,
+def sample_step(mean: Tensor, hess: Tensor, delta: Tensor, ess: Tensor, key: Tensor,
                 mc_samples: int) -> tuple[Tensor, Tensor]:
-    """(θ (S, d), ε (S, d)) with θ_i = m + σ ε_i, σ = 1/sqrt(ess (h + δ)), ε the draws 2·offset… of stream `key`.
-    Vectors (d,): mean, hess, delta; 0-d: ess, key and offset (int64)."""
+    """(θ (S, d), ε (S, d)) with θ_i = m + σ ε_i, σ = 1/sqrt(ess (h + δ)), ε the S·d draws of the block with key
+    `key` (`rng.block_key`). Vectors (d,): mean, hess, delta; 0-d: ess, key (int64)."""
     d = mean.shape[0]
-    eps = rng.counter_normal(key, offset, mc_samples * d, mean.dtype, mean.device).view(mc_samples, d)
+    eps = rng.counter_normal(key, mc_samples * d, mean.dtype, mean.device).view(mc_samples, d)
     sigma = torch.rsqrt(ess * (hess + delta))
     return mean + sigma * eps, eps
 
@@ -97,10 +97,10 @@ def update_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps
 @fused
 def update_and_sample_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps: Tensor, delta: Tensor,
                            prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor,
-                           beta2: Tensor, debias: Tensor, clip_radius: Tensor, key: Tensor, offset: Tensor,
+                           beta2: Tensor, debias: Tensor, clip_radius: Tensor, key: Tensor,
                            mc_samples: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """`update_step`, then `sample_step` from its result: (m, h, g, θ, ε). One loop once compiled."""
     new_mean, new_hess, new_momentum = update_step.eager(mean, hess, momentum, grads, eps, delta, prior_mean, v, u,
                                                          lr, ess, beta1, beta2, debias, clip_radius)
-    thetas, new_eps = sample_step.eager(new_mean, new_hess, delta, ess, key, offset, mc_samples)
+    thetas, new_eps = sample_step.eager(new_mean, new_hess, delta, ess, key, mc_samples)
     return new_mean, new_hess, new_momentum, thetas, new_eps
