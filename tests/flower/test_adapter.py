@@ -94,6 +94,8 @@ def test_every_registry_algorithm_through_the_flower_message_path_matches_the_lo
     for name in ("config.json", "metrics.jsonl", "status.json", "curves.png", "partition.json", "flower.log"):
         assert (tmp_path / "flower" / name).exists(), name
     assert json.loads((tmp_path / "flower" / "status.json").read_text())["status"] == "completed"
+    (environment,) = json.loads((tmp_path / "flower" / "environment.json").read_text())
+    assert environment["from_round"] == 0 and environment["torch"] == torch.__version__
 
 
 @needs_fmnist

@@ -35,6 +35,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.runner import (BREAKDOWNS, EVALUATION, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, _metrics_line, build,
                                      participants)
 from bayesadmm.engine.simulate import generator_for
@@ -160,6 +161,7 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
     algorithm = experiment.algorithm
     _write_json(run_dir / "config.json", config.to_json())
     _write_json(run_dir / "partition.json", {"clients": [idx.tolist() for idx in experiment.parts]})
+    record_environment(run_dir, config.device, 0)   # the server's code and processor (nodes may differ)
     metrics_path, status_path = run_dir / "metrics.jsonl", run_dir / "status.json"
     metrics_path.write_text("")
     _write_json(status_path, {"status": "running", "round": 0})
