@@ -46,14 +46,15 @@ def multinomial(probs: Tensor, generator: torch.Generator | None) -> Tensor:
 #     a = H(H(j·φ + k_lo) ^ k_hi),   b = H(a + φ),    H = Wellons' "lowbias32" integer hash, φ = 2³²/golden ratio,
 # with (k_lo, k_hi) the halves of the block key; a is bijective in j, so no pair repeats within a block, and every
 # draw depends on all 64 key bits. Why 32-bit: CPUs without AVX-512 (AVX2) have no vectorised 64-bit multiply or
-# int64 → float conversion, and SplitMix64 on every draw cost twice as much as this (benchmarks/noise.py).
+# int64 → float conversion, and SplitMix64 on every draw cost 1.6× as much as this (benchmarks/noise.py).
 # The pair is turned into two normals by Box–Muller: radius √(−2 ln u₁) with u₁ = (top 24 bits of a + ½)/2²⁴, angle
 # from b: quadrant from its top 2 bits, offset y ∈ [−π/4, π/4) from its low 24 bits, with cos y and sin y as Taylor
-# polynomials (|error| < 2·10⁻⁹, below float32's resolution), which are cheaper than the library cos/sin. u₁ ≥ 2⁻²⁵, so |draw| ≤ √(2 ln 2²⁵) ≈ 5.9: the
-# normal's tail beyond 5.9σ (probability 4·10⁻⁹) is cut.
+# polynomials (|error| < 2·10⁻⁹, below float32's resolution), which are cheaper than the library cos/sin.
+# u₁ ≥ 2⁻²⁵, so |draw| ≤ √(2 ln 2²⁵) ≈ 5.9: the normal's tail beyond 5.9σ (probability 4·10⁻⁹) is cut.
 #
 # torch has no unsigned 32-bit arithmetic, so the hash runs on int32, whose multiplication wraps like uint32's
-# (two's complement); right shifts are made logical by masking.
+# (two's complement; the tests compare eager and compiled draws with exact integers); right shifts are made logical
+# by masking.
 
 _GAMMA = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
