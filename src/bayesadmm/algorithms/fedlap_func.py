@@ -168,20 +168,29 @@ def minimize_server(model, start: Tensor, dual_sum: Tensor, delta: float, memory
     """Adam on Σ_i τ_i ℓ(ŷ_i, w) − δ(Σ_k v_k)ᵀw + ½δ‖w‖² from `start`; returns (w, final gradient).
 
     Without memory the minimiser is Σ_k v_k (FedLap's server), which the tests use to check this solver.
+    The weight-space terms' gradient δ(w − Σ_k v_k) is added analytically and Adam is the fused kernel: autograd only
+    sees the memory loss: 1.5x faster per step on the FashionMNIST MLP than autograd through the whole objective with
+    torch.optim.Adam's default (`python benchmarks/fedlap_server.py`, session 8).
     """
-    w = torch.nn.Parameter(start.detach().clone())
-    optimizer = torch.optim.Adam([w], lr=lr)
+    w = start.detach().clone().requires_grad_(True)
+    optimizer = torch.optim.Adam([w], lr=lr, fused=_fused_adam_supported(w))
 
-    def objective(theta: Tensor) -> Tensor:
-        value = 0.5 * delta * theta.square().sum() - delta * (dual_sum @ theta)
-        return value if memory is None else value + soft_label_loss(model, theta, memory)
+    def gradient_at(theta: Tensor) -> Tensor:
+        weight_space = delta * (theta.detach() - dual_sum)
+        if memory is None:
+            return weight_space
+        memory_grad, = torch.autograd.grad(soft_label_loss(model, theta, memory), theta)
+        return memory_grad.add_(weight_space)
 
     for _ in range(iterations):
-        optimizer.zero_grad(set_to_none=True)
-        objective(w).backward()
+        w.grad = gradient_at(w)
         optimizer.step()
-    gradient, = torch.autograd.grad(objective(w), w)
-    return w.detach(), gradient
+    return w.detach(), gradient_at(w)
+
+
+def _fused_adam_supported(w: Tensor) -> bool:
+    """torch's fused Adam runs on CPU and CUDA floating tensors; elsewhere (e.g. MPS float64) use the default."""
+    return w.device.type in ("cpu", "cuda") and w.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def make(*, model, delta: float, lr: float, client_sizes: Mapping[int, int], tau_f: float = 1.0,
