@@ -3,6 +3,12 @@
     python benchmarks/engine.py                     # FedAvg, FedDyn, IVON-ADMM on fmnist-heterog10 and -heterog100
     python benchmarks/engine.py --scaling           # 10, 100, 1000 clients over the same data (one local epoch)
     python benchmarks/engine.py --scenarios fmnist-heterog10 --methods ivon-admm --workers 1,2 --rounds 3
+    python benchmarks/engine.py --scenarios fmnist-heterog10 --methods feddyn,ivon-admm --workers 1 --repeats 5
+
+`--repeats N` runs the whole list of cells N times, one after the other (so the methods alternate), and ends with
+each method's time per round relative to the first method's: the median over the repeats of the ratio within one
+repeat. On a VM whose speed drifts by tens of percent within minutes, that ratio is stable where a single pair of
+cells is not (issue #5's "IVON-ADMM within 1.3x of FedDyn").
 
 Each (scenario, method, clients, workers) cell runs in a fresh process (so that its peak memory is its own): it builds
 the run exactly as `bayesadmm run` does, runs `--rounds` rounds of client updates and server update (no evaluation)
@@ -35,6 +41,7 @@ import json
 import math
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -178,6 +185,22 @@ def run_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def print_relative_times(rows: list[dict], reference: str) -> None:
+    """Each method's seconds per round over `reference`'s in the same repeat, scenario, clients and workers: every
+    repeat's ratio and their median."""
+    seconds = {(r["scenario"], r["clients"], r["workers"], r["method"], r["repeat"]): r["seconds_per_round"]
+               for r in rows}
+    print(f"\ntime per round relative to {reference} (each repeat's ratio; median):")
+    for scenario, clients, workers, method, repeat in seconds:
+        if repeat != 0 or method == reference:
+            continue
+        ratios = [seconds[(scenario, clients, workers, method, k)] / seconds[(scenario, clients, workers, reference, k)]
+                  for k in range(1 + max(r["repeat"] for r in rows))]
+        listed = " ".join(f"{x:.2f}" for x in ratios)
+        print(f"  {scenario} {method} clients={clients} workers={workers}: {listed}; "
+              f"median {statistics.median(ratios):.2f}x", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenarios", default="fmnist-heterog10,fmnist-heterog100")
@@ -188,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="10, 100 and 1000 clients over the full training set (iid, one local epoch)")
     parser.add_argument("--clients", default="10,100,1000", help="with --scaling: comma-separated client counts")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the list of cells this many times and print the median ratio to the first method")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--cell", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--client-cell", nargs="+", help=argparse.SUPPRESS)
@@ -214,13 +239,17 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cells = [(s, m, w, list(args.set)) for s in args.scenarios.split(",") for m in args.methods.split(",")
                  for w in workers]
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    cells = [(*cell, repeat) for repeat in range(args.repeats) for cell in cells]
     header = (f"{'scenario':<18} {'method':<10} {'clients':>7} {'workers':>7} {'s/round':>8} {'steps':>7} "
               f"{'GFLOP':>7} {'limit s':>8} {'ratio':>6} {'state MB':>9} {'peak MB':>8} {'ckpt s':>7}")
     print(header, flush=True)
     rows = []
     overrides_of = {}
-    for scenario, method, w, overrides in cells:
+    for scenario, method, w, overrides, repeat in cells:
         row = run_cell(scenario, method, w, args.rounds, overrides)
+        row["repeat"] = repeat
         overrides_of[(scenario, method, row["clients"])] = overrides
         row["limit_seconds"] = row["gflop_per_round"] / (w * gflops)
         row["ratio"] = row["seconds_per_round"] / row["limit_seconds"]
@@ -231,7 +260,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['local_steps']:>7} {row['gflop_per_round']:>7.1f} {row['limit_seconds']:>8.3f} "
               f"{row['ratio']:>6.1f} {row['state_mb']:>9.1f} {peak:>8.0f} {row['checkpoint_seconds']:>7.2f}",
               flush=True)
-    by_key = {(r["scenario"], r["method"], r["clients"], r["workers"]): r for r in rows}
+    if args.repeats > 1:
+        print_relative_times(rows, args.methods.split(",")[0])
+    by_key = {(r["scenario"], r["method"], r["clients"], r["workers"]): r for r in rows if r["repeat"] == 0}
     if len(workers) > 1:
         print("\nspeed-up of the most workers over one:")
         for (scenario, method, clients, w), row in by_key.items():
