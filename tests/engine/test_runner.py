@@ -1,6 +1,9 @@
 """The run workflow: config resolution, exact resume after a kill, partial participation, divergence, compare."""
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -94,12 +97,23 @@ def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeyp
         main(["run", "fmnist-heterog10", *args, f"out={killed}", "--quiet"])
     monkeypatch.setattr(runner, "_save_checkpoint", save)
     assert [line["round"] for line in _lines(killed)] == [1, 2]
+    status = json.loads((killed / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["round"] == 1 and "resume" in status["message"]
     assert main(["resume", str(killed), "--quiet"]) == 0
     assert _strip_times(_lines(killed)) == _strip_times(lines)
     # each start and resume leaves a record of what computed it: the resume continues from round 1's checkpoint
     records = json.loads((killed / "environment.json").read_text())
     assert [r["from_round"] for r in records] == [0, 1]
     assert records[0]["torch"] == torch.__version__ and records[0]["processor"] and records[0]["device"] == "cpu"
+
+
+def test_a_sigterm_interrupts_like_ctrl_c_and_the_handler_is_restored():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        with runner._sigterm_as_interrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)   # the handler runs at the next bytecode; never reached
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 @needs_fmnist

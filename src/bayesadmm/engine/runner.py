@@ -11,7 +11,7 @@ continues with exactly the numbers an uninterrupted run would have produced.
 Files in the run directory: config.json (resolved config), metrics.jsonl (one JSON object per round),
 checkpoint.pt (the state after the last checkpointed round: every round by default, `checkpoint_every`), client-states/
 (with parallel workers: the client states of that checkpoint, one shard file per worker, named in checkpoint.pt),
-status.json (running / completed / diverged / failed, with the reason), partition.json and labels.png (the client
+status.json (running / stopped / completed / diverged / interrupted, with the reason), partition.json and labels.png (the client
 split), curves.png (accuracy and NLL per round), environment.json (code version, torch, processor: one record per
 start or resume, `provenance`). A checkpoint is written shards first, checkpoint.pt last, each under
 a temporary name and renamed when complete, so a kill at any point leaves the previous checkpoint whole.
@@ -19,11 +19,14 @@ a temporary name and renamed when complete, so a kill at any point leaves the pr
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,6 +208,7 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     status = {"status": "running", "round": start}
     _write_json(status_path, status)
     workers = config.workers or default_workers()
+    checkpointed = [start]   # the round of the last checkpoint written, kept up to date by _rounds
     clients = client_runner(config, experiment, min(workers, _max_participants(config)))
     try:
         if checkpoint is None:
@@ -216,7 +220,15 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
             clients.restore(checkpoint, run_dir)
             remove_stale_shards(run_dir, checkpoint)   # those of a checkpoint the kill did not let finish
             del checkpoint   # the states now live in `clients`
-        code, status, saved = _rounds(config, experiment, clients, start, server, history, bar, run_dir)
+        with _sigterm_as_interrupt():
+            code, status, saved = _rounds(config, experiment, clients, start, server, history, bar, run_dir,
+                                          checkpointed)
+    except KeyboardInterrupt:   # Ctrl-C, or a SIGTERM: say so, so that a watcher does not wait for a dead run
+        bar.close()
+        _write_json(status_path, {"status": "interrupted", "round": checkpointed[0],
+                                  "message": f"interrupted; `bayesadmm resume {run_dir}` goes on from the "
+                                             f"checkpoint of round {checkpointed[0]}"})
+        raise
     finally:
         clients.close()
     bar.close()
@@ -234,6 +246,24 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     return code
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Within the block a SIGTERM (what `kill` and most job schedulers send) raises KeyboardInterrupt, like Ctrl-C,
+    so the run says it was interrupted; only in the main thread, where Python delivers signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _last_round(config: RunConfig) -> int:
     return min(config.stop_at, config.rounds) if config.stop_at else config.rounds
 
@@ -243,8 +273,9 @@ def _max_participants(config: RunConfig) -> int:
 
 
 def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, server, history: list,
-            bar, run_dir: Path) -> tuple[int, dict, int]:
-    """Rounds start+1 … config.rounds; returns (exit code, last status, round of the last checkpoint)."""
+            bar, run_dir: Path, checkpointed: list[int]) -> tuple[int, dict, int]:
+    """Rounds start+1 … config.rounds; returns (exit code, last status, round of the last checkpoint), which it also
+    keeps in checkpointed[0] for an interruption to report."""
     algorithm = experiment.algorithm
     metrics_path, checkpoint_path, status_path = (run_dir / "metrics.jsonl", run_dir / "checkpoint.pt",
                                                    run_dir / "status.json")
@@ -279,7 +310,7 @@ def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, serv
             f.write(json.dumps(line) + "\n")
         if round_ % config.checkpoint_every == 0 or round_ == _last_round(config):
             _save_checkpoint(checkpoint_path, round_, server, clients)   # a resume redoes the rounds after it
-            saved = round_
+            saved = checkpointed[0] = round_
         history.append(line)
         status = {"status": "running", "round": round_}
         _write_json(status_path, status)
