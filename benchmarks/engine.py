@@ -3,12 +3,13 @@
     python benchmarks/engine.py                     # FedAvg, FedDyn, IVON-ADMM on fmnist-heterog10 and -heterog100
     python benchmarks/engine.py --scaling           # 10, 100, 1000 clients over the same data (one local epoch)
     python benchmarks/engine.py --scenarios fmnist-heterog10 --methods ivon-admm --workers 1,2 --rounds 3
-    python benchmarks/engine.py --scenarios fmnist-heterog10 --methods feddyn,ivon-admm --workers 1 --repeats 5
+    python benchmarks/engine.py --scenarios fmnist-heterog10 --methods feddyn,ivon-admm --interleave --rounds 23
 
-`--repeats N` runs the whole list of cells N times, one after the other (so the methods alternate), and ends with
-each method's time per round relative to the first method's: the median over the repeats of the ratio within one
-repeat. On a VM whose speed drifts by tens of percent within minutes, that ratio is stable where a single pair of
-cells is not (issue #5's "IVON-ADMM within 1.3x of FedDyn").
+`--interleave` compares the methods' time per round (issue #5's "IVON-ADMM within 1.3x of FedDyn") on a VM whose
+speed drifts by tens of percent within minutes: all methods of a scenario run in one process, their rounds alternating
+(A B, then B A, ...), so that neighbouring rounds see the same machine; it prints each method's median round and, per
+round, its time over the first method's in that round, with the median of those ratios. Rounds 1-3 are not timed
+(compilation, heap growth), as below.
 
 Each (scenario, method, clients, workers) cell runs in a fresh process (so that its peak memory is its own): it builds
 the run exactly as `bayesadmm run` does, runs `--rounds` rounds of client updates and server update (no evaluation)
@@ -185,19 +186,46 @@ def run_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def print_relative_times(rows: list[dict], reference: str) -> None:
-    """Each method's seconds per round over `reference`'s in the same repeat, scenario, clients and workers: every
-    repeat's ratio and their median."""
-    seconds = {(r["scenario"], r["clients"], r["workers"], r["method"], r["repeat"]): r["seconds_per_round"]
-               for r in rows}
-    print(f"\ntime per round relative to {reference} (each repeat's ratio; median):")
-    for scenario, clients, workers, method, repeat in seconds:
-        if repeat != 0 or method == reference:
-            continue
-        ratios = [seconds[(scenario, clients, workers, method, k)] / seconds[(scenario, clients, workers, reference, k)]
-                  for k in range(1 + max(r["repeat"] for r in rows))]
-        listed = " ".join(f"{x:.2f}" for x in ratios)
-        print(f"  {scenario} {method} clients={clients} workers={workers}: {listed}; "
+def interleaved_cell(scenario: str, methods: list[str], workers: int, rounds: int, overrides: list[str]) -> dict:
+    """The methods' rounds alternating in this process (A B, B A, A B, ...); returns each method's round times."""
+    from bayesadmm.engine.runner import build, participants
+    from bayesadmm.engine.workers import client_runner
+    from bayesadmm.experiments.config import resolve
+
+    runs = {}
+    try:
+        for method in methods:
+            config, _ = resolve(scenario, [f"method={method}", f"workers={workers}", f"rounds={rounds}", *overrides])
+            experiment = build(config)
+            clients = client_runner(config, experiment, workers)
+            server = experiment.algorithm.init_server(experiment.theta0)
+            runs[method] = [config, experiment.algorithm, clients, server]
+            clients.start(server)
+        times: dict[str, list[float]] = {method: [] for method in methods}
+        for round_ in range(1, rounds + 1):
+            for method in (methods if round_ % 2 else methods[::-1]):
+                config, algorithm, clients, server = runs[method]
+                began = time.perf_counter()
+                replies = clients.train(round_, algorithm.broadcast(server), participants(config, round_))
+                runs[method][3], _ = algorithm.server_update(server, replies)
+                times[method].append(time.perf_counter() - began)
+    finally:
+        for config, algorithm, clients, server in runs.values():
+            clients.close()
+    return {"scenario": scenario, "workers": workers, "methods": methods, "round_seconds": times}
+
+
+def print_interleaved(result: dict) -> None:
+    """Median round per method and each method's per-round ratio to the first method (rounds after the third)."""
+    times = {method: seconds[3:] or seconds[-1:] for method, seconds in result["round_seconds"].items()}
+    reference, *others = result["methods"]
+    print(f"{result['scenario']}, {result['workers']} worker(s), rounds alternating, {len(times[reference])} timed:")
+    for method, seconds in times.items():
+        print(f"  {method:<10} median {statistics.median(seconds):.2f} s/round "
+              f"(min {min(seconds):.2f}, max {max(seconds):.2f})")
+    for method in others:
+        ratios = [a / b for a, b in zip(times[method], times[reference])]
+        print(f"  {method}/{reference} per round: {' '.join(f'{r:.2f}' for r in ratios)}; "
               f"median {statistics.median(ratios):.2f}x", flush=True)
 
 
@@ -211,12 +239,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="10, 100 and 1000 clients over the full training set (iid, one local epoch)")
     parser.add_argument("--clients", default="10,100,1000", help="with --scaling: comma-separated client counts")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="run the list of cells this many times and print the median ratio to the first method")
+    parser.add_argument("--interleave", action="store_true",
+                        help="the methods of a scenario in one process, rounds alternating; prints ratios")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--cell", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--client-cell", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--interleave-cell", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+
+    if args.interleave_cell:
+        scenario, methods, workers, rounds, *overrides = args.interleave_cell
+        print(json.dumps(interleaved_cell(scenario, methods.split(","), int(workers), int(rounds), overrides)))
+        return 0
 
     if args.client_cell:
         scenario, method, *overrides = args.client_cell
@@ -233,23 +267,36 @@ def main(argv: list[str] | None = None) -> int:
     gflops = matmul_gflops()
     print(f"matrix-multiply throughput: {gflops:.1f} GFLOP/s on one thread (2048² float32); {cores} cores",
           flush=True)
+    if args.interleave:
+        if args.scaling or len(args.methods.split(",")) < 2:
+            parser.error("--interleave compares two or more --methods (and not with --scaling)")
+        results = []
+        for scenario in args.scenarios.split(","):
+            for w in workers:
+                command = [sys.executable, __file__, "--interleave-cell", scenario, args.methods, str(w),
+                           str(args.rounds), *args.set]
+                done = subprocess.run(command, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"interleaved {scenario} workers={w} failed:\n{done.stderr[-3000:]}")
+                results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                print_interleaved(results[-1])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     if args.scaling:
         cells = [("fmnist-heterog100", m, w, [f"clients={c}", "partition=iid", "epochs=1", *args.set])
                  for c in map(int, args.clients.split(",")) for m in args.methods.split(",") for w in workers]
     else:
         cells = [(s, m, w, list(args.set)) for s in args.scenarios.split(",") for m in args.methods.split(",")
                  for w in workers]
-    if args.repeats < 1:
-        parser.error(f"--repeats must be >= 1, got {args.repeats}")
-    cells = [(*cell, repeat) for repeat in range(args.repeats) for cell in cells]
     header = (f"{'scenario':<18} {'method':<10} {'clients':>7} {'workers':>7} {'s/round':>8} {'steps':>7} "
               f"{'GFLOP':>7} {'limit s':>8} {'ratio':>6} {'state MB':>9} {'peak MB':>8} {'ckpt s':>7}")
     print(header, flush=True)
     rows = []
     overrides_of = {}
-    for scenario, method, w, overrides, repeat in cells:
+    for scenario, method, w, overrides in cells:
         row = run_cell(scenario, method, w, args.rounds, overrides)
-        row["repeat"] = repeat
         overrides_of[(scenario, method, row["clients"])] = overrides
         row["limit_seconds"] = row["gflop_per_round"] / (w * gflops)
         row["ratio"] = row["seconds_per_round"] / row["limit_seconds"]
@@ -260,9 +307,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['local_steps']:>7} {row['gflop_per_round']:>7.1f} {row['limit_seconds']:>8.3f} "
               f"{row['ratio']:>6.1f} {row['state_mb']:>9.1f} {peak:>8.0f} {row['checkpoint_seconds']:>7.2f}",
               flush=True)
-    if args.repeats > 1:
-        print_relative_times(rows, args.methods.split(",")[0])
-    by_key = {(r["scenario"], r["method"], r["clients"], r["workers"]): r for r in rows if r["repeat"] == 0}
+    by_key = {(r["scenario"], r["method"], r["clients"], r["workers"]): r for r in rows}
     if len(workers) > 1:
         print("\nspeed-up of the most workers over one:")
         for (scenario, method, clients, w), row in by_key.items():
