@@ -81,6 +81,24 @@ def method_label(config: dict) -> str:
     return f"{config['method']}-{inference}" if inference else config["method"]
 
 
+def setting_labels(configs: list[dict]) -> list[str]:
+    """Each run's row name: `method_label`, plus the hyperparameters in which runs of that method differ, e.g.
+    "fedlap-func [delta=1, tau_f=0.0001]", so that runs of different settings are never averaged as if they were
+    seeds of one (runs that differ only in seed, workers or output folder share a row)."""
+    by_method: dict[str, list[dict]] = defaultdict(list)
+    for config in configs:
+        by_method[method_label(config)].append(config.get("hparams", {}))
+    varying = {method: sorted(key for key in set().union(*hparams)
+                              if len({json.dumps(h.get(key), sort_keys=True) for h in hparams}) > 1)
+               for method, hparams in by_method.items()}
+    labels = []
+    for config in configs:
+        method, hparams = method_label(config), config.get("hparams", {})
+        shown = ", ".join(f"{key}={hparams.get(key, '—')}" for key in varying[method])
+        labels.append(f"{method} [{shown}]" if shown else method)
+    return labels
+
+
 def paper_numbers(scenario: str) -> dict:
     """The papers' published numbers for `scenario` (experiments/paper_numbers.json), keyed by our row names."""
     from importlib import resources
@@ -98,7 +116,8 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
     header = ["method", "runs"] + [f"{label} @{r}: ours / paper" for _, label, _ in METRICS for r in rounds]
     rows = []
     for (method, where), histories in sorted(groups.items()):
-        published = paper.get(method if where == "m_g" else f"{method}+predictive")
+        base = method.split(" [")[0]     # a row of non-default settings is set beside the method's published numbers
+        published = paper.get(base if where == "m_g" else f"{base}+predictive")
         if published is None:
             continue
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
@@ -127,15 +146,14 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
     returned after the first and written to paper.md."""
     groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
     scenarios, sets = set(), set()
-    for run_dir in run_dirs:
-        config, history = read_run(run_dir)
-        if not history:
-            continue
+    runs = [run for run in map(read_run, run_dirs) if run[1]]
+    labels = setting_labels([config for config, _ in runs])
+    for (config, history), label in zip(runs, labels):
         scenarios.add(config.get("scenario", "?"))
         sets.add(eval_set(history))
-        groups[(method_label(config), "m_g")].append(history)
+        groups[(label, "m_g")].append(history)
         if f"ens_{eval_set(history)}_acc" in history[0]:
-            groups[(method_label(config), "predictive")].append(history)
+            groups[(label, "predictive")].append(history)
     if not groups:
         raise ValueError("none of the runs has finished a round")
     if len(sets) > 1:

@@ -368,3 +368,28 @@ def test_compare_keeps_runs_with_different_inference_apart(tmp_path):
                  "--out", str(tmp_path / "cmp")]) == 0
     table = (tmp_path / "cmp" / "table.md").read_text()
     assert "| fedep-identity (m_g) | 1 | 50.0 ± 0.0 |" in table and "| fedep-ngvi (m_g) | 1 | 70.0 ± 0.0 |" in table
+
+
+def test_compare_keeps_runs_with_different_settings_apart_and_seeds_together(tmp_path):
+    """Runs of one method whose hyperparameters differ are separate rows named by the differing settings (a δ × τ_f
+    grid is not three seeds); seeds of one setting share a row; such a row is still set beside the paper's method."""
+    def run(name, seed, acc, hparams):
+        _fake_run(tmp_path / name, "fedlap-func", seed, [acc] * 3, ens=False)
+        config = json.loads((tmp_path / name / "config.json").read_text())
+        config["hparams"] = hparams
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        return str(tmp_path / name)
+
+    dirs = [run("a0", 0, 0.5, {"delta": 0.01, "tau_f": 1e-4, "lr": 1e-3}),
+            run("a1", 1, 0.7, {"delta": 0.01, "tau_f": 1e-4, "lr": 1e-3}),
+            run("b0", 0, 0.8, {"delta": 1.0, "tau_f": 1e-4, "lr": 1e-3})]
+    out = tmp_path / "cmp"
+    assert main(["compare", *dirs, "--rounds", "3", "--paper", "fmnist-heterog10", "--out", str(out)]) == 0
+    table = (out / "table.md").read_text()
+    assert "| fedlap-func [delta=0.01] (m_g) | 2 | 60.0 ± 14.1 |" in table
+    assert "| fedlap-func [delta=1.0] (m_g) | 1 | 80.0 ± 0.0 |" in table
+    beside = (out / "paper.md").read_text()
+    assert "| fedlap-func [delta=1.0] (m_g) | 1 |" in beside and "| fedlap-func [delta=0.01] (m_g) | 2 |" in beside
+    # the same settings everywhere: the plain method name, as before
+    assert main(["compare", dirs[0], dirs[1], "--rounds", "3", "--out", str(tmp_path / "same")]) == 0
+    assert "| fedlap-func (m_g) | 2 | 60.0 ± 14.1 |" in (tmp_path / "same" / "table.md").read_text()
