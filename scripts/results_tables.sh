@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Rebuild every table and plot of docs/results from the runs, then refresh the tables docs/results/README.md quotes:
 #
-#   scripts/results_tables.sh [RUNS_DIR] [LR_RUNS_DIR] [H0_RUNS_DIR]
+#   scripts/results_tables.sh [RUNS_DIR] [LR_RUNS_DIR] [H0_RUNS_DIR] [FUNC_RUNS_DIR]
 #
 # 1. scripts/collect_results.sh RUNS_DIR docs/results (the presets' settings; default runs/fmnist) and, for each
 #    IVON-ADMM variant, its runs folder into docs/results/<variant>: `h0-every-round` (Alg. 2 as written, h <- h0 at
@@ -10,7 +10,10 @@
 #    from the run files already in docs/results;
 # 2. per scenario and variant (where the variant has runs), the variant's IVON-ADMM (and IVON-PVI) runs against every completed
 #    baseline run (compare --paper), written to docs/results/<scenario>-<variant>;
-# 3. scripts/embed_tables.py docs/results/README.md.
+# 3. FedLap-Func with δ and τ_f chosen on the validation split (default runs/fmnist-func, collected into
+#    docs/results/fedlap-func-chosen): per scenario, its runs beside the published-settings FedLap-Func runs and FedLap,
+#    written to docs/results/<scenario>-fedlap-func-chosen (compare names the rows by their differing δ, τ_f);
+# 4. scripts/embed_tables.py docs/results/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${1:-runs/fmnist}
@@ -39,5 +42,21 @@ for variant in h0-every-round chosen-lr; do
         --out "docs/results/$scenario-$variant" > /dev/null
     fi
   done
+done
+FUNC_RUNS=${4:-runs/fmnist-func}
+if [ -d "$FUNC_RUNS" ]; then scripts/collect_results.sh "$FUNC_RUNS" docs/results/fedlap-func-chosen; fi
+for scenario in fmnist-heterog10 fmnist-homog10; do
+  chosen=()
+  for run in docs/results/fedlap-func-chosen/runs/$scenario/fedlap-func-s*; do
+    if completed "$run"; then chosen+=("$run"); fi
+  done
+  if [ ${#chosen[@]} -gt 0 ]; then
+    runs=()
+    for run in docs/results/runs/$scenario/fedlap-func-s* docs/results/runs/$scenario/fedlap-s*; do
+      if completed "$run"; then runs+=("$run"); fi
+    done
+    "$BIN" compare "${runs[@]}" "${chosen[@]}" --rounds 10,25,50 --paper "$scenario" \
+      --out "docs/results/$scenario-fedlap-func-chosen" > /dev/null
+  fi
 done
 "$PY" scripts/embed_tables.py docs/results/README.md
