@@ -11,8 +11,9 @@
 # 2. per scenario and variant (where the variant has runs), the variant's IVON-ADMM (and IVON-PVI) runs against every completed
 #    baseline run (compare --paper), written to docs/results/<scenario>-<variant>;
 # 3. FedLap-Func with δ and τ_f chosen on the validation split (default runs/fmnist-func, collected into
-#    docs/results/fedlap-func-chosen): per scenario, its runs beside the published-settings FedLap-Func runs and FedLap,
-#    written to docs/results/<scenario>-fedlap-func-chosen (compare names the rows by their differing δ, τ_f);
+#    docs/results/fedlap-func-chosen): per scenario, its runs beside the presets' FedLap-Func runs (δ = 0.01,
+#    τ_f = 1e-4) and FedLap, written to docs/results/<scenario>-fedlap-func-chosen (compare names the rows by their
+#    differing δ, τ_f);
 # 4. scripts/embed_tables.py docs/results/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -11,8 +11,8 @@ continues with exactly the numbers an uninterrupted run would have produced.
 Files in the run directory: config.json (resolved config), metrics.jsonl (one JSON object per round),
 checkpoint.pt (the state after the last checkpointed round: every round by default, `checkpoint_every`), client-states/
 (with parallel workers: the client states of that checkpoint, one shard file per worker, named in checkpoint.pt),
-status.json (running / stopped / completed / diverged / interrupted, with the reason), partition.json and labels.png (the client
-split), curves.png (accuracy and NLL per round), environment.json (code version, torch, processor: one record per
+status.json (running / stopped / completed / diverged / interrupted, with the reason), partition.json and labels.png
+(the client split), curves.png (accuracy and NLL per round), environment.json (code version, torch, processor: one record per
 start or resume, `provenance`). A checkpoint is written shards first, checkpoint.pt last, each under
 a temporary name and renamed when complete, so a kill at any point leaves the previous checkpoint whole.
 """
@@ -210,27 +210,28 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     workers = config.workers or default_workers()
     checkpointed = [start]   # the round of the last checkpoint written, kept up to date by _rounds
     clients = client_runner(config, experiment, min(workers, _max_participants(config)))
-    try:
-        if checkpoint is None:
-            server = algorithm.init_server(experiment.theta0)
-            clients.start(server)
-            _save_checkpoint(checkpoint_path, 0, server, clients)  # a stop in round 1 still leaves a state
-        else:
-            server = checkpoint["server"]
-            clients.restore(checkpoint, run_dir)
-            remove_stale_shards(run_dir, checkpoint)   # those of a checkpoint the kill did not let finish
-            del checkpoint   # the states now live in `clients`
-        with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt():   # from here on a kill is reported as an interruption
+        try:
+            if checkpoint is None:
+                server = algorithm.init_server(experiment.theta0)
+                clients.start(server)
+                _save_checkpoint(checkpoint_path, 0, server, clients)  # a stop in round 1 still leaves a state
+            else:
+                server = checkpoint["server"]
+                clients.restore(checkpoint, run_dir)
+                remove_stale_shards(run_dir, checkpoint)   # those of a checkpoint the kill did not let finish
+                del checkpoint   # the states now live in `clients`
             code, status, saved = _rounds(config, experiment, clients, start, server, history, bar, run_dir,
                                           checkpointed)
-    except KeyboardInterrupt:   # Ctrl-C, or a SIGTERM: say so, so that a watcher does not wait for a dead run
-        bar.close()
-        _write_json(status_path, {"status": "interrupted", "round": checkpointed[0],
-                                  "message": f"interrupted; `bayesadmm resume {run_dir}` goes on from the "
-                                             f"checkpoint of round {checkpointed[0]}"})
-        raise
-    finally:
-        clients.close()
+        except KeyboardInterrupt:   # Ctrl-C, or a SIGTERM: say so, so that a watcher does not wait for a dead run
+            bar.close()
+            then = (f"`bayesadmm resume {run_dir}` goes on from the checkpoint of round {checkpointed[0]}"
+                    if checkpoint_path.exists() else "no checkpoint was written yet: run it again")
+            _write_json(status_path, {"status": "interrupted", "round": checkpointed[0],
+                                      "message": f"interrupted; {then}"})
+            raise
+        finally:
+            clients.close()
     bar.close()
     if code == EXIT_OK and _last_round(config) == config.rounds:
         status = {"status": "completed", "round": config.rounds}
