@@ -8,13 +8,13 @@ Every random choice comes from a generator derived from (seed, round, client) (`
 ids from 10⁹ on are the engine's own streams), and nothing uses torch's global RNG, so `resume` after a kill
 continues with exactly the numbers an uninterrupted run would have produced.
 
-Files in the run directory: config.json (resolved config), metrics.jsonl (one JSON object per round),
-checkpoint.pt (the state after the last checkpointed round: every round by default, `checkpoint_every`), client-states/
-(with parallel workers: the client states of that checkpoint, one shard file per worker, named in checkpoint.pt),
+Files in the run directory: config.json (resolved config), metrics.jsonl (one JSON object per round), checkpoint.pt
+(the state after the last checkpointed round: every round by default, `checkpoint_every`), client-states/ (with
+parallel workers: the client states of that checkpoint, one shard file per worker, named in checkpoint.pt),
 status.json (running / stopped / completed / diverged / interrupted, with the reason), partition.json and labels.png
-(the client split), curves.png (accuracy and NLL per round), environment.json (code version, torch, processor: one record per
-start or resume, `provenance`). A checkpoint is written shards first, checkpoint.pt last, each under
-a temporary name and renamed when complete, so a kill at any point leaves the previous checkpoint whole.
+(the client split), curves.png (accuracy and NLL per round), environment.json (code version, torch, processor: one
+record per start or resume, `provenance`). A checkpoint is written shards first, checkpoint.pt last, each under a
+temporary name and renamed when complete, so a kill at any point leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations
