@@ -221,8 +221,8 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
                 clients.restore(checkpoint, run_dir)
                 remove_stale_shards(run_dir, checkpoint)   # those of a checkpoint the kill did not let finish
                 del checkpoint   # the states now live in `clients`
-            code, status, saved = _rounds(config, experiment, clients, start, server, history, bar, run_dir,
-                                          checkpointed)
+            code, status = _rounds(config, experiment, clients, start, server, history, bar, run_dir,
+                                   checkpointed)
         except KeyboardInterrupt:   # Ctrl-C, or a SIGTERM: say so, so that a watcher does not wait for a dead run
             bar.close()
             then = (f"`bayesadmm resume {run_dir}` goes on from the checkpoint of round {checkpointed[0]}"
@@ -239,7 +239,8 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
         status = {"status": "stopped", "round": _last_round(config),
                   "message": f"stopped after round {config.stop_at} as asked (stop_at); `bayesadmm resume` goes on"}
     else:
-        print(f"stopped: {status['message']} (state of round {saved} is in {checkpoint_path})", file=sys.stderr)
+        print(f"stopped: {status['message']} (state of round {checkpointed[0]} is in {checkpoint_path})",
+              file=sys.stderr)
     if history:   # before the final status, which tells a watcher the run directory is complete
         try_plot_run(history, run_dir / "curves.png",
                      title=f"{config.scenario} — {config.method} (seed {config.seed})")
@@ -274,13 +275,13 @@ def _max_participants(config: RunConfig) -> int:
 
 
 def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, server, history: list,
-            bar, run_dir: Path, checkpointed: list[int]) -> tuple[int, dict, int]:
-    """Rounds start+1 … config.rounds; returns (exit code, last status, round of the last checkpoint), which it also
-    keeps in checkpointed[0] for an interruption to report."""
+            bar, run_dir: Path, checkpointed: list[int]) -> tuple[int, dict]:
+    """Rounds start+1 … config.rounds; returns (exit code, last status) and keeps the round of the last checkpoint
+    written in checkpointed[0] (for the messages of a failure or an interruption)."""
     algorithm = experiment.algorithm
     metrics_path, checkpoint_path, status_path = (run_dir / "metrics.jsonl", run_dir / "checkpoint.pt",
                                                    run_dir / "status.json")
-    status, saved = {"status": "running", "round": start}, start
+    status = {"status": "running", "round": start}
     for round_ in range(start + 1, _last_round(config) + 1):
         began = time.perf_counter()
         chosen = participants(config, round_)
@@ -296,8 +297,7 @@ def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, serv
             replies = clients.train(round_, algorithm.broadcast(server), chosen, on_done)
             server, _ = algorithm.server_update(server, replies)
         except BREAKDOWNS as exc:
-            return (EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"},
-                    saved)
+            return EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"}
         seconds = time.perf_counter() - began
         began = time.perf_counter()
         results = evaluate(experiment.model, algorithm.posterior(server), experiment.X_test, experiment.y_test,
@@ -306,19 +306,19 @@ def _rounds(config: RunConfig, experiment: Experiment, clients, start: int, serv
                              "val" if config.validation > 0 else "test")
         if not all(math.isfinite(v) for v in results.values()):
             return (EXIT_DIVERGED, {"status": "diverged", "round": round_ - 1,
-                                    "message": f"round {round_}: non-finite test metrics {results}"}, saved)
+                                    "message": f"round {round_}: non-finite test metrics {results}"})
         with metrics_path.open("a") as f:
             f.write(json.dumps(line) + "\n")
         if round_ % config.checkpoint_every == 0 or round_ == _last_round(config):
             _save_checkpoint(checkpoint_path, round_, server, clients)   # a resume redoes the rounds after it
-            saved = checkpointed[0] = round_
+            checkpointed[0] = round_
         history.append(line)
         status = {"status": "running", "round": round_}
         _write_json(status_path, status)
         acc = next(line[key] for key in ("ens_test_acc", "test_acc", "ens_val_acc", "val_acc") if key in line)
         bar.set_postfix_str(f"acc {100 * acc:.1f}%")
         bar.update(1)
-    return EXIT_OK, status, saved
+    return EXIT_OK, status
 
 
 def _progress(config: RunConfig, start: int, enabled: bool):
