@@ -96,12 +96,14 @@ def main() -> None:
         loss_fn(flat.forward(theta, x), y).backward()
         flat_adam.step()
 
+    terms = ivon.update_terms(theta0, lr=5e-5, ess=6000.0, delta=delta, beta1=0.9, beta2=0.9998, prior_mean=theta0,
+                              v=v, u=u)
+
     def flat_ivon_step():
         sample = state["thetas"][0].requires_grad_(True)
         (grad,) = torch.autograd.grad(loss_fn(flat.forward(sample, x), y), sample)
-        state["ivon"], state["thetas"], state["eps"] = ivon.update_and_sample(
-            state["ivon"], grad.unsqueeze(0), state["eps"], noise, 1, lr=5e-5, ess=6000.0, delta=delta, beta1=0.9,
-            beta2=0.9998, prior_mean=theta0, v=v, u=u, check=False)
+        state["ivon"], state["thetas"], state["eps"] = ivon.update_and_sample_with(
+            state["ivon"], grad.unsqueeze(0), state["eps"], noise, 1, terms)
 
     rows = []
     for label, a, b in (("nn.Module optimizers, IVON noise='torch' (ivon-opt's generator)", adam_step, ivon_step),

@@ -10,6 +10,7 @@ from bayesadmm.engine.runner import build, participants
 from bayesadmm.engine.workers import client_runner
 from bayesadmm.experiments.config import resolve
 clients_n = int(sys.argv[1]); method = sys.argv[2]; workers = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+scenario = sys.argv[4] if len(sys.argv) > 4 else "fmnist-heterog100"
 config, _ = resolve("fmnist-heterog100", [f"method={method}", f"workers={workers}", "rounds=8", f"clients={clients_n}", "partition=iid", "epochs=1"])
 exp = build(config); alg = exp.algorithm
 server = alg.init_server(exp.theta0)

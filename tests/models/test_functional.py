@@ -137,3 +137,46 @@ def test_make_model():
         make_model("resnet-1000")
     with pytest.raises(ValueError, match="relu, sigmoid, tanh"):
         mlp(activation="swish")
+
+
+def _through_functional_call(model, theta, X):
+    """The general route the sequential plan stands in for: torch.func.functional_call on the template module."""
+    from torch.func import functional_call
+
+    if X.dtype != theta.dtype:
+        X = X.to(theta.dtype)
+    return functional_call(model.module, model.unflatten(theta), (X,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("factory", [
+    _small_mlp, lambda: logistic(12, 3),
+    lambda: mlp(in_features=12, hidden=(6,), num_classes=3, activation="relu"),
+    lambda: mlp(in_features=12, hidden=(6, 4, 5), num_classes=3, activation="tanh")])
+def test_sequential_plan_gives_the_bits_of_functional_call(factory, dtype):
+    """The fast route of plain MLPs must be the same computation: equal values and gradients bit for bit, also under
+    vmap (forward_batched), on image-shaped inputs that the Flatten layer reshapes."""
+    model = factory()
+    assert model._plan is not None   # these models take the fast route
+    theta = model.initial_params(torch.Generator().manual_seed(0)).to(dtype)
+    X = torch.randn(9, 3, 4, generator=torch.Generator().manual_seed(1))     # 12 features as a 3×4 image
+    y = torch.randint(0, 3, (9,), generator=torch.Generator().manual_seed(2))
+    assert torch.equal(model.forward(theta, X), _through_functional_call(model, theta, X))
+    loss = lambda fwd: lambda t: F.cross_entropy(fwd(model, t, X) if fwd else model.forward(t, X), y)  # noqa: E731
+    assert torch.equal(grad(loss(None))(theta), grad(loss(_through_functional_call))(theta))
+    thetas = torch.stack([theta, 2 * theta])
+    general = torch.func.vmap(lambda t: _through_functional_call(model, t, X))(thetas)
+    assert torch.equal(model.forward_batched(thetas, X), general)
+
+
+def test_other_modules_take_the_general_route():
+    """Anything but Sequential(Flatten, Linear, activations) runs through functional_call, and still matches the
+    module: an inplace activation, a nested module, a CNN."""
+    inplace = FlatModel(lambda: nn.Sequential(nn.Linear(4, 3), nn.ReLU(inplace=True), nn.Linear(3, 2)))
+    nested = FlatModel(lambda: nn.Sequential(nn.Sequential(nn.Linear(4, 3)), nn.Linear(3, 2)))
+    cnn = make_model("zenke-cnn")
+    for model in (inplace, nested, cnn):
+        assert model._plan is None
+    theta = nested.initial_params(torch.Generator().manual_seed(0))
+    X = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(nested.forward(theta, X), _loaded_module(nested, theta)(X))

@@ -61,8 +61,8 @@ from bayesadmm import rng
 from bayesadmm.checks import all_positive
 from bayesadmm.optim import kernels
 
-__all__ = ["IVONState", "init", "noise_scale", "check_noise_scale", "sample", "update", "update_and_sample",
-           "posterior", "IVON"]
+__all__ = ["IVONState", "UpdateTerms", "init", "noise_scale", "check_noise_scale", "sample", "update_terms", "update",
+           "update_and_sample", "update_and_sample_with", "posterior", "IVON"]
 
 
 # --- functional core ---------------------------------------------------------------------------------------------
@@ -183,6 +183,48 @@ def _vector(x: Tensor | float | None, like: Tensor) -> Tensor:
     return x if x.shape == like.shape else x.expand_as(like).clone()
 
 
+class UpdateTerms(NamedTuple):
+    """The inputs of steps 2–6 that stay fixed over many steps (a client's whole solve), validated and in the form
+    the fused kernels take: vectors (d,) delta, prior_mean, v, u (zeros where absent); lr 0-d or (d,); 0-d ess,
+    beta1, beta2, clip_radius; and the debias switch with β₁ as a number (the divisor 1 − β₁ᵗ changes every step).
+    Built by `update_terms`; preparing them once instead of every step saves ~a dozen tensor conversions and
+    validations per step, about 2 % of a step of the papers' MLP (docs/performance.md)."""
+
+    delta: Tensor
+    prior_mean: Tensor
+    v: Tensor
+    u: Tensor
+    lr: Tensor
+    ess: Tensor
+    beta1: Tensor
+    beta2: Tensor
+    clip_radius: Tensor
+    beta1_value: float
+    debias: bool
+
+
+def update_terms(like: Tensor, *, lr: float | Tensor, ess: float, delta: Tensor | float, beta1: float, beta2: float,
+                 prior_mean: Tensor | None = None, v: Tensor | None = None, u: Tensor | None = None,
+                 clip_radius: float = math.inf, debias: bool = True, check: bool = True) -> UpdateTerms:
+    """Validate `update`'s fixed inputs for a mean shaped like `like` and convert them once (`UpdateTerms`).
+    check=False skips the elementwise check δ ≥ 0 (see `noise_scale`); the cheap checks always run."""
+    d = like.numel()
+    _check_positive("lr", lr)
+    _check_positive("ess", ess)
+    _check_beta("beta1", beta1)
+    _check_beta("beta2", beta2)
+    if not clip_radius > 0:
+        raise ValueError(f"clip_radius must be > 0, got {clip_radius}")
+    if check:
+        _check_delta(delta, d)
+    for name, x in (("prior_mean", prior_mean), ("v", v), ("u", u)):
+        _check_vector(name, x, d)
+    vec, sca = (lambda x: _vector(x, like)), (lambda x: _scalar(x, like))  # noqa: E731
+    return UpdateTerms(vec(delta), vec(prior_mean), vec(v), vec(u),
+                       vec(lr) if torch.is_tensor(lr) and lr.dim() > 0 else sca(lr), sca(ess), sca(beta1),
+                       sca(beta2), sca(clip_radius), float(beta1), bool(debias))
+
+
 def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, ess: float, delta: Tensor | float,
            beta1: float, beta2: float, prior_mean: Tensor | None = None, v: Tensor | None = None,
            u: Tensor | None = None, clip_radius: float = math.inf, debias: bool = True,
@@ -193,9 +235,11 @@ def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, 
     calling this. σ is recomputed from `state`, which must be the state the samples were drawn from.
     prior_mean=None means m_p = 0; v=None, u=None mean zero dual terms. check=False: see `noise_scale`.
     """
-    args = _update_args(state, grads, eps, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2,
-                        prior_mean=prior_mean, v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
-    return IVONState(*kernels.update_step(*args), state.step + 1)
+    terms = update_terms(state.mean, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2, prior_mean=prior_mean,
+                         v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
+    if check:
+        noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
+    return IVONState(*kernels.update_step(*_kernel_args(state, grads, eps, terms)), state.step + 1)
 
 
 def update_and_sample(state: IVONState, grads: Tensor, eps: Tensor, key: Tensor, mc_samples: int = 1, *,
@@ -205,38 +249,34 @@ def update_and_sample(state: IVONState, grads: Tensor, eps: Tensor, key: Tensor,
                       check: bool = True) -> tuple[IVONState, Tensor, Tensor]:
     """`update`, then `sample` from the new state with the counter-based stream `key`, in one fused kernel:
     (new state, thetas (S, d), eps (S, d)) for the next step. The same numbers as the two calls (up to rounding);
-    the sampling reads m, h and δ while the update has them at hand instead of in a second pass over memory."""
-    args = _update_args(state, grads, eps, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2,
-                        prior_mean=prior_mean, v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
+    the sampling reads m, h and δ while the update has them at hand instead of in a second pass over memory.
+    In a loop, prepare the fixed inputs once with `update_terms` and call `update_and_sample_with`."""
+    terms = update_terms(state.mean, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2, prior_mean=prior_mean,
+                         v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
+    if check:
+        noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
+    return update_and_sample_with(state, grads, eps, key, mc_samples, terms)
+
+
+def update_and_sample_with(state: IVONState, grads: Tensor, eps: Tensor, key: Tensor, mc_samples: int,
+                           terms: UpdateTerms) -> tuple[IVONState, Tensor, Tensor]:
+    """`update_and_sample` with its fixed inputs prepared by `update_terms`: the hot loop's call. No elementwise
+    checks: the caller checks h + δ > 0 before the loop and the result for non-finite values after it."""
     step = state.step + 1
     mean, hess, momentum, thetas, new_eps = kernels.update_and_sample_step(
-        *args, rng.block_key(key, step), mc_samples)
+        *_kernel_args(state, grads, eps, terms), rng.block_key(key, step), mc_samples)
     return IVONState(mean, hess, momentum, step), thetas, new_eps
 
 
-def _update_args(state: IVONState, grads: Tensor, eps: Tensor, *, lr, ess, delta, beta1, beta2, prior_mean, v, u,
-                 clip_radius, debias, check) -> tuple:
-    """Validate `update`'s inputs and put them in the form kernels.update_step takes."""
+def _kernel_args(state: IVONState, grads: Tensor, eps: Tensor, terms: UpdateTerms) -> tuple:
+    """kernels.update_step's arguments for one step from `state`."""
     d = state.mean.numel()
     if grads.dim() != 2 or grads.shape[1] != d or grads.shape != eps.shape:
         raise ValueError(f"grads and eps must both have shape (S, {d}), got {tuple(grads.shape)} and "
                          f"{tuple(eps.shape)}")
-    _check_positive("lr", lr)
-    _check_beta("beta1", beta1)
-    _check_beta("beta2", beta2)
-    if not clip_radius > 0:
-        raise ValueError(f"clip_radius must be > 0, got {clip_radius}")
-    if check:
-        _check_delta(delta, d)
-    for name, x in (("prior_mean", prior_mean), ("v", v), ("u", u)):
-        _check_vector(name, x, d)
-    if check:
-        noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
-    m = state.mean
-    vec, sca = (lambda x: _vector(x, m)), (lambda x: _scalar(x, m))  # noqa: E731
-    return (m, state.hess, state.momentum, grads, eps, vec(delta), vec(prior_mean), vec(v), vec(u),
-            vec(lr) if torch.is_tensor(lr) and lr.dim() > 0 else sca(lr), sca(ess), sca(beta1), sca(beta2),
-            sca(1.0 - beta1 ** (state.step + 1) if debias else 1.0), sca(clip_radius))
+    debias = 1.0 - terms.beta1_value ** (state.step + 1) if terms.debias else 1.0
+    return (state.mean, state.hess, state.momentum, grads, eps, terms.delta, terms.prior_mean, terms.v, terms.u,
+            terms.lr, terms.ess, terms.beta1, terms.beta2, _scalar(debias, state.mean), terms.clip_radius)
 
 
 def posterior(state: IVONState, ess: float, delta: Tensor | float) -> tuple[Tensor, Tensor]:
