@@ -222,3 +222,41 @@ def test_ivon_admm_on_logistic_regression_reaches_the_centralised_solution():
     server, _ = run_rounds(alg, losses, torch.zeros(3), rounds=15, seed=0)
     m = family.to_moments(server.natural)[0]
     assert (m - m_star).norm() / m_star.norm() < 0.1, (m, m_star)
+
+
+def test_ivon_solver_is_the_plain_ivon_loop_without_the_unused_last_sample():
+    """The solver's loop skips drawing samples after its last step (they would go unused) and prepares IVON's fixed
+    inputs once; it must still be exactly IVON on every minibatch: the same posterior as a plain loop of
+    `ivon.update_and_sample` over the same shuffles, and one step per minibatch."""
+    from bayesadmm import rng
+    from bayesadmm.optim import ivon
+    from bayesadmm.solvers.adam import minibatches
+
+    X, y = _client(n=70)
+    X, y = X.double(), y.double()
+    family = DiagonalGaussian(3)
+    lam_g = family.from_moments(torch.tensor([0.2, -0.1, 0.4], dtype=torch.float64),
+                                torch.tensor([3.0, 5.0, 4.0], dtype=torch.float64))
+    eta = tuple(torch.tensor(x, dtype=torch.float64) for x in ([1.0, -2.0, 0.5], [-1.0, -0.5, -0.75]))
+    tau, rho, data = 2.0, 0.5, LeastSquares(X, y)
+    solver = IVONSolver(lr=0.05, epochs=3, batch_size=16, tau=tau, hess_init=0.1, beta2=0.99, mc_samples=2)
+    result = solver.solve(family, data, lam_g, eta, rho, torch.Generator().manual_seed(4))
+
+    generator = torch.Generator().manual_seed(4)            # the plain loop, drawing from the generator in order
+    m_g, s_g = family.to_moments(lam_g)
+    n = data.num_examples
+    ess = n / (rho * tau)
+    kwargs = dict(lr=0.05, ess=ess, delta=s_g / ess, beta1=0.9, beta2=0.99, prior_mean=m_g, v=tau * eta[0] / n,
+                  u=tau * (-2.0 * eta[1]) / n)
+    state = ivon.init(m_g, 0.1)
+    key = rng.stream_key(generator)
+    thetas, eps = ivon.sample(state, ess, kwargs["delta"], key, 2)
+    steps = 0
+    for idx in minibatches(n, 16, 3, generator):
+        grads = torch.stack([torch.func.grad(lambda t: data.batch_loss(t, idx))(theta) for theta in thetas])
+        state, thetas, eps = ivon.update_and_sample(state, grads, eps, key, 2, **kwargs)
+        steps += 1
+    assert result.iterations == steps == 3 * 5
+    mean, precision = family.to_moments(result.natural)
+    torch.testing.assert_close(mean, state.mean, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(precision, ess * (state.hess + kwargs["delta"]), rtol=1e-12, atol=1e-12)

@@ -62,7 +62,7 @@ from bayesadmm.checks import all_positive
 from bayesadmm.optim import kernels
 
 __all__ = ["IVONState", "UpdateTerms", "init", "noise_scale", "check_noise_scale", "sample", "update_terms", "update",
-           "update_and_sample", "update_and_sample_with", "posterior", "IVON"]
+           "update_with", "update_and_sample", "update_and_sample_with", "posterior", "IVON"]
 
 
 # --- functional core ---------------------------------------------------------------------------------------------
@@ -239,6 +239,12 @@ def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, 
                          v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
     if check:
         noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
+    return update_with(state, grads, eps, terms)
+
+
+def update_with(state: IVONState, grads: Tensor, eps: Tensor, terms: UpdateTerms) -> IVONState:
+    """`update` with its fixed inputs prepared by `update_terms` (no elementwise checks, as
+    `update_and_sample_with`): for the last step of a loop, whose next samples would go unused."""
     return IVONState(*kernels.update_step(*_kernel_args(state, grads, eps, terms)), state.step + 1)
 
 

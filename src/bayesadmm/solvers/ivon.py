@@ -97,12 +97,18 @@ class IVONSolver:
             thetas, eps = ivon.sample(state, ess, delta, noise_key, self.mc_samples, check=False)
             terms = ivon.update_terms(m_g, lr=lr, ess=ess, delta=delta, beta1=self.beta1, beta2=self.beta2,
                                       prior_mean=m_g, v=v, u=u, clip_radius=self.clip_radius, check=False)
-            for idx in minibatches(n, self.batch_size, self.epochs, generator, m_g.device):
+            batches = minibatches(n, self.batch_size, self.epochs, generator, m_g.device)
+            idx = next(batches, None)
+            while idx is not None:
                 grads = (_grad(data, thetas[0], idx).unsqueeze(0) if self.mc_samples == 1    # a view, no copy
                          else torch.stack([_grad(data, theta, idx) for theta in thetas]))
-                # the update and the next step's samples in one pass (the last samples go unused)
-                state, thetas, eps = ivon.update_and_sample_with(state, grads, eps, noise_key, self.mc_samples,
-                                                                 terms)
+                # (only the shuffles draw from the generator, so looking one batch ahead changes no number)
+                idx = next(batches, None)
+                if idx is None:   # the last step: no sample after it (its noise is a third of a 2-step client's)
+                    state = ivon.update_with(state, grads, eps, terms)
+                else:             # the update and the next step's samples in one pass
+                    state, thetas, eps = ivon.update_and_sample_with(state, grads, eps, noise_key, self.mc_samples,
+                                                                     terms)
                 steps += 1
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
             raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
