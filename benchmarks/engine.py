@@ -25,6 +25,10 @@ The limit: a round's arithmetic is counted as 6·B·P floating-point operations 
 left out, so the limit is optimistic), summed over the clients' steps. The matrix-multiply throughput is measured in
 the same run on one thread (2048 × 2048 float32 products); the limit with N workers is flops / (N × throughput).
 `ratio` = measured time / limit: 1 would be a round that is nothing but large matrix products on every core.
+`r/round`: the same ratio per timed round, with the throughput measured again right after that round (best of 3
+products, workers idle), and the median over the rounds: this VM's speed drifts by tens of percent within minutes
+(the one throughput at the start measured 65 to 91 GFLOP/s in runs an hour apart), and the per-round limit drifts
+with it, so this column is the one to compare across runs.
 With more than one worker count, each speed-up is printed beside what the machine leaves room for: workers ×
 balance / contention (an estimate: both timings vary by ±15 % from run to run on this VM). `balance` is how evenly the pool's static assignment spreads the round's local steps (total / (workers ×
 the busiest worker's steps); unequal clients cannot always be split evenly). `contention` is measured in the same
@@ -105,7 +109,7 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
 
     server = algorithm.init_server(experiment.theta0)
     clients = client_runner(config, experiment, workers)
-    times = []
+    times, round_gflops = [], []
     try:
         clients.start(server)
         for round_ in range(1, rounds + 1):
@@ -113,6 +117,8 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
             replies = clients.train(round_, algorithm.broadcast(server), participants(config, round_))
             server, _ = algorithm.server_update(server, replies)
             times.append(time.perf_counter() - began)
+            # the machine's speed right after this round (workers idle), for a limit that drifts with it
+            round_gflops.append(matmul_gflops(repeats=3))
         folder = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir="."))
         try:
             began = time.perf_counter()
@@ -127,8 +133,12 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     finally:
         clients.close()
     timed = times[3:] or times[-1:]   # steady state (see the module docstring)
+    first = len(times) - len(timed)
+    # each timed round against the limit at the throughput measured right after it; the median of those ratios
+    ratios = [t * workers * g * 1e9 / flops for t, g in zip(timed, round_gflops[first:])]
     return {"scenario": scenario, "method": method, "clients": config.clients, "workers": workers,
             "seconds_per_round": sum(timed) / len(timed), "rounds_timed": len(timed), "round_seconds": times,
+            "round_gflops": round_gflops, "round_ratios": ratios, "median_round_ratio": statistics.median(ratios),
             "checkpoint_seconds": checkpoint_seconds, "local_steps": steps, "balance": balance,
             "gflop_per_round": flops / 1e9, "state_mb": state_mb,
             "peak_mb_parent": peak_parent, "peak_mb_workers": peak_workers}
@@ -305,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         peak = row["peak_mb_parent"] + sum(row["peak_mb_workers"])
         print(f"{scenario:<18} {method:<10} {row['clients']:>7} {w:>7} {row['seconds_per_round']:>8.2f} "
               f"{row['local_steps']:>7} {row['gflop_per_round']:>7.1f} {row['limit_seconds']:>8.3f} "
-              f"{row['ratio']:>6.1f} {row['state_mb']:>9.1f} {peak:>8.0f} {row['checkpoint_seconds']:>7.2f}",
+              f"{row['ratio']:>6.1f} {row['median_round_ratio']:>8.1f} {row['state_mb']:>9.1f} {peak:>8.0f} {row['checkpoint_seconds']:>7.2f}",
               flush=True)
     by_key = {(r["scenario"], r["method"], r["clients"], r["workers"]): r for r in rows}
     if len(workers) > 1:
