@@ -121,12 +121,20 @@ def test_modules_with_buffers_are_rejected():
         FlatModel(nn.ReLU)
 
 
-def test_models_survive_pickling():
-    model = _small_mlp()
+def _every_planned_layer():
+    return nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.Identity(), nn.ReLU(), nn.Linear(6, 5), nn.Tanh(),
+                         nn.Linear(5, 4), nn.Sigmoid(), nn.Linear(4, 3, bias=False))
+
+
+@pytest.mark.parametrize("factory", [_small_mlp, lambda: FlatModel(_every_planned_layer)])
+def test_models_survive_pickling(factory):
+    """Worker processes receive the model pickled, with its forward plan."""
+    model = factory()
     theta = model.initial_params(torch.Generator().manual_seed(0))
     X, _ = _data()
     clone = pickle.loads(pickle.dumps(model))
-    torch.testing.assert_close(clone.forward(theta, X), model.forward(theta, X))
+    assert torch.equal(clone.forward(theta, X), model.forward(theta, X))
+    assert torch.equal(model.forward(theta, X), _through_functional_call(model, theta, X))
 
 
 def test_make_model():

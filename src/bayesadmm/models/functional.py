@@ -36,9 +36,14 @@ from torch.nn import functional as F
 __all__ = ["FlatModel", "mean_nll"]
 
 
-# the elementwise activations the plan runs as nn.Module.forward does (inplace variants are left to functional_call)
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+# the elementwise activations the plan runs as nn.Module.forward does (inplace variants are left to functional_call);
+# module-level functions, so that a FlatModel with its plan still pickles for the worker processes
 _ACTIVATION_FNS: dict[type[nn.Module], Callable[[Tensor], Tensor]] = {
-    nn.Sigmoid: torch.sigmoid, nn.Tanh: torch.tanh, nn.ReLU: F.relu, nn.Identity: lambda x: x}
+    nn.Sigmoid: torch.sigmoid, nn.Tanh: torch.tanh, nn.ReLU: F.relu, nn.Identity: _identity}
 
 
 def _sequential_plan(module: nn.Module, names: list[str]) -> tuple | None:
