@@ -1,8 +1,8 @@
 """Profile one round of many small clients (issue #6: where the per-client cost goes).
 
-    python benchmarks/profile_round.py CLIENTS METHOD [WORKERS]     # e.g. 1000 ivon-admm 1
+    python benchmarks/profile_round.py CLIENTS METHOD [WORKERS [SCENARIO]]     # e.g. 1000 ivon-admm 1
 
-fmnist-heterog100, iid, one local epoch; rounds 1-4 untimed by the profiler, round 5 under cProfile (top 25 by own time).
+SCENARIO (default fmnist-heterog100) split iid into CLIENTS clients, one local epoch; rounds 1-4 untimed by the profiler, round 5 under cProfile (top 25 by own time).
 """
 import cProfile, pstats, sys, time, torch
 torch.set_num_threads(1)
@@ -11,7 +11,7 @@ from bayesadmm.engine.workers import client_runner
 from bayesadmm.experiments.config import resolve
 clients_n = int(sys.argv[1]); method = sys.argv[2]; workers = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 scenario = sys.argv[4] if len(sys.argv) > 4 else "fmnist-heterog100"
-config, _ = resolve("fmnist-heterog100", [f"method={method}", f"workers={workers}", "rounds=8", f"clients={clients_n}", "partition=iid", "epochs=1"])
+config, _ = resolve(scenario, [f"method={method}", f"workers={workers}", "rounds=8", f"clients={clients_n}", "partition=iid", "epochs=1"])
 exp = build(config); alg = exp.algorithm
 server = alg.init_server(exp.theta0)
 clients = client_runner(config, exp, workers)
