@@ -225,6 +225,14 @@ def update_terms(like: Tensor, *, lr: float | Tensor, ess: float, delta: Tensor 
                        sca(beta2), sca(clip_radius), float(beta1), bool(debias))
 
 
+def _checked_terms(state: IVONState, check: bool, **hyper) -> UpdateTerms:
+    """`update_terms` for `state`'s mean, and with check=True also that h + δ > 0 (as `noise_scale` checks)."""
+    terms = update_terms(state.mean, check=check, **hyper)
+    if check:
+        noise_scale(state, hyper["ess"], hyper["delta"], check)   # raises where h + δ ≤ 0
+    return terms
+
+
 def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, ess: float, delta: Tensor | float,
            beta1: float, beta2: float, prior_mean: Tensor | None = None, v: Tensor | None = None,
            u: Tensor | None = None, clip_radius: float = math.inf, debias: bool = True,
@@ -235,10 +243,8 @@ def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, 
     calling this. σ is recomputed from `state`, which must be the state the samples were drawn from.
     prior_mean=None means m_p = 0; v=None, u=None mean zero dual terms. check=False: see `noise_scale`.
     """
-    terms = update_terms(state.mean, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2, prior_mean=prior_mean,
-                         v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
-    if check:
-        noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
+    terms = _checked_terms(state, check, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2,
+                           prior_mean=prior_mean, v=v, u=u, clip_radius=clip_radius, debias=debias)
     return update_with(state, grads, eps, terms)
 
 
@@ -257,10 +263,8 @@ def update_and_sample(state: IVONState, grads: Tensor, eps: Tensor, key: Tensor,
     (new state, thetas (S, d), eps (S, d)) for the next step. The same numbers as the two calls (up to rounding);
     the sampling reads m, h and δ while the update has them at hand instead of in a second pass over memory.
     In a loop, prepare the fixed inputs once with `update_terms` and call `update_and_sample_with`."""
-    terms = update_terms(state.mean, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2, prior_mean=prior_mean,
-                         v=v, u=u, clip_radius=clip_radius, debias=debias, check=check)
-    if check:
-        noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
+    terms = _checked_terms(state, check, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2,
+                           prior_mean=prior_mean, v=v, u=u, clip_radius=clip_radius, debias=debias)
     return update_and_sample_with(state, grads, eps, key, mc_samples, terms)
 
 
