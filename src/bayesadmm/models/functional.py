@@ -15,8 +15,8 @@ directly.  The module is only a template of the computation: it lives on the ``m
 accidentally read its own weights would fail instead of silently using stale values.
 
 Why a second route for plain MLPs: ``functional_call`` swaps the module's parameters in and out on every call (named
-member walks, tie checks, a context manager), ~0.13 ms per forward pass on this project's 2-core machine, a fifth of
-the papers' MLP's whole forward-and-backward at batch 32 (docs/performance.md).  A ``Sequential`` made only of
+member walks, tie checks, a context manager): on this project's 2-core machine the papers' MLP's forward pass at batch
+32 took 0.345 ms that way against 0.246 ms without (`python benchmarks/overheads.py`, docs/performance.md).  A ``Sequential`` made only of
 ``Flatten``, ``Linear`` and elementwise activations is therefore run from a plan fixed at construction: the same
 ``F.linear``/activation calls the modules make, on views of ``θ``, so the numbers are the same bits
 (tests/models/test_functional.py checks values and gradients against ``functional_call``).  Any other module goes

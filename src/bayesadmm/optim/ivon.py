@@ -187,8 +187,8 @@ class UpdateTerms(NamedTuple):
     """The inputs of steps 2–6 that stay fixed over many steps (a client's whole solve), validated and in the form
     the fused kernels take: vectors (d,) delta, prior_mean, v, u (zeros where absent); lr 0-d or (d,); 0-d ess,
     beta1, beta2, clip_radius; and the debias switch with β₁ as a number (the divisor 1 − β₁ᵗ changes every step).
-    Built by `update_terms`; preparing them once instead of every step saves ~a dozen tensor conversions and
-    validations per step, about 2 % of a step of the papers' MLP (docs/performance.md)."""
+    Built by `update_terms`; preparing them once instead of every step saves about a dozen tensor conversions and
+    validations per step."""
 
     delta: Tensor
     prior_mean: Tensor
