@@ -7,7 +7,11 @@
 * one call of IVON's fused update-and-sample kernel on 8 parameters, where the arithmetic is nothing and the time is
   the call: through `kernels.update_and_sample_step` (torch.compile), and (unless --no-aot) through
   `torch.compile(...).aot_compile` with its guard check switched off, an alternative not adopted (it compiles on
-  every process start; the seconds it took are printed) — its outputs are compared with the library's.
+  every process start; the seconds it took are printed) — its outputs are compared with the library's;
+* a BayesADMM client's dual step and reply on the MLP's natural parameters (2 x 178,110 numbers; issue #6 item 4,
+  where 1000 clients of 2 steps each spend as long on such per-client work as on their steps): as the library
+  computes them (`nat.add_scaled`, one new tensor per component and operation) against the pairwise form
+  `add(a, scale(b, c))` they replaced (two); their results are compared bit for bit.
 Timings alternate between the two of each pair (median ms per call over the repeats), one thread.
 """
 
@@ -22,6 +26,8 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from bayesadmm import rng
+from bayesadmm.algorithms.bayes_admm import client_contribution, natural_dual_step
+from bayesadmm.families import natural as nat
 from bayesadmm.models import mlp
 from bayesadmm.optim import kernels
 
@@ -86,12 +92,30 @@ def main() -> None:
         calls["IVON kernel call on 8 parameters, aot_compile without guard check"] = lambda: precompiled(*kernel_args)
         note = f"aot_compile took {seconds:.1f} s; its outputs equal the library kernel's: {same}"
     rows.update(_alternate(calls, args.calls, args.repeats))
+
+    gen = torch.Generator().manual_seed(1)
+    pair = lambda: (torch.randn(model.dim, generator=gen), -torch.rand(model.dim, generator=gen))  # noqa: E731
+    dual, lam_k, lam_g, gamma = pair(), pair(), pair(), 0.5
+
+    def library():
+        new_dual = natural_dual_step(None, dual, lam_k, lam_g, gamma)
+        return new_dual, client_contribution(lam_k, new_dual, gamma)
+
+    def pairwise():
+        new_dual = nat.add(dual, nat.scale(nat.sub(lam_k, lam_g), gamma))
+        return new_dual, nat.add(new_dual, nat.scale(lam_k, gamma))
+
+    same_bits = all(torch.equal(a, b) for x, y in zip(library(), pairwise()) for a, b in zip(x, y))
+    rows.update(_alternate({"client dual step + reply, MLP, nat.add_scaled (library)": library,
+                            "client dual step + reply, MLP, add(a, scale(b, c))": pairwise},
+                           max(args.calls // 10, 10), args.repeats))
     print("| call | ms |")
     print("|---|---|")
     for name, ms in rows.items():
         print(f"| {name} | {ms:.3f} |")
     if note:
         print(note)
+    print(f"dual step + reply: the two forms' results are equal bit for bit: {same_bits}")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,21 @@ def test_compiled_update_equals_the_eager_maths(mc_samples, dtype):
         torch.testing.assert_close(fused, eager, **tol)
 
 
+def test_compiled_kernels_follow_their_inputs_sizes_and_strides():
+    """The kernels are compiled without the wrapper's size asserts (optim/kernels.py): dynamo's guards must send
+    inputs of another size, or strided views, to a kernel made for them."""
+    tol = dict(rtol=1e-12, atol=1e-12)
+    for d in (1000, 37, 2):
+        args = random_update_inputs(d, 1, seed=d)
+        for fused, eager in zip(kernels.update_step(*args), kernels.update_step.eager(*args)):
+            torch.testing.assert_close(fused, eager, **tol)
+    args = random_update_inputs(2 * 301, 1, seed=4)
+    strided = [a[..., ::2] if a.dim() > 0 else a for a in args]   # every vector a view with stride 2
+    assert not strided[0].is_contiguous()
+    for fused, eager in zip(kernels.update_step(*strided), kernels.update_step.eager(*strided)):
+        torch.testing.assert_close(fused, eager, **tol)
+
+
 def test_compiled_sampling_equals_the_eager_maths_and_the_stream():
     d, S = 1001, 2
     g = torch.Generator().manual_seed(1)
@@ -189,3 +204,61 @@ def test_update_and_sample_equals_update_then_sample():
     assert fused_state.step == new_state.step == 7
     for a, b in zip((*fused_state[:3], fused_thetas, fused_eps), (*new_state[:3], thetas, next_eps)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mc_samples", [1, 2])
+def test_in_place_kernels_write_the_numbers_of_the_pure_kernels_bit_for_bit(compiled, dtype, mc_samples):
+    args = random_update_inputs(1003, mc_samples, dtype, seed=3)
+    key = rng.block_key(torch.tensor(5), 2)
+    pick = (lambda kernel: kernel) if compiled else (lambda kernel: kernel.eager)  # noqa: E731
+    for pure, in_place, extra in ((kernels.update_step, kernels.update_step_, ()),
+                                  (kernels.update_and_sample_step, kernels.update_and_sample_step_,
+                                   (key, mc_samples))):
+        expected = pick(pure)(*args, *extra)
+        state = [t.clone() for t in args[:3]]   # mean, hess, momentum
+        returned = pick(in_place)(*state, *args[3:], *extra)
+        written = (*state, *(returned or ()))
+        assert len(written) == len(expected)
+        assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(written, expected))
+
+
+def test_in_place_ivon_steps_return_the_pure_steps_numbers_in_the_states_own_tensors():
+    """ivon.update_with / update_and_sample_with with inplace=True (the federated solver's loop)."""
+    g = torch.Generator().manual_seed(3)
+    d, key = 1003, torch.tensor(5)
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    state = ivon.IVONState(r(d), r(d).abs(), r(d), 4)
+    grads, eps = r(1, d), r(1, d)
+    terms = ivon.update_terms(state.mean, lr=0.02, ess=30.0, delta=r(d).abs() + 0.1, beta1=0.9, beta2=0.999,
+                              prior_mean=r(d), v=r(d), u=0.1 * r(d).abs())
+    calls = ((lambda s, **kw: ivon.update_and_sample_with(s, grads, eps, key, 1, terms, **kw)),
+             (lambda s, **kw: (ivon.update_with(s, grads, eps, terms, **kw),)))
+    for call in calls:
+        expected = call(state)
+        own = ivon.IVONState(*(t.clone() for t in state[:3]), state.step)
+        result = call(own, inplace=True)
+        assert result[0].step == expected[0].step == 5
+        assert all(a is b for a, b in zip(result[0][:3], own[:3]))
+        for a, b in zip((*result[0][:3], *result[1:]), (*expected[0][:3], *expected[1:])):
+            assert torch.equal(a, b)
+
+
+def test_an_in_place_step_refuses_a_state_that_shares_memory_with_its_inputs():
+    d = 16
+    mean = torch.randn(d)
+    terms = ivon.update_terms(mean, lr=0.1, ess=10.0, delta=0.1, beta1=0.9, beta2=0.999, prior_mean=mean)
+    grads, eps = torch.randn(1, d), torch.randn(1, d)
+    aliased_prior = ivon.IVONState(mean, torch.ones(d), torch.zeros(d), 0)   # m is also the prior mean
+    shared = torch.ones(d)
+    aliased_state = ivon.IVONState(mean.clone(), shared, shared, 0)          # h and g one tensor
+    for state in (aliased_prior, aliased_state):
+        before = [t.clone() for t in state[:3]]
+        with pytest.raises(ValueError, match="share memory"):
+            ivon.update_with(state, grads, eps, terms, inplace=True)
+        with pytest.raises(ValueError, match="share memory"):
+            ivon.update_and_sample_with(state, grads, eps, torch.tensor(1), 1, terms, inplace=True)
+        assert all(torch.equal(a, b) for a, b in zip(state[:3], before))   # refused before writing anything
+    fine = ivon.init(mean, 0.5)   # init copies the mean
+    assert ivon.update_with(fine, grads, eps, terms, inplace=True).step == 1

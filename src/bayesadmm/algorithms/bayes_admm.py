@@ -54,7 +54,7 @@ class ClientState(NamedTuple):
 
 def natural_dual_step(family, dual: Natural, lam_k: Natural, lam_g: Natural, gamma: float) -> Natural:
     """Eq. 16: η_k ← η_k + γ (λ_k − λ_g). After an exact client solve with γ = ρ this is −∇_μ L_k(μ_k) (App. C.1)."""
-    return nat.add(dual, nat.scale(nat.sub(lam_k, lam_g), gamma))
+    return nat.add_scaled(dual, gamma, nat.sub(lam_k, lam_g))
 
 
 def initial_natural(family, mean: Tensor, delta: float) -> Natural:
@@ -70,7 +70,7 @@ def initial_natural(family, mean: Tensor, delta: float) -> Natural:
 
 def client_contribution(lam_k: Natural, eta_k: Natural, server_rho: float) -> Natural:
     """η_k + ρ_s λ_k: client k's term in the server's sum (Eq. 54), all the server needs of it."""
-    return nat.add(eta_k, nat.scale(lam_k, server_rho))
+    return nat.add_scaled(eta_k, server_rho, lam_k)
 
 
 def server_natural(family, delta: float, server_rho: float, contributions: Mapping[int, Natural]) -> Natural:

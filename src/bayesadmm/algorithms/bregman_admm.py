@@ -18,7 +18,7 @@ from bayesadmm.families import natural as nat
 
 def expectation_dual_step(family, dual, lam_k, lam_g, gamma: float):
     """η_k ← η_k + γ (μ_k − μ_g)."""
-    return nat.add(dual, nat.scale(nat.sub(family.to_expectation(lam_k), family.to_expectation(lam_g)), gamma))
+    return nat.add_scaled(dual, gamma, nat.sub(family.to_expectation(lam_k), family.to_expectation(lam_g)))
 
 
 def make(family, solver, rho: float, delta: float, gamma: float | None = None, server_rho: float | None = None,

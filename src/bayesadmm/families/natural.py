@@ -30,6 +30,7 @@ __all__ = [
     "add",
     "sub",
     "scale",
+    "add_scaled",
     "lincomb",
     "total",
     "mean",
@@ -73,24 +74,48 @@ def scale(a: Natural, c: float | Tensor) -> Natural:
     return tuple(c * x for x in a)
 
 
+def add_scaled(a: Natural, c: float | Tensor, b: Natural) -> Natural:
+    """``a + c · b``: the numbers of ``add(a, scale(b, c))`` from one new tensor per component instead of two.
+
+    Why: the per-client updates (dual steps, replies) run this on vectors of the model's size, where a fresh
+    tensor costs about as much as the arithmetic. c·b is computed into the result and a added in place; IEEE
+    addition and multiplication are commutative, so the bits are those of a + (c·b).
+    """
+    _check_compatible(a, b)
+    if isinstance(c, Tensor) and c.dim() != 0:
+        raise ValueError(f"scale factor must be a scalar, got shape {tuple(c.shape)}")
+    return tuple(_add_into(torch.mul(y, c), x) for x, y in zip(a, b))
+
+
+def _add_into(acc: Tensor, x: Tensor) -> Tensor:
+    """acc + x, written into `acc` (a tensor the caller owns) unless x's dtype would widen the result."""
+    return acc.add_(x) if torch.result_type(acc, x) == acc.dtype else acc + x
+
+
 def lincomb(*pairs: tuple[float | Tensor, Natural]) -> Natural:
-    """Linear combination ``Σ_i c_i · a_i`` of ``(c_i, a_i)`` pairs."""
+    """Linear combination ``Σ_i c_i · a_i`` of ``(c_i, a_i)`` pairs (summed left to right)."""
     if not pairs:
         raise ValueError("lincomb needs at least one (coefficient, parameters) pair")
     result = scale(pairs[0][1], pairs[0][0])
     for c, a in pairs[1:]:
-        result = add(result, scale(a, c))
+        result = add_scaled(result, c, a)
     return result
 
 
 def total(items: Iterable[Natural]) -> Natural:
-    """Sum ``Σ_i a_i`` of a non-empty collection of parameter tuples."""
+    """Sum ``Σ_i a_i`` of a non-empty collection of parameter tuples, added left to right.
+
+    The server sums one reply per client: the sum is accumulated in place in one new tensor per component (the same
+    numbers as adding pairwise, without a fresh tensor per client).
+    """
     items = list(items)
     if not items:
         raise ValueError("cannot sum an empty collection of parameter tuples")
-    result = items[0]
     for a in items[1:]:
-        result = add(result, a)
+        _check_compatible(items[0], a)
+    result = tuple(x.clone() for x in items[0])
+    for a in items[1:]:
+        result = tuple(_add_into(acc, x) for acc, x in zip(result, a))
     return result
 
 

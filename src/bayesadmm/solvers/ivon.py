@@ -78,10 +78,13 @@ class IVONSolver:
         if not isinstance(family, DiagonalGaussian):
             raise TypeError(f"IVON learns diagonal Gaussians, not the {family.name} family")
         m_g, s_g = family.to_moments(lam_g)
-        v_k, u_k = eta[0], -2.0 * eta[1]
         n = data.num_examples
         ess = n / (rho * self.tau)                                    # Eq. 67
-        v, u, delta = self.tau * v_k / n, self.tau * u_k / n, s_g / ess
+        # v = τ v_k / n and u = τ u_k / n with (v_k, u_k) = (η₁, −2η₂), each computed into one new tensor (the same
+        # operations in the same order; a fresh model-sized tensor costs about as much as the arithmetic)
+        v = torch.mul(eta[0], self.tau).div_(n)
+        u = torch.mul(eta[1], -2.0).mul_(self.tau).div_(n)
+        delta = s_g / ess
         lr = cosine_lr(self.lr, round_, self.cosine_rounds)
         if self.rescale_lr:
             lr = lr * (self.hess_init + delta)
@@ -104,11 +107,12 @@ class IVONSolver:
                          else torch.stack([_grad(data, theta, idx) for theta in thetas]))
                 # (only the shuffles draw from the generator, so looking one batch ahead changes no number)
                 idx = next(batches, None)
+                # in place: the state is this solve's own (ivon.init copies m_g)
                 if idx is None:   # the last step: no sample after it (its noise is a third of a 2-step client's)
-                    state = ivon.update_with(state, grads, eps, terms)
+                    state = ivon.update_with(state, grads, eps, terms, inplace=True)
                 else:             # the update and the next step's samples in one pass
                     state, thetas, eps = ivon.update_and_sample_with(state, grads, eps, noise_key, self.mc_samples,
-                                                                     terms)
+                                                                     terms, inplace=True)
                 steps += 1
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
             raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
