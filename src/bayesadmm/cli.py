@@ -94,7 +94,7 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
 
 def _run(args) -> int:
     from bayesadmm.engine.runner import run
-    from bayesadmm.experiments.config import ConfigError, load, resolve
+    from bayesadmm.experiments.config import ConfigError, check_device, load, resolve
 
     try:
         if args.command == "resume":
@@ -103,6 +103,9 @@ def _run(args) -> int:
                 return 2
             config = load(args.run_dir)
             config = type(config)(**{**config.to_json(), "out": str(args.run_dir), "stop_at": args.stop_at})
+            device_problem = check_device(config.device)
+            if device_problem:
+                raise ConfigError(f"cannot resume here: {device_problem}")
             return run(config, resume=True, progress=not args.quiet)
         overrides = list(args.overrides) + ([f"data_dir={args.data_dir}"] if args.data_dir else [])
         config, changed = resolve(args.scenario, overrides)

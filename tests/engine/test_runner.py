@@ -303,6 +303,32 @@ def test_workers_must_not_be_negative():
         resolve("fmnist-heterog10", ["workers=-1"])
 
 
+def test_a_device_this_machine_lacks_is_a_clear_error_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    with pytest.raises(ConfigError, match="must be a torch device"):
+        resolve("fmnist-heterog10", ["device=gpu"])
+    with pytest.raises(ConfigError, match="only cpu, cuda and mps"):
+        resolve("fmnist-heterog10", ["device=meta"])
+    assert resolve("fmnist-heterog10", ["device=cpu"])[0].device == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="sees no CUDA device"):
+        resolve("fmnist-heterog10", ["device=cuda"])
+    out = tmp_path / "run"
+    assert main(["run", "fmnist-heterog10", "device=cuda:0", f"out={out}", "--quiet"]) == 2
+    assert "sees no CUDA device" in capsys.readouterr().err and not out.exists()
+    # a run made on a GPU machine, resumed on one without
+    out.mkdir()
+    (out / "checkpoint.pt").write_bytes(b"")
+    config, _ = resolve("fmnist-heterog10", [f"out={out}"])
+    (out / "config.json").write_text(json.dumps({**config.to_json(), "device": "cuda"}))
+    assert main(["resume", str(out)]) == 2
+    assert "cannot resume here" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="has 1 CUDA device"):
+        resolve("fmnist-heterog10", ["device=cuda:1"])
+    assert resolve("fmnist-heterog10", ["device=cuda"])[0].device == "cuda"   # accepted where CUDA is present
+
+
 @needs_fmnist
 def test_validation_split_is_held_out_of_training_and_reported_as_val(tmp_path):
     """validation=f evaluates on a held-out part of the training set (for choosing hyperparameters), never on test."""

@@ -54,6 +54,23 @@ def test_client_state_pytrees_round_trip_exactly():
     assert back["none"] is None and list(back) == ["a", 7, "none"]
 
 
+def test_messages_and_states_come_back_on_the_device_asked_for():
+    """Records hold numpy arrays: a receiver computing on a GPU must get its tensors there. The meta device stands in
+    for a GPU here (a CPU-only machine): every tensor, however nested, must arrive on it."""
+    from bayesadmm.algorithms.fedlap_func import ClientState
+
+    message = {"lam.0": torch.randn(3), "round": torch.tensor(2)}
+    assert all(t.device.type == "cpu" for t in records.record_to_message(records.message_to_record(message)).values())
+    back = records.record_to_message(records.message_to_record(message), "meta")
+    assert all(t.device.type == "meta" and t.shape == message[k].shape for k, t in back.items())
+    store = RecordDict()
+    records.save_state(store, {"a": ClientState(3, torch.randn(4), None, torch.arange(3), None, torch.randn(2, 2)),
+                               "b": [(torch.ones(2), 1.0)]})
+    state = records.load_state(store, torch.device("meta"))
+    tensors = [state["a"].dual, state["a"].memory_tau, state["a"].theta, state["b"][0][0]]
+    assert all(t.device.type == "meta" for t in tensors) and state["a"].client_id == 3
+
+
 def test_records_refuse_what_they_cannot_store_or_trust():
     with pytest.raises(records.RecordError, match="not a bayesadmm type"):
         records.tree_to_records(Foreign(1))

@@ -207,7 +207,9 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     bar = _progress(config, start, progress)
     status = {"status": "running", "round": start}
     _write_json(status_path, status)
-    workers = config.workers or default_workers()
+    # workers=0: one per core on the CPU; one on a GPU, where every worker process would hold a CUDA context and a
+    # copy of the training set of its own and the processes would take turns on the one device
+    workers = config.workers or (default_workers() if torch.device(config.device).type == "cpu" else 1)
     checkpointed = [start]   # the round of the last checkpoint written, kept up to date by _rounds
     clients = client_runner(config, experiment, min(workers, _max_participants(config)))
     with _sigterm_as_interrupt():   # from here on a kill is reported as an interruption

@@ -43,7 +43,8 @@ class RunConfig:
     participation: float = 1.0          # fraction of clients per round
     eval_samples: int = 32              # posterior-predictive samples
     device: str = "cpu"
-    workers: int = 0                    # client updates in parallel processes (0: one per core; results identical)
+    workers: int = 0                    # client updates in parallel processes (0: one per core on the CPU, 1 on a
+                                        # GPU; results identical for any number)
     checkpoint_every: int = 1           # write checkpoint.pt every this many rounds (and after the last)
     data_dir: str = ""
     out: str = ""                       # run directory (default runs/<scenario>-<method>-s<seed>)
@@ -203,11 +204,35 @@ def _validate(config: RunConfig) -> None:
         problems.append(f"stop_at must be in [0, rounds={config.rounds}] (0: run all rounds), got {config.stop_at}")
     if config.workers < 0:
         problems.append(f"workers must be >= 0 (0: one per core), got {config.workers}")
+    device_problem = check_device(config.device)
+    if device_problem:
+        problems.append(device_problem)
     for key in ("clients", "rounds", "eval_samples", "checkpoint_every"):
         if getattr(config, key) < 1:
             problems.append(f"{key} must be >= 1, got {getattr(config, key)}")
     if problems:
         raise ConfigError("; ".join(problems))
+
+
+def check_device(device: str) -> str | None:
+    """What is wrong with `device` on this machine (None: nothing): not a torch device, or one torch cannot use here."""
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        return f"device must be a torch device such as cpu, cuda or cuda:1, got {device!r}"
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            return (f"device={device} but torch {torch.__version__} sees no CUDA device on this machine "
+                    f"(torch.cuda.is_available() is False)")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            return f"device={device} but this machine has {torch.cuda.device_count()} CUDA device(s)"
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        return f"device={device} but torch sees no MPS device on this machine"
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        return f"device={device}: only cpu, cuda and mps are supported"
+    return None
 
 
 def load(run_dir: Path) -> RunConfig:

@@ -114,10 +114,11 @@ def handle_train(message: Message, context: Context) -> Message:
     metrics: dict[str, Any] = {PARTITION_ID: k, "num-examples": int(data.num_examples), "server-round": round_}
     content = RecordDict()
     with default_dtype(dtype):
-        state = records.load_state(context.state)
+        device = experiment.theta0.device   # records hold numpy arrays: back onto the run's device
+        state = records.load_state(context.state, device)
         if state is None:
             state = algorithm.init_client(algorithm.init_server(experiment.theta0), k)
-        broadcast = records.record_to_message(message.content["arrays"])
+        broadcast = records.record_to_message(message.content["arrays"], device)
         try:
             with one_thread():   # as the local engine runs every client update, so the numbers are the same
                 state, reply, info = algorithm.client_update(state, broadcast, data,

@@ -49,9 +49,10 @@ def message_to_record(message: Mapping[str, Tensor]) -> ArrayRecord:
     return ArrayRecord(arrays)
 
 
-def record_to_message(record: ArrayRecord) -> dict[str, Tensor]:
-    """The Message an ArrayRecord was made from (same keys, dtypes, shapes and values)."""
-    return {key: _tensor(array, key) for key, array in record.items()}
+def record_to_message(record: ArrayRecord, device: torch.device | str | None = None) -> dict[str, Tensor]:
+    """The Message an ArrayRecord was made from (same keys, dtypes, shapes and values), its tensors on `device`
+    (None: the CPU). Records hold numpy arrays, so the receiver must say where its computation runs."""
+    return {key: _tensor(array, key, device) for key, array in record.items()}
 
 
 def _array(tensor: Tensor, where: str) -> Array:
@@ -60,12 +61,13 @@ def _array(tensor: Tensor, where: str) -> Array:
     return Array(tensor.detach().cpu().contiguous().numpy())
 
 
-def _tensor(array: Array, where: str) -> Tensor:
+def _tensor(array: Array, where: str, device: torch.device | str | None = None) -> Tensor:
     try:
         ndarray = array.numpy()
     except TypeError as exc:
         raise RecordError(f"{where}: {exc}") from None
-    return torch.from_numpy(np.array(ndarray, copy=True))   # writable and owned, never a view of the record
+    tensor = torch.from_numpy(np.array(ndarray, copy=True))   # writable and owned, never a view of the record
+    return tensor if device is None else tensor.to(device)
 
 
 # --- client states (pytrees) ----------------------------------------------------------------------------------------
@@ -113,8 +115,8 @@ def tree_to_records(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
     return ArrayRecord(arrays), ConfigRecord({"tree": json.dumps(structure), "format": 1})
 
 
-def records_to_tree(arrays: ArrayRecord, structure: ConfigRecord) -> Any:
-    """The pytree `tree_to_records` flattened."""
+def records_to_tree(arrays: ArrayRecord, structure: ConfigRecord, device: torch.device | str | None = None) -> Any:
+    """The pytree `tree_to_records` flattened, its tensors on `device` (None: the CPU)."""
     if structure.get("format") != 1 or "tree" not in structure:
         raise RecordError("not a client-state record written by bayesadmm.flower.records")
 
@@ -123,7 +125,7 @@ def records_to_tree(arrays: ArrayRecord, structure: ConfigRecord) -> Any:
             return _namedtuple(node["namedtuple"])(*(decode(v) for v in node["items"]))
         (kind, value), = node.items()
         if kind == "tensor":
-            return _tensor(arrays[str(value)], f"state tensor {value}")
+            return _tensor(arrays[str(value)], f"state tensor {value}", device)
         if kind == "none":
             return None
         if kind in ("bool", "int", "str"):
@@ -160,11 +162,12 @@ def save_state(state: RecordDict, tree: Any) -> None:
     state[STATE_TREE] = structure
 
 
-def load_state(state: RecordDict) -> Any | None:
-    """The client state stored by `save_state`, or None if this node has none yet (its first round)."""
+def load_state(state: RecordDict, device: torch.device | str | None = None) -> Any | None:
+    """The client state stored by `save_state` (its tensors on `device`), or None if this node has none yet (its
+    first round)."""
     if STATE_TREE not in state:
         return None
-    return records_to_tree(state[STATE_ARRAYS], state[STATE_TREE])
+    return records_to_tree(state[STATE_ARRAYS], state[STATE_TREE], device)
 
 
 # --- run configuration ----------------------------------------------------------------------------------------------

@@ -192,7 +192,7 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
             if answer.content["metrics"].get(BREAKDOWN):
                 breakdown = f"round {round_}: client {k}: {answer.content['config']['error']}"
                 continue
-            replies[k] = records.record_to_message(answer.content["arrays"])
+            replies[k] = records.record_to_message(answer.content["arrays"], experiment.theta0.device)
         absent = sorted(set(chosen) - set(replies))
         for k in absent:
             if k not in nodes:

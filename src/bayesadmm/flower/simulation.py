@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.flower.client_app import app as client_app
 from bayesadmm.flower.server_app import Timeouts, make_server_app
@@ -21,7 +23,9 @@ def run_simulation(config: RunConfig, timeouts: Timeouts | None = None, cpus: in
     `cpus` bounds Ray (default: all cores); each ClientApp takes one. Raises if the ServerApp failed."""
     from flwr.simulation import run_simulation as flower_run_simulation
 
-    backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+    # on a GPU every ClientApp needs to see it (Ray hides GPUs from actors that ask for none); they share it
+    gpus = 1.0 / max(config.clients, 1) if torch.device(config.device).type == "cuda" else 0.0
+    backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": gpus}}
     if cpus is not None:
         backend_config["init_args"] = {"num_cpus": cpus}
     with warnings.catch_warnings():

@@ -48,10 +48,9 @@ def fused(fn: Callable) -> Callable:
                 # dtype × sample count 1 or more × scalar or vector lr: up to 8 variants per kernel, torch's default
                 # limit, after which it would stop compiling
                 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
-                # size_asserts off: the generated wrapper re-checks every input's sizes and strides on each call
-                # (~20 µs of a ~100 µs call), which dynamo's guards have already checked before choosing the kernel
-                # (a strided or differently sized input gets its own kernel; tests/optim/test_kernels.py)
-                state["impl"] = torch.compile(fn, dynamic=True, fullgraph=True, options={"size_asserts": False})
+                # (not options={"size_asserts": False}: it would save ~18 µs per call, but torch 2.13 then caches
+                # nothing on disk and every process compiles each kernel afresh, ~40 s apiece here)
+                state["impl"] = torch.compile(fn, dynamic=True, fullgraph=True)
             else:
                 state["impl"] = fn
         if state["impl"] is fn:
@@ -79,7 +78,6 @@ def sample_step(mean: Tensor, hess: Tensor, delta: Tensor, ess: Tensor, key: Ten
     return mean + sigma * eps, eps
 
 
-@fused
 def update_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps: Tensor, delta: Tensor,
                 prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor, beta2: Tensor,
                 debias: Tensor, clip_radius: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -98,22 +96,23 @@ def update_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps
     return mean - lr * ratio, new_hess, new_momentum
 
 
-@fused
 def update_and_sample_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps: Tensor, delta: Tensor,
                            prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor,
                            beta2: Tensor, debias: Tensor, clip_radius: Tensor, key: Tensor,
                            mc_samples: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """`update_step`, then `sample_step` from its result: (m, h, g, θ, ε). One loop once compiled."""
-    new_mean, new_hess, new_momentum = update_step.eager(mean, hess, momentum, grads, eps, delta, prior_mean, v, u,
-                                                         lr, ess, beta1, beta2, debias, clip_radius)
+    new_mean, new_hess, new_momentum = update_step(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess,
+                                                   beta1, beta2, debias, clip_radius)
     thetas, new_eps = sample_step.eager(new_mean, new_hess, delta, ess, key, mc_samples)
     return new_mean, new_hess, new_momentum, thetas, new_eps
 
 
-# In-place forms for loops that own their IVON state (the federated solver): m, h and g are written back into the
-# input tensors instead of three new model-sized ones per step. The numbers are those of the functions above (the
-# same arithmetic; tests/optim/test_kernels.py compares them bit for bit); the time is not: on the papers' MLP a step
-# is ~0.15 ms (9 %) faster, as fresh output buffers cost memory traffic that writing over the inputs does not.
+# The compiled forms of the two update functions above, which are the maths (and the eager reference): they write the
+# new m, h and g into the input tensors instead of three new model-sized ones per step. Loops that own their IVON
+# state (the federated solver) call them directly, on the papers' MLP a whole step (forward and backward included)
+# 5–7 % faster (`python benchmarks/ivon_step.py` times both; the kernel timed alone shows no difference: fresh output
+# buffers cost memory traffic in the full loop); optim/ivon.py's pure functions call them on copies of the state. One
+# compiled form per operation, not a pure and an in-place one: each variant takes ~45 s to compile on this machine.
 # mean, hess and momentum must not share memory with each other or with any other input (optim/ivon.py checks).
 
 
@@ -122,8 +121,8 @@ def update_step_(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, ep
                  prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor, beta2: Tensor,
                  debias: Tensor, clip_radius: Tensor) -> None:
     """`update_step` with the new (m, h, g) written into mean, hess and momentum."""
-    new = update_step.eager(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias,
-                            clip_radius)
+    new = update_step(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias,
+                      clip_radius)
     for state, value in zip((mean, hess, momentum), new):
         state.copy_(value)
 
@@ -134,8 +133,8 @@ def update_and_sample_step_(mean: Tensor, hess: Tensor, momentum: Tensor, grads:
                             beta2: Tensor, debias: Tensor, clip_radius: Tensor, key: Tensor,
                             mc_samples: int) -> tuple[Tensor, Tensor]:
     """`update_and_sample_step` with the new (m, h, g) written into mean, hess and momentum: returns (θ, ε)."""
-    *new, thetas, new_eps = update_and_sample_step.eager(mean, hess, momentum, grads, eps, delta, prior_mean, v, u,
-                                                         lr, ess, beta1, beta2, debias, clip_radius, key, mc_samples)
+    *new, thetas, new_eps = update_and_sample_step(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess,
+                                                   beta1, beta2, debias, clip_radius, key, mc_samples)
     for state, value in zip((mean, hess, momentum), new):
         state.copy_(value)
     return thetas, new_eps
