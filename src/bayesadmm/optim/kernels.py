@@ -1,4 +1,6 @@
-"""IVON's per-step elementwise work as two fused kernels: `sample_step` and `update_step`.
+"""IVON's per-step elementwise work as fused kernels: `sample_step`, and the update `update_step` (alone, or with the
+next step's sampling: `update_and_sample_step`), compiled in its in-place form (`update_step_`,
+`update_and_sample_step_`).
 
 Why: written as eager torch, one IVON step is ~25 separate passes over the parameter vector, each allocating a fresh
 tensor; for the papers' 178k-parameter MLP on a CPU they cost more than the forward and backward pass together, and
@@ -8,8 +10,8 @@ torch.compile (Inductor) fuses it, and the sampling kernel draws its noise from 
 
 The functions are plain torch and are the reference: `fused(fn)` compiles them on first use and falls back to running
 them eagerly (with one warning) where compilation is unavailable (no C++ compiler, an unsupported device) or switched
-off with BAYESADMM_COMPILE=0. Compiled and eager agree to rounding (tests/optim/test_kernels.py); compiled code may
-contract a·b + c into one fused multiply-add, so the two need not agree bit for bit.
+off with BAYESADMM_COMPILE=0. Compiled and eager agree to rounding (tests/optim/test_kernels.py), not necessarily bit
+for bit (Inductor computes some scalar arithmetic in double precision).
 
 Every hyperparameter is a tensor, never a Python float (torch.compile treats Python numbers as constants and would
 recompile for every new learning rate), and every per-coordinate quantity is a full vector even where it is constant
@@ -110,9 +112,10 @@ def update_and_sample_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: 
 # The compiled forms of the two update functions above, which are the maths (and the eager reference): they write the
 # new m, h and g into the input tensors instead of three new model-sized ones per step. Loops that own their IVON
 # state (the federated solver) call them directly, on the papers' MLP a whole step (forward and backward included)
-# 5–7 % faster (`python benchmarks/ivon_step.py` times both; the kernel timed alone shows no difference: fresh output
-# buffers cost memory traffic in the full loop); optim/ivon.py's pure functions call them on copies of the state. One
-# compiled form per operation, not a pure and an in-place one: each variant takes ~45 s to compile on this machine.
+# 5–7 % faster than with a kernel returning new tensors (docs/performance.md, session 10; the kernel timed alone showed
+# no difference: fresh output buffers cost memory traffic in the full loop); optim/ivon.py's pure functions call them
+# on copies of the state. One compiled form per operation, not a pure and an in-place one: each variant takes ~45 s
+# to compile on this machine.
 # mean, hess and momentum must not share memory with each other or with any other input (optim/ivon.py checks).
 
 
