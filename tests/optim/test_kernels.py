@@ -113,13 +113,16 @@ def random_update_inputs(d, mc_samples, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("mc_samples", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_compiled_update_equals_the_eager_maths(mc_samples, dtype):
-    """The compiled (in-place) update kernels against the plain functions they are compiled from."""
+    """The compiled (in-place) update kernels against the plain functions they are compiled from. The update with
+    sampling only in the variant the solver tests use as well: each of its variants takes ~45 s to compile afresh
+    (the noise's integer code), and its sampling half is checked against the stream by the test below."""
     args = random_update_inputs(1000, mc_samples, dtype)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
     key = rng.block_key(torch.tensor(9), 3)
-    for pure, in_place, extra in ((kernels.update_step, kernels.update_step_, ()),
-                                  (kernels.update_and_sample_step, kernels.update_and_sample_step_,
-                                   (key, mc_samples))):
+    kernel_pairs = [(kernels.update_step, kernels.update_step_, ())]
+    if dtype == torch.float64 and mc_samples == 1:
+        kernel_pairs.append((kernels.update_and_sample_step, kernels.update_and_sample_step_, (key, mc_samples)))
+    for pure, in_place, extra in kernel_pairs:
         expected = pure(*args, *extra)
         state = [t.clone() for t in args[:3]]   # mean, hess, momentum: written in place
         returned = in_place(*state, *args[3:], *extra)
