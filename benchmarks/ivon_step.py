@@ -10,8 +10,9 @@ IVON solver uses (the functional IVON core on a `FlatModel`, updating and drawin
 kernel, against Adam on one flat parameter with the same functional forward). The paper's claim is "the same cost
 as Adam"; the ratio printed is measured in this one run (median over repeats of the ratio of neighbouring
 timings). The flat path is also timed against itself returning a new state each step instead of writing it into
-the old state's tensors (the solver's `inplace=True`). Last, the d standard normals IVON draws per step are timed alone (the counter-based stream, compiled as the
-sampling kernel draws it) against the flat Adam step: the share of Adam's step that the noise by itself costs.
+the old state's tensors (the solver's `inplace=True`). Last, the d standard normals IVON draws per step are timed
+alone (the counter-based stream, compiled as the sampling kernel draws it) against the flat Adam step: the share of
+Adam's step that the noise by itself costs.
 """
 
 from __future__ import annotations

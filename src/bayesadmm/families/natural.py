@@ -55,6 +55,11 @@ def _check_compatible(a: Natural, b: Natural) -> None:
             )
 
 
+def _check_scalar(c: float | Tensor) -> None:
+    if isinstance(c, Tensor) and c.dim() != 0:
+        raise ValueError(f"scale factor must be a scalar, got shape {tuple(c.shape)}")
+
+
 def add(a: Natural, b: Natural) -> Natural:
     """Componentwise ``a + b``."""
     _check_compatible(a, b)
@@ -69,8 +74,7 @@ def sub(a: Natural, b: Natural) -> Natural:
 
 def scale(a: Natural, c: float | Tensor) -> Natural:
     """``c · a`` for a scalar ``c`` (Python number or 0-dim tensor)."""
-    if isinstance(c, Tensor) and c.dim() != 0:
-        raise ValueError(f"scale factor must be a scalar, got shape {tuple(c.shape)}")
+    _check_scalar(c)
     return tuple(c * x for x in a)
 
 
@@ -82,8 +86,7 @@ def add_scaled(a: Natural, c: float | Tensor, b: Natural) -> Natural:
     addition and multiplication are commutative, so the bits are those of a + (c·b).
     """
     _check_compatible(a, b)
-    if isinstance(c, Tensor) and c.dim() != 0:
-        raise ValueError(f"scale factor must be a scalar, got shape {tuple(c.shape)}")
+    _check_scalar(c)
     return tuple(_add_into(torch.mul(y, c), x) for x, y in zip(a, b))
 
 

@@ -291,14 +291,14 @@ def _writable(state: IVONState, grads: Tensor, eps: Tensor, terms: UpdateTerms, 
     """(state, kernel arguments) for the in-place kernels: `state` itself if inplace (after checking that writing m,
     h or g changes no other input), else a copy of it (the pure functions' result)."""
     if not inplace:
-        state = state._replace(mean=state.mean.clone(), hess=state.hess.clone(), momentum=state.momentum.clone())
+        copy = state._replace(mean=state.mean.clone(), hess=state.hess.clone(), momentum=state.momentum.clone())
+        return copy, _kernel_args(copy, grads, eps, terms)
     args = _kernel_args(state, grads, eps, terms)
-    if inplace:
-        written = [t.untyped_storage().data_ptr() for t in state[:3]]
-        read = [t.untyped_storage().data_ptr() for t in args[3:] if torch.is_tensor(t) and t.dim() > 0]
-        if len(set(written)) < 3 or set(written) & set(read):
-            raise ValueError("an in-place IVON step needs mean, hess and momentum that share memory with no other "
-                             "input (make the state with ivon.init, which copies)")
+    written = [t.untyped_storage().data_ptr() for t in state[:3]]
+    read = [t.untyped_storage().data_ptr() for t in args[3:] if torch.is_tensor(t) and t.dim() > 0]
+    if len(set(written)) < 3 or set(written) & set(read):
+        raise ValueError("an in-place IVON step needs mean, hess and momentum that share memory with no other "
+                         "input (make the state with ivon.init, which copies)")
     return state, args
 
 
