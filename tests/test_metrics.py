@@ -4,11 +4,13 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from bayesadmm.algorithms import PointEstimate
 from bayesadmm.families import DiagonalGaussian, Posterior
+from bayesadmm.likelihoods import Classification
 from bayesadmm.metrics import classification_metrics, evaluate
-from bayesadmm.models import logistic, mlp
+from bayesadmm.models import FlatModel, logistic, mlp
 
 
 def _two_class(confidence, correct):
@@ -138,3 +140,70 @@ def test_evaluate_input_errors():
         evaluate(model, PointEstimate(mean), X, y, batch_size=0)
     with pytest.raises(ValueError, match="rows"):
         evaluate(model, PointEstimate(mean), X, y[:-1])
+
+
+def _classifier():
+    return nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+
+
+def test_default_likelihood_gives_the_same_bits_as_softmax_batches():
+    g = torch.Generator().manual_seed(3)
+    model = FlatModel(_classifier)
+    mean = model.initial_params(g)
+    X, y = torch.randn(45, 5, generator=g), torch.randint(0, 3, (45,), generator=g)
+    posterior = _diagonal(mean, 9.0)
+    result = evaluate(model, posterior, X, y, samples=6, generator=torch.Generator().manual_seed(4), batch_size=16)
+
+    # the classification-only evaluation, written out: softmax per batch, draws made once and shared by the batches
+    probs = torch.cat([torch.softmax(model.forward(posterior.mean, xb), dim=-1) for xb in X.split(16)])
+    thetas = posterior.sample(6, torch.Generator().manual_seed(4))
+    ens = torch.cat([torch.softmax(model.forward_batched(thetas, xb), dim=-1).mean(dim=0) for xb in X.split(16)])
+    expected = classification_metrics(probs, y) | {f"ens_{k}": v for k, v in classification_metrics(ens, y).items()}
+    assert result == expected   # exact equality of every float
+    assert evaluate(model, posterior, X, y, samples=6, generator=torch.Generator().manual_seed(4), batch_size=16,
+                    likelihood=Classification(bins=15)) == expected
+
+
+def test_classification_bins_reach_the_ece():
+    model, mean, X, y = _problem()
+    result = evaluate(model, PointEstimate(mean), X, y, likelihood=Classification(bins=1))
+    probs = torch.softmax(model.forward(mean, X), -1)
+    assert result["ece"] == pytest.approx(classification_metrics(probs, y, bins=1)["ece"])
+
+
+def test_extra_metrics_see_the_whole_sets_outputs():
+    model, mean, X, y = _problem()
+    posterior = _diagonal(mean, 4.0)
+    seen = {}
+
+    def top_logit(outputs, targets):
+        seen.setdefault("shapes", []).append((tuple(outputs.shape), tuple(targets.shape)))
+        return outputs.max(dim=-1).values.mean().item()
+
+    result = evaluate(model, posterior, X, y, samples=3, generator=torch.Generator().manual_seed(2), batch_size=16,
+                      extra={"top_logit": top_logit})
+    assert seen["shapes"] == [((1, 50, 4), (50,)), ((3, 50, 4), (50,))]
+    assert set(result) == {"acc", "nll", "ece", "brier", "top_logit"} | {
+        f"ens_{k}" for k in ("acc", "nll", "ece", "brier", "top_logit")}
+    assert result["top_logit"] == pytest.approx(model.forward(mean, X).max(-1).values.mean().item())
+    thetas = posterior.sample(3, torch.Generator().manual_seed(2))
+    expected = torch.stack([model.forward(t, X) for t in thetas]).max(-1).values.mean().item()
+    assert result["ens_top_logit"] == pytest.approx(expected)
+    # a point estimate gives only the mean's value
+    assert set(evaluate(model, PointEstimate(mean), X, y, extra={"top_logit": top_logit})) == {
+        "acc", "nll", "ece", "brier", "top_logit"}
+
+
+def test_extra_metric_errors():
+    model, mean, X, y = _problem()
+    point = PointEstimate(mean)
+    with pytest.raises(ValueError, match="overwrite the metric 'acc'"):
+        evaluate(model, point, X, y, extra={"acc": lambda o, t: 0.0})
+    with pytest.raises(ValueError, match="reserved"):
+        evaluate(model, point, X, y, extra={"ens_x": lambda o, t: 0.0})
+    with pytest.raises(ValueError, match="must return a float"):
+        evaluate(model, point, X, y, extra={"logits": lambda o, t: o})
+    with pytest.raises(TypeError, match="callables"):
+        evaluate(model, point, X, y, extra={"acc2": 1.0})
+    with pytest.raises(TypeError, match="likelihood"):
+        evaluate(model, point, X, y, likelihood="classification")

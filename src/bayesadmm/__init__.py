@@ -1,3 +1,28 @@
-"""bayesadmm: Bayesian federated learning (BayesADMM and baselines)."""
+"""bayesadmm: Bayesian federated learning in PyTorch (BayesADMM and the methods it is measured against).
+
+The public API:
+
+    bayesadmm.run(model, clients, test, algorithm=..., hparams=..., likelihood=..., rounds=..., ...)  -> Result
+    bayesadmm.Classification(), GaussianRegression(noise), NegLogLikelihood(fn)                       likelihoods
+    bayesadmm.algorithms.REGISTRY, bayesadmm.algorithms.make(name, **hparams), bayesadmm.Algorithm    algorithms
+    bayesadmm.ClientData, SupervisedData                                                              client data
+    bayesadmm.FlatModel                                                                               a module as f(θ, x)
+    bayesadmm.optim.IVON                                                                              a torch optimizer
+    bayesadmm.Federation, Settings, run_federation                                                    the engine's loop
+"""
+
+from bayesadmm import algorithms
+from bayesadmm.algorithms import Algorithm, DivergenceError, PointEstimate
+from bayesadmm.clients import ClientData, SupervisedData, TensorClients
+from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.engine.simulate import generator_for
+from bayesadmm.federated import algorithm_factory, run
+from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood, NegLogLikelihood
+from bayesadmm.metrics import evaluate
+from bayesadmm.models import FlatModel
 
 __version__ = "0.1.0"
+
+__all__ = ["run", "Result", "algorithm_factory", "algorithms", "Algorithm", "DivergenceError", "PointEstimate",
+           "ClientData", "SupervisedData", "TensorClients", "Likelihood", "Classification", "GaussianRegression",
+           "NegLogLikelihood", "FlatModel", "Federation", "Settings", "run_federation", "generator_for", "evaluate"]

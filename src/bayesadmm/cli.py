@@ -93,7 +93,7 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
 
 
 def _run(args) -> int:
-    from bayesadmm.engine.runner import run
+    from bayesadmm.experiments.build import run
     from bayesadmm.experiments.config import ConfigError, check_device, load, resolve
 
     try:

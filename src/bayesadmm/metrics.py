@@ -1,7 +1,15 @@
-r"""Test metrics of a classifier, at the posterior mean and under the posterior predictive.
+r"""Test metrics of a model, at the posterior mean and under the posterior predictive, for any likelihood.
 
-For predicted class probabilities ``p_i ∈ Δ^{C−1}`` and labels ``y_i`` (``i = 1, …, N``), with top-1 prediction
-``ŷ_i = argmax_c p_ic`` and confidence ``c_i = max_c p_ic``:
+:func:`evaluate` scores a trained posterior ``q`` on held-out data ``(x_i, y_i)``, ``i = 1, …, N``, in two ways:
+
+    mean prediction        the outputs f(x; m),                                m = E_q[θ]     (S = 1)
+    posterior predictive   the outputs f(x; θ_s), s = 1, …, S,                 θ_s ~ q
+
+each turned into metrics by a :class:`bayesadmm.likelihoods.Likelihood` (classification by default).
+
+Classification (:class:`~bayesadmm.likelihoods.Classification`): predicted class probabilities
+``p_i = (1/S) Σ_s softmax(f(x_i; θ_s)) ∈ Δ^{C−1}`` (probabilities averaged, not logits: the Monte-Carlo estimate of
+``E_q[p(y | x, θ)]``), with top-1 prediction ``ŷ_i = argmax_c p_ic`` and confidence ``c_i = max_c p_ic``:
 
     acc   = (1/N) Σ_i 1[ŷ_i = y_i]
     nll   = (1/N) Σ_i −log p_{i y_i}
@@ -10,24 +18,36 @@ For predicted class probabilities ``p_i ∈ Δ^{C−1}`` and labels ``y_i`` (``i
 
 (Guo et al., 2017), where ``acc(B_b)`` and ``conf(B_b)`` are the mean correctness and mean confidence in bin ``b``.
 
-:func:`evaluate` scores a trained posterior ``q`` on held-out data in two ways:
+Regression (:class:`~bayesadmm.likelihoods.GaussianRegression`, ``y ~ N(f(x), σ²)``), with ``f_si = f(x_i; θ_s)``,
+``f̄_i = (1/S) Σ_s f_si`` and ``v_i = σ² + (1/S) Σ_s (f_si − f̄_i)²`` (written for scalar targets; with ``D``
+outputs the densities multiply over the dimensions and rmse and coverage average over them):
 
-    mean prediction        p(y | x) = softmax(f(x; m)),                       m = E_q[θ]
-    posterior predictive   p(y | x) = (1/S) Σ_s softmax(f(x; θ_s)),         θ_s ~ q
+    rmse               = sqrt((1/N) Σ_i (f̄_i − y_i)²)
+    nll                = −(1/N) Σ_i log (1/S) Σ_s N(y_i; f_si, σ²)                 (the exact mixture)
+    coverage_α         = (1/N) Σ_i 1[|y_i − f̄_i| ≤ Φ⁻¹((1 + α)/2) √v_i]         (moment-matched N(f̄_i, v_i))
+    coverage90         = coverage_0.9
+    calibration_error  = mean_α |coverage_α − α|,     α ∈ {0.1, 0.2, …, 0.9, 0.95}
 
-The predictive averages probabilities, not logits: it is the Monte-Carlo estimate of ``E_q[p(y | x, θ)]``.
+Custom (:class:`~bayesadmm.likelihoods.NegLogLikelihood` of a per-example ``ℓ(f, y) = −log p(y | f)``):
+
+    nll                = −(1/N) Σ_i log (1/S) Σ_s exp(−ℓ(f_si, y_i))
+
+Any further metric is a callable of the raw outputs ``(S, N, ...)`` and the targets (``extra``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
 
+from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 
 __all__ = ["classification_metrics", "evaluate"]
+
+_CLASSIFICATION = Classification()   # the default likelihood (frozen, so one shared instance is safe)
 
 
 def classification_metrics(probs: Tensor, y: Tensor, bins: int = 15) -> dict[str, float]:
@@ -74,7 +94,9 @@ def evaluate(
     samples: int = 32,
     generator: torch.Generator | None = None,
     batch_size: int = 2048,
-    bins: int = 15,
+    *,
+    likelihood: Likelihood = _CLASSIFICATION,
+    extra: Mapping[str, Callable[[Tensor, Tensor], float]] | None = None,
 ) -> dict[str, float]:
     """Metrics of the mean prediction and, for a distribution, of the posterior predictive (keys prefixed ``ens_``).
 
@@ -83,28 +105,71 @@ def evaluate(
     ``generator``, and shared by all batches, so the result does not depend on ``batch_size``.  A point estimate
     (:class:`bayesadmm.algorithms.PointEstimate`) gives only the mean metrics.
 
+    The metrics are ``likelihood.metrics`` of the concatenated ``likelihood.predictive`` summaries (for the default
+    :class:`~bayesadmm.likelihoods.Classification`, ``acc``, ``nll``, ``ece``, ``brier``; its ``bins`` sets the ECE
+    bins), plus, for each ``name, fn`` in ``extra``, ``name = fn(outputs, y)`` with the whole set's outputs at the
+    mean, shape ``(1, N, ...)``, and ``ens_name`` with those under the draws, ``(S, N, ...)``; ``fn`` returns a float.
+    The outputs are kept in memory only when ``extra`` is given.
+
     ``X`` is processed ``batch_size`` examples at a time; the predictive's activations take ``samples`` times the
     memory of the mean's, so lower ``batch_size`` for large models.
     """
     for name, value in (("samples", samples), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if X.shape[0] == 0 or y.shape != X.shape[:1]:
-        raise ValueError(f"X must have N ≥ 1 rows and y shape (N,), got {tuple(X.shape)} and {tuple(y.shape)}")
+    if X.shape[0] == 0 or y.dim() == 0 or y.shape[0] != X.shape[0]:
+        raise ValueError(f"X must have N ≥ 1 rows and y shape (N, ...), got {tuple(X.shape)} and {tuple(y.shape)}")
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(
+            f"likelihood must implement mean_nll, predictive and metrics (see bayesadmm.likelihoods), got {likelihood!r}"
+        )
+    extra = dict(extra or {})
+    for name, fn in extra.items():
+        if not isinstance(name, str) or not callable(fn):
+            raise TypeError(f"extra must map metric names to callables fn(outputs, targets) -> float, got {name!r}")
+        if name.startswith("ens_"):
+            raise ValueError(f"extra metric {name!r}: the prefix ens_ is reserved for the predictive's metrics")
 
     with torch.inference_mode():
         mean = posterior.mean
-        probs = _in_batches(lambda xb: torch.softmax(model.forward(mean, xb), dim=-1), X, batch_size)
-        result = classification_metrics(probs, y, bins)
+        keep = bool(extra)
+        summary, outputs = _in_batches(lambda xb: model.forward(mean, xb)[None], likelihood, X, batch_size, keep)
+        result = likelihood.metrics(summary, y)
+        _add_extra(result, "", extra, outputs, y)
         if hasattr(posterior, "sample"):
             thetas = posterior.sample(samples, generator)
-            predictive = _in_batches(
-                lambda xb: torch.softmax(model.forward_batched(thetas, xb), dim=-1).mean(dim=0), X, batch_size
+            summary, outputs = _in_batches(
+                lambda xb: model.forward_batched(thetas, xb), likelihood, X, batch_size, keep
             )
-            result |= {f"ens_{k}": v for k, v in classification_metrics(predictive, y, bins).items()}
+            result |= {f"ens_{k}": v for k, v in likelihood.metrics(summary, y).items()}
+            _add_extra(result, "ens_", extra, outputs, y)
     return result
 
 
-def _in_batches(probs_of: Callable[[Tensor], Tensor], X: Tensor, batch_size: int) -> Tensor:
-    """``probs_of(X)`` computed on consecutive slices of ``batch_size`` rows and concatenated."""
-    return torch.cat([probs_of(xb) for xb in X.split(batch_size)])
+def _in_batches(
+    outputs_of: Callable[[Tensor], Tensor], likelihood: Likelihood, X: Tensor, batch_size: int, keep: bool
+) -> tuple[Tensor, Tensor | None]:
+    """The predictive summaries of ``outputs_of(xb) (S, n_b, ...)`` over consecutive slices ``xb`` of ``batch_size``
+    rows, concatenated along the examples, and (if ``keep``) the outputs themselves, concatenated along dim 1."""
+    summaries, outputs = [], []
+    for xb in X.split(batch_size):
+        out = outputs_of(xb)
+        summaries.append(likelihood.predictive(out))
+        if keep:
+            outputs.append(out)
+    return torch.cat(summaries), torch.cat(outputs, dim=1) if keep else None
+
+
+def _add_extra(
+    result: dict[str, float], prefix: str, extra: dict[str, Callable], outputs: Tensor | None, y: Tensor
+) -> None:
+    """``result[prefix + name] = float(fn(outputs, y))`` for each user metric, refusing to overwrite a key."""
+    for name, fn in extra.items():
+        key = prefix + name
+        if key in result:
+            raise ValueError(f"extra metric {name!r} would overwrite the metric {key!r}; rename it")
+        value = fn(outputs, y)
+        try:
+            result[key] = float(value)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise ValueError(f"extra metric {name!r} must return a float, got {value!r}") from exc

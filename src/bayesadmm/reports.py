@@ -14,6 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 
 METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))          # plotted
+# what a run's plot shows: the first two of these its metrics have (classification: accuracy and NLL; regression:
+# RMSE and NLL; a user-written likelihood: NLL)
+PLOTTABLE = (("acc", "accuracy (%)", 100.0), ("rmse", "RMSE", 1.0), ("nll", "NLL", 1.0),
+             ("calibration_error", "interval calibration error", 1.0))
 TABLE_METRICS = METRICS + (("ece", "ECE", 1.0),)                            # tabulated
 
 
@@ -42,16 +46,20 @@ def _matplotlib():
 
 def eval_set(history: list[dict]) -> str:
     """"test", or "val" for a run evaluated on a held-out part of the training set (`validation` > 0)."""
-    return "val" if history and "val_acc" in history[0] else "test"
+    return "val" if history and any(key.startswith("val_") for key in history[0]) else "test"
 
 
 def plot_run(history: list[dict], path: Path, title: str = "") -> None:
-    """Accuracy and NLL per round of one run, at the server mean and for the predictive where there is one."""
+    """Accuracy and NLL (or what the run measured instead, `PLOTTABLE`) per round of one run, at the server mean and
+    for the predictive where there is one."""
     plt = _matplotlib()
     rounds = [line["round"] for line in history]
     where = eval_set(history)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, (metric, label, scale) in zip(axes, METRICS):
+    shown = [m for m in PLOTTABLE if f"{where}_{m[0]}" in history[0]][:2]
+    if not shown:
+        return
+    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.8), squeeze=False)
+    for ax, (metric, label, scale) in zip(axes[0], shown):
         ax.plot(rounds, [scale * line[f"{where}_{metric}"] for line in history], marker=".", label="at mean")
         if f"ens_{where}_{metric}" in history[0]:
             ax.plot(rounds, [scale * line[f"ens_{where}_{metric}"] for line in history], marker=".",

@@ -114,11 +114,29 @@ def test_mean_nll_gradient_equals_the_modules_autograd_gradient():
     torch.testing.assert_close(loss.detach(), F.cross_entropy(module(X), y).detach())
 
 
-def test_modules_with_buffers_are_rejected():
-    with pytest.raises(ValueError, match="buffers.*running_mean"):
-        FlatModel(lambda: nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+def test_buffers_are_carried_as_constants():
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
+    module.train()
+    module(torch.randn(64, 3) * 3 + 1)   # running statistics away from their initial values
+    model = FlatModel.from_module(module)
+    assert set(model.buffers) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
+    theta = model.flatten(dict(module.named_parameters())).detach()
+    X = torch.randn(5, 3)
+    expected = module.eval()(X)
+    torch.testing.assert_close(model.forward(theta, X), expected)
+    theta64 = theta.double()   # buffers follow θ's dtype
+    torch.testing.assert_close(model.forward(theta64, X), expected.double(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(model.initial_params(torch.Generator()), theta)   # from_module: the module's own values
+    module.train()(torch.randn(8, 3))   # the user's module changes later; the model keeps what it carried
+    torch.testing.assert_close(model.forward(theta, X), expected)
+
+
+def test_modules_without_parameters_are_rejected():
     with pytest.raises(ValueError, match="no parameters"):
         FlatModel(nn.ReLU)
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        FlatModel.from_module("mlp")
 
 
 def _every_planned_layer():

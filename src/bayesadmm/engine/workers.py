@@ -10,8 +10,9 @@ several threads on two cores slow every elementwise kernel down many times over.
 The pool keeps clients where they are (sticky clients). Each client belongs to one worker for the whole run, by a
 static assignment that balances the workers' numbers of examples (`assign`: longest processing time first). Workers
 are started once per run with the "spawn" method (safe with CUDA and with torch's thread pools, unlike fork); the
-training set goes to them once, in shared memory, and each rebuilds the model and the algorithm from the run's config
-(an `Algorithm` is a tuple of closures and does not pickle) and creates or loads the states of its own clients. Per
+algorithm's factory and the client source go to each of them once, pickled (an `Algorithm` is a tuple of closures and
+does not pickle; its factory does; for `TensorClients` torch pickles the training set into shared memory), and each
+builds the algorithm and its own clients' data and creates or loads their states. Per
 round, the broadcast goes once to each worker with the list of its clients that take part (as raw tensor bytes through
 the pipe, no serialisation); the worker trains them one after the other and hands over each reply as soon as it has
 it, through a shared-memory arena of reply slots (`_train`: one copy into the slot, one copy out in the parent, and
@@ -77,12 +78,12 @@ def one_thread():
 
 
 def train_client(algorithm: Algorithm, state, message: Message, data, seed: int, round_: int,
-                 client: int) -> tuple[Any, Message]:
-    """One client's update, exactly as every execution path runs it. The generator is a CPU one whatever the device
-    (`bayesadmm.rng` draws on it and moves the numbers), so a GPU run consumes the same random numbers."""
+                 client: int) -> tuple[Any, Message, Any]:
+    """One client's update, exactly as every execution path runs it: (new state, reply, info record). The generator
+    is a CPU one whatever the device (`bayesadmm.rng` draws on it and moves the numbers), so a GPU run consumes the
+    same random numbers."""
     with one_thread():
-        state, reply, _ = algorithm.client_update(state, message, data, generator_for(seed, round_, client))
-    return state, reply
+        return algorithm.client_update(state, message, data, generator_for(seed, round_, client))
 
 
 def assign(sizes: Mapping[int, int], workers: int) -> list[list[int]]:
@@ -104,6 +105,7 @@ class LocalClients:
     def __init__(self, algorithm: Algorithm, clients: Mapping[int, Any], seed: int):
         self.algorithm, self.clients, self.seed = algorithm, dict(clients), seed
         self._states: dict[int, Any] = {}
+        self.last_info: dict[int, dict[str, float]] = {}   # the scalars of each client's info record, last round
 
     def start(self, server) -> None:
         """Every client's initial state, from the initial server state."""
@@ -118,11 +120,14 @@ class LocalClients:
         """Update the `chosen` clients' states; returns their replies in the order of `chosen`. Each state is replaced
         as soon as its client is done (so that old and new states are not all held at once): after an exception the
         states are those of an unfinished round, and the run goes on from its checkpoint."""
-        replies = {}
+        from bayesadmm.engine.loop import info_scalars
+
+        replies, self.last_info = {}, {}
         with one_thread():
             for k in chosen:
-                self._states[k], replies[k] = train_client(self.algorithm, self._states[k], message, self.clients[k],
-                                                           self.seed, round_, k)
+                self._states[k], replies[k], info = train_client(self.algorithm, self._states[k], message,
+                                                                 self.clients[k], self.seed, round_, k)
+                self.last_info[k] = info_scalars(info)
                 if on_done is not None:
                     on_done(k)
         return replies
@@ -254,24 +259,14 @@ def _read_arena(arena: torch.Tensor, offset: int, layout: list) -> Message:
 # ---- inside a worker process ----------------------------------------------------------------------------------------
 
 
-def _worker(connection, arena: torch.Tensor, config_json: dict, model, train_X: torch.Tensor, train_y: torch.Tensor,
-            slices: Mapping[int, tuple[int, int]], group: list[int], default_dtype: torch.dtype) -> None:
+def _worker(connection, arena: torch.Tensor, make_algorithm: Callable[[], Algorithm], source: Callable[[int], Any],
+            seed: int, group: list[int], default_dtype: torch.dtype) -> None:
     """A worker's life: build its clients, then answer the parent's commands until "close" (or the parent is gone)."""
-    from bayesadmm.engine.runner import make_algorithm
-    from bayesadmm.experiments.config import RunConfig
-    from bayesadmm.problems.neural import ClassificationData
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole process group: the parent handles it
     _keep_freed_memory()
     torch.set_num_threads(1)
     torch.set_default_dtype(default_dtype)   # as in the parent, so that tensors made without a dtype agree
-    config = RunConfig(**config_json)
-    device = torch.device(config.device)
-    X, y = train_X.to(device), train_y.to(device)   # no copy on the CPU: views of the shared tensors
-    sizes = {k: b - a for k, (a, b) in slices.items()}   # every client's size: some algorithms weigh by them
-    local = LocalClients(make_algorithm(config, model, sizes),
-                         {k: ClassificationData(model, X[slices[k][0]:slices[k][1]], y[slices[k][0]:slices[k][1]])
-                          for k in group}, config.seed)
+    local = LocalClients(make_algorithm(), {k: source(k) for k in group}, seed)
     commands = {"start": lambda server: local.start(_loads(server)),
                 "put": lambda states: local.restore({"clients": _loads(states)}, Path(".")),
                 "load": lambda run_dir, shards: local.restore({"shards": shards}, run_dir),
@@ -313,11 +308,12 @@ def _train(connection, arena: torch.Tensor, local: LocalClients, round_: int, me
     sent = acknowledged = 0   # replies through slots, and acknowledgements received, this round
     for k in chosen:
         layout, tensors = _payload(local.train(round_, message, [k])[k])
+        info = local.last_info[k]
         nbytes = sum(_aligned(t.numel() * t.element_size()) for t in tensors)
         if slot_bytes == 0 and nbytes > 0:
             slot_bytes, slots = nbytes, arena.numel() // nbytes
         if slots == 0 or nbytes > slot_bytes:
-            _send_tensors(connection, ("reply", k, None), layout, tensors)
+            _send_tensors(connection, ("reply", k, None, info), layout, tensors)
             continue
         while sent - acknowledged >= slots:   # every slot holds a reply the parent has not copied yet
             answer = connection.recv()
@@ -326,7 +322,7 @@ def _train(connection, arena: torch.Tensor, local: LocalClients, round_: int, me
             acknowledged += 1
         offset = (sent % slots) * slot_bytes
         _write_arena(arena, offset, tensors)
-        connection.send(("reply", k, offset, layout))
+        connection.send(("reply", k, offset, info, layout))
         sent += 1
 
 
@@ -353,13 +349,12 @@ class ClientPool:
     """The clients' states and updates in `workers` processes, each on one thread, sharing the training data; each
     client stays in the worker it was assigned to (`assign`)."""
 
-    def __init__(self, config, model, train_X: torch.Tensor, train_y: torch.Tensor,
-                 slices: Mapping[int, tuple[int, int]], workers: int):
+    def __init__(self, make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int):
         if workers < 2:
             raise ValueError(f"ClientPool needs at least 2 workers, got {workers} (use LocalClients)")
-        self.groups = assign({k: b - a for k, (a, b) in slices.items()}, workers)
+        self.groups = assign(dict(source.sizes), workers)
         self.owner = {k: index for index, group in enumerate(self.groups) for k in group}
-        shared_X, shared_y = train_X.cpu().share_memory_(), train_y.cpu().share_memory_()
+        self.last_info: dict[int, dict[str, float]] = {}
         context = torch.multiprocessing.get_context("spawn")
         self.connections, self.processes, self.arenas = [], [], []
         self._in_round = False   # True from sending a round's work until every worker has finished it
@@ -368,9 +363,9 @@ class ClientPool:
                 parent_end, child_end = context.Pipe()
                 arena = torch.empty(ARENA_BYTES, dtype=torch.uint8).share_memory_()
                 process = context.Process(target=_worker, name=f"bayesadmm-worker-{index}",
-                                          args=(child_end, arena, config.to_json(), model, shared_X, shared_y,
-                                                dict(slices), group, torch.get_default_dtype()))
-                process.start()
+                                          args=(child_end, arena, make_algorithm, source, seed, group,
+                                                torch.get_default_dtype()))
+                _start(process)
                 child_end.close()
                 self.connections.append(parent_end)
                 self.processes.append(process)
@@ -405,6 +400,7 @@ class ClientPool:
                 _send_tensors(self.connections[index], ("train", round_, mine), layout, tensors)
                 busy[self.connections[index]] = index
         replies, failure = {}, None
+        self.last_info = {}
         while busy:
             for connection in wait(list(busy)):
                 try:
@@ -414,7 +410,7 @@ class ClientPool:
                     del busy[connection]
                     continue
                 if kind == "reply":
-                    k, offset, layout = rest
+                    k, offset, self.last_info[rest[0]], layout = rest
                     if offset is None:   # too large for the worker's arena: the bytes follow in the pipe
                         replies[k] = _receive_tensors(connection, layout)
                     else:
@@ -495,11 +491,26 @@ class ClientPool:
         return answer
 
 
-def client_runner(config, experiment, workers: int) -> LocalClients | ClientPool:
-    """The clients in this process for one worker (or one participant), in a process pool otherwise."""
+def client_runner(make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int,
+                  algorithm: Algorithm | None = None) -> LocalClients | ClientPool:
+    """The clients of `source` in this process for one worker (or one participant), with `algorithm` (made by
+    `make_algorithm` if not given), or in a pool of `workers` processes otherwise."""
     if workers <= 1:
-        return LocalClients(experiment.algorithm, experiment.clients, config.seed)
-    return ClientPool(config, experiment.model, experiment.train_X, experiment.train_y, experiment.slices, workers)
+        return LocalClients(algorithm or make_algorithm(), {k: source(k) for k in sorted(source.sizes)}, seed)
+    return ClientPool(make_algorithm, source, seed, workers)
+
+
+def _start(process) -> None:
+    """Start a worker; its arguments (the algorithm's factory, the client source) are pickled here, in the parent, so
+    an object that does not pickle fails now, with the fix."""
+    import pickle
+
+    try:
+        process.start()
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ValueError(f"the algorithm's factory and the clients must pickle to run in worker processes "
+                         f"(workers > 1), and they do not ({exc}): make them module-level functions, "
+                         f"functools.partials of them, or dataclasses of tensors; or use workers=1") from exc
 
 
 __all__: Sequence[str] = ["LocalClients", "ClientPool", "client_runner", "train_client", "assign", "default_workers",

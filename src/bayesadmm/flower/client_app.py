@@ -27,9 +27,11 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from bayesadmm.engine.runner import BREAKDOWNS, Experiment, build
+from bayesadmm.algorithms import Algorithm
+from bayesadmm.engine.loop import BREAKDOWNS
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.workers import one_thread
+from bayesadmm.experiments.build import Built, build
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.flower import records
 
@@ -39,7 +41,7 @@ PARTITION_ID, NUM_PARTITIONS, DATA_DIR = "partition-id", "num-partitions", "data
 BREAKDOWN = "breakdown"
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-_experiments: dict[tuple[str, str, str], Experiment] = {}   # a process that serves several rounds builds once
+_experiments: dict[tuple[str, str, str], tuple[Built, Algorithm]] = {}   # a process that serves several rounds builds once
 
 
 def partition_of(context: Context, config: RunConfig) -> int:
@@ -58,7 +60,7 @@ def partition_of(context: Context, config: RunConfig) -> int:
     return k
 
 
-def experiment_for(config: RunConfig, dtype: str, data_dir: str = "") -> Experiment:
+def experiment_for(config: RunConfig, dtype: str, data_dir: str = "") -> tuple[Built, Algorithm]:
     """The engine's `build` for this config (data, split, model, algorithm), cached per process."""
     if data_dir:
         config = RunConfig(**{**config.to_json(), "data_dir": data_dir})
@@ -66,7 +68,8 @@ def experiment_for(config: RunConfig, dtype: str, data_dir: str = "") -> Experim
     if key not in _experiments:
         _experiments.clear()
         with default_dtype(dtype):
-            _experiments[key] = build(config)
+            built = build(config)
+            _experiments[key] = (built, built.algorithm())
     return _experiments[key]
 
 
@@ -108,16 +111,16 @@ def handle_train(message: Message, context: Context) -> Message:
     k = partition_of(context, config)
     round_ = int(config_record[ROUND])
     dtype = str(config_record.get(DTYPE, "float32"))
-    experiment = experiment_for(config, dtype, _data_dir(context))
-    algorithm = experiment.algorithm
-    data = experiment.clients[k]
+    built, algorithm = experiment_for(config, dtype, _data_dir(context))
+    data = built.federation.clients(k)
     metrics: dict[str, Any] = {PARTITION_ID: k, "num-examples": int(data.num_examples), "server-round": round_}
     content = RecordDict()
     with default_dtype(dtype):
-        device = experiment.theta0.device   # records hold numpy arrays: back onto the run's device
+        device = torch.device(config.device)   # records hold numpy arrays: back onto the run's device
+        theta0 = built.federation.theta0.to(device)
         state = records.load_state(context.state, device)
         if state is None:
-            state = algorithm.init_client(algorithm.init_server(experiment.theta0), k)
+            state = algorithm.init_client(algorithm.init_server(theta0), k)
         broadcast = records.record_to_message(message.content["arrays"], device)
         try:
             with one_thread():   # as the local engine runs every client update, so the numbers are the same

@@ -181,14 +181,8 @@ def config_from_json(text: str) -> RunConfig:
     return RunConfig(**json.loads(text))
 
 
-def numeric_metrics(info: Mapping[str, Any]) -> dict[str, float | int]:
-    """The finite int/float entries of a client's info dict (what fits a MetricRecord); the rest is dropped."""
-    out = {}
-    for key, value in info.items():
-        if isinstance(value, Tensor) and value.numel() == 1:
-            value = value.item()
-        if isinstance(value, bool):
-            value = int(value)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            out[str(key)] = value
-    return out
+def numeric_metrics(info: Any) -> dict[str, float | int]:
+    """The finite scalars of a client's info record (what fits a MetricRecord); the rest is dropped."""
+    from bayesadmm.engine.loop import info_scalars
+
+    return {key: value for key, value in info_scalars(info).items() if math.isfinite(value)}

@@ -36,8 +36,9 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 from bayesadmm.engine.provenance import record_environment
-from bayesadmm.engine.runner import (BREAKDOWNS, EVALUATION, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, _metrics_line, build,
-                                     participants)
+from bayesadmm.engine.loop import (BREAKDOWNS, EVALUATION, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, metrics_line,
+                                   participants)
+from bayesadmm.experiments.build import build
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import RunConfig, resolve
 from bayesadmm.flower import records
@@ -158,7 +159,9 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
     if dtype is None:
         raise ValueError(f"unsupported default dtype {torch.get_default_dtype()}; use float32 or float64")
     experiment = build(config)
-    algorithm = experiment.algorithm
+    federation = experiment.federation
+    algorithm = experiment.algorithm()
+    theta0 = federation.theta0.to(config.device)
     _write_json(run_dir / "config.json", config.to_json())
     _write_json(run_dir / "partition.json", {"clients": [idx.tolist() for idx in experiment.parts]})
     record_environment(run_dir, config.device, 0)   # the server's code and processor (nodes may differ)
@@ -169,12 +172,12 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
 
     nodes = discover(grid, config, dtype, timeouts, log)
     log("clients -> nodes: " + ", ".join(f"{k} -> {n}" for k, n in nodes.items()))
-    server = algorithm.init_server(experiment.theta0)
+    server = algorithm.init_server(theta0)
     history, lost = [], set()
     status, code = {"status": "completed", "round": config.rounds}, EXIT_OK
     for round_ in range(1, config.rounds + 1):
         began = time.perf_counter()
-        chosen = participants(config, round_)
+        chosen = participants(list(range(config.clients)), config.participation, config.seed, round_)
         connected = set(grid.get_node_ids())
         reachable = [k for k in chosen if k in nodes and nodes[k] in connected]
         content = RecordDict({"arrays": records.message_to_record(algorithm.broadcast(server)),
@@ -192,7 +195,7 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
             if answer.content["metrics"].get(BREAKDOWN):
                 breakdown = f"round {round_}: client {k}: {answer.content['config']['error']}"
                 continue
-            replies[k] = records.record_to_message(answer.content["arrays"], experiment.theta0.device)
+            replies[k] = records.record_to_message(answer.content["arrays"], theta0.device)
         absent = sorted(set(chosen) - set(replies))
         for k in absent:
             if k not in nodes:
@@ -223,9 +226,9 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
             break
         seconds = time.perf_counter() - began
         began = time.perf_counter()
-        results = evaluate(experiment.model, algorithm.posterior(server), experiment.X_test, experiment.y_test,
+        results = evaluate(federation.model, algorithm.posterior(server), federation.eval_X, federation.eval_y,
                            samples=config.eval_samples, generator=generator_for(config.seed, round_, EVALUATION))
-        line = _metrics_line(round_, results, seconds, time.perf_counter() - began, len(replies))
+        line = metrics_line(round_, results, seconds, time.perf_counter() - began, len(replies))
         if absent:
             line["absent_clients"] = absent
         if not all(math.isfinite(v) for v in results.values()):

@@ -25,6 +25,8 @@ through ``functional_call``.
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, NamedTuple
 
@@ -77,16 +79,17 @@ class _Slot(NamedTuple):
 
 @dataclass(frozen=True, eq=False)
 class FlatModel:
-    """A parameter-only ``nn.Module`` seen as a function ``(θ, X) ↦ logits`` of a flat vector ``θ`` of length ``dim``.
+    """An ``nn.Module`` seen as a function ``(θ, X) ↦ logits`` of a flat vector ``θ`` of length ``dim``.
 
     ``build`` is a zero-argument callable returning a freshly initialised module.  It is called once for the
     template and again by :meth:`initial_params`, so it must build the same architecture every time; a
     ``functools.partial`` of a module-level function keeps the model picklable for worker processes.
 
-    Only parameter-only modules are supported: buffers (BatchNorm's running statistics, for instance) are state
-    that changes in the forward pass and is not part of ``θ``, which would break the pure ``(θ, X) ↦ logits`` view;
-    use GroupNorm or LayerNorm instead.  The template is in eval mode, so ``forward`` is deterministic and all the
-    randomness of an algorithm comes from its explicit generators.
+    Buffers (BatchNorm's running statistics, for instance) are carried, not trained: their values at construction
+    are kept in ``buffers`` and passed to every forward pass as constants, so ``(θ, X) ↦ logits`` stays a pure
+    function of ``θ``.  The template is in eval mode (BatchNorm normalises with the carried statistics, Dropout is
+    off), so ``forward`` is deterministic and all the randomness of an algorithm comes from its explicit generators.
+    Use :meth:`from_module` for a module you have already built and initialised.
     """
 
     build: Callable[[], nn.Module]
@@ -94,24 +97,30 @@ class FlatModel:
     dim: int = field(init=False)
     _slots: tuple[_Slot, ...] = field(init=False, repr=False)
     _plan: tuple | None = field(init=False, repr=False)   # see the module docstring; None: functional_call
+    buffers: dict[str, Tensor] = field(init=False, repr=False)   # carried constants (CPU), by name
+
+    @classmethod
+    def from_module(cls, module: nn.Module) -> FlatModel:
+        """The flat view of an existing module: its architecture, and its buffers as constants. Its current parameter
+        values are ``flatten(dict(module.named_parameters()))`` (what :meth:`initial_params` returns for it, the
+        generator unused); the module itself is copied, never changed."""
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module, got {type(module).__name__}")
+        return cls(functools.partial(copy.deepcopy, copy.deepcopy(module)))   # later changes to `module` do not leak in
 
     def __post_init__(self) -> None:
         module = self.build()
         if not isinstance(module, nn.Module):
             raise ValueError(f"build() must return an nn.Module, got {type(module).__name__}")
-        buffers = [name for name, _ in module.named_buffers()]
-        if buffers:
-            raise ValueError(
-                f"FlatModel only supports parameter-only modules, but {type(module).__name__} has buffers "
-                f"{buffers}; replace BatchNorm by GroupNorm or LayerNorm"
-            )
+        object.__setattr__(self, "buffers", {name: b.detach().cpu().clone() for name, b in module.named_buffers()})
         slots = tuple(_Slot(name, p.shape, p.numel()) for name, p in module.named_parameters())
         if not slots:
             raise ValueError(f"{type(module).__name__} has no parameters")
         object.__setattr__(self, "module", module.to("meta").eval())
         object.__setattr__(self, "dim", sum(slot.numel for slot in slots))
         object.__setattr__(self, "_slots", slots)
-        object.__setattr__(self, "_plan", _sequential_plan(module, [slot.name for slot in slots]))
+        plan = None if self.buffers else _sequential_plan(module, [slot.name for slot in slots])
+        object.__setattr__(self, "_plan", plan)
 
     def initial_params(self, generator: torch.Generator) -> Tensor:
         """The flat parameters of a freshly built module with PyTorch's default initialisation.
@@ -158,7 +167,7 @@ class FlatModel:
         if X.is_floating_point() and X.dtype != theta.dtype:
             X = X.to(theta.dtype)
         if self._plan is None:
-            return functional_call(self.module, self.unflatten(theta), (X,))
+            return functional_call(self.module, {**self.unflatten(theta), **self._buffers_like(theta)}, (X,))
         params = tuple(self.unflatten(theta).values())
         out = X
         for step in self._plan:
@@ -169,6 +178,11 @@ class FlatModel:
             else:
                 out = out.flatten(step[1], step[2])
         return out
+
+    def _buffers_like(self, theta: Tensor) -> dict[str, Tensor]:
+        """The carried buffers on θ's device, floating ones in θ's dtype (no copies where they already match)."""
+        return {name: b.to(theta.device, theta.dtype) if b.is_floating_point() else b.to(theta.device)
+                for name, b in self.buffers.items()}
 
     def forward_batched(self, thetas: Tensor, X: Tensor) -> Tensor:
         """Logits of shape ``(S, N, C)`` for ``S`` parameter vectors ``thetas`` of shape ``(S, d)`` on the same ``X``.

@@ -1,0 +1,154 @@
+"""What a local solver needs of a client's data (`ClientData`), supervised data of a model and a likelihood
+(`SupervisedData`), and the picklable client sources the engine builds clients from (`TensorClients`,
+`ClientObjects`).
+
+A client source is a callable `source(k) -> ClientData` with a `sizes` mapping (client id → number of examples). The
+engine calls it once per client in the process that trains that client: in this process, or in each worker process,
+which receives the source by pickling. `TensorClients` keeps every client's examples as rows of one client-ordered
+tensor, so worker processes share two tensors in memory (torch pickles CPU tensors for a worker into shared memory)
+instead of two per client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from bayesadmm.likelihoods import Classification, Likelihood
+from bayesadmm.models import FlatModel
+
+__all__ = ["ClientData", "ClientSource", "SupervisedData", "TensorClients", "ClientObjects", "as_tensors"]
+
+
+@runtime_checkable
+class ClientData(Protocol):
+    """One client's data as its local solver sees it: the number of examples and the mean loss of a minibatch.
+
+    The client's loss is the SUM of its per-example negative log-likelihoods, `num_examples × batch_loss(θ, all)`;
+    solvers that weigh the prior and the likelihood (IVON, VON, the Laplace methods) rely on that scaling.
+    """
+
+    @property
+    def num_examples(self) -> int: ...
+
+    def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
+        """Mean negative log-likelihood of the examples `idx` under the flat parameters `theta` (differentiable)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SupervisedData:
+    """Inputs X (n, ...) and targets y (n, ...) of one client, the model mapping a flat θ and X to outputs, and the
+    likelihood of y given those outputs. Methods that look at the inputs themselves (FedLap-Cov's curvature,
+    FedLap-Func's memory points, FedEP's Laplace inference) read `model`, `X` and `y`."""
+
+    model: FlatModel
+    X: Tensor
+    y: Tensor
+    likelihood: Likelihood = field(default_factory=Classification)
+
+    def __post_init__(self) -> None:
+        if self.X.shape[0] != self.y.shape[0]:
+            raise ValueError(f"X has {self.X.shape[0]} examples but y has {self.y.shape[0]}")
+
+    @property
+    def num_examples(self) -> int:
+        return self.y.shape[0]
+
+    def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
+        """The likelihood's mean negative log-likelihood over the examples `idx`."""
+        return self.likelihood.mean_nll(self.model.forward(theta, self.X[idx]), self.y[idx])
+
+
+class ClientSource(Protocol):
+    """A picklable description of the clients: `source(k)` builds client k's data where it is trained."""
+
+    @property
+    def sizes(self) -> Mapping[int, int]: ...
+
+    def __call__(self, client: int) -> ClientData: ...
+
+
+@dataclass(frozen=True)
+class TensorClients:
+    """The clients' examples as consecutive rows of `X`, `y` (client k owns rows `slices[k]`); each client is a
+    `SupervisedData` view of its rows, moved to `device` (a no-op where the tensors already are)."""
+
+    model: FlatModel
+    X: Tensor
+    y: Tensor
+    slices: Mapping[int, tuple[int, int]]
+    likelihood: Likelihood = field(default_factory=Classification)
+    device: str = "cpu"
+
+    @property
+    def sizes(self) -> dict[int, int]:
+        return {k: b - a for k, (a, b) in self.slices.items()}
+
+    def __call__(self, client: int) -> SupervisedData:
+        a, b = self.slices[client]
+        return SupervisedData(self.model, self.X[a:b].to(self.device), self.y[a:b].to(self.device), self.likelihood)
+
+    @classmethod
+    def from_parts(cls, model: FlatModel, parts: Mapping[int, tuple[Tensor, Tensor]],
+                   likelihood: Likelihood | None = None, device: str = "cpu") -> TensorClients:
+        """Clients given as (X_k, y_k) pairs by id, concatenated in id order."""
+        ids = sorted(parts)
+        if not ids:
+            raise ValueError("there are no clients")
+        xs, ys = [parts[k][0] for k in ids], [parts[k][1] for k in ids]
+        for k, x, y in zip(ids, xs, ys):
+            if x.shape[0] != y.shape[0]:
+                raise ValueError(f"client {k}: X has {x.shape[0]} examples but y has {y.shape[0]}")
+            if x.shape[0] == 0:
+                raise ValueError(f"client {k} has no examples")
+            if x.shape[1:] != xs[0].shape[1:] or y.shape[1:] != ys[0].shape[1:]:
+                raise ValueError(f"client {k}'s examples have shape {tuple(x.shape[1:])} → {tuple(y.shape[1:])}, "
+                                 f"client {ids[0]}'s {tuple(xs[0].shape[1:])} → {tuple(ys[0].shape[1:])}")
+        bounds = torch.tensor([0] + [x.shape[0] for x in xs]).cumsum(0).tolist()
+        slices = {k: (bounds[i], bounds[i + 1]) for i, k in enumerate(ids)}
+        return cls(model, torch.cat(xs), torch.cat(ys), slices, likelihood or Classification(), device)
+
+
+@dataclass(frozen=True)
+class ClientObjects:
+    """Clients given as ready `ClientData` objects by id; pickled whole to every worker process."""
+
+    clients: Mapping[int, Any]
+
+    @property
+    def sizes(self) -> dict[int, int]:
+        return {k: int(data.num_examples) for k, data in self.clients.items()}
+
+    def __call__(self, client: int) -> Any:
+        return self.clients[client]
+
+
+def as_tensors(data: Any, what: str) -> tuple[Tensor, Tensor]:
+    """(X, y) from a pair of tensors or from a map-style `torch.utils.data.Dataset` of (x, y) pairs (stacked)."""
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
+        return data[0], data[1]
+    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
+        items: Sequence = [data[i] for i in range(len(data))]
+        if not items:
+            raise ValueError(f"{what} is an empty dataset")
+        if not all(isinstance(item, (tuple, list)) and len(item) == 2 for item in items):
+            raise ValueError(f"{what}: a dataset's items must be (input, target) pairs")
+        xs = [torch.as_tensor(item[0]) for item in items]
+        ys = [torch.as_tensor(item[1]) for item in items]
+        return torch.stack(xs), torch.stack(ys)
+    raise TypeError(f"{what} must be an (X, y) pair of tensors or a Dataset of (x, y) pairs, "
+                    f"got {type(data).__name__}")
+
+
+def client_ids(clients: Iterable) -> list[int]:
+    """Client ids must be non-negative ints below 10⁹ (the generators of (seed, round, client) are derived from them;
+    ids from 10⁹ on are the engine's own random streams)."""
+    ids = list(clients)
+    for k in ids:
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 10**9:
+            raise ValueError(f"client ids must be integers in [0, 10⁹), got {k!r}")
+    return ids

@@ -1,0 +1,364 @@
+"""The federated round loop and everything around it: participants, client updates (in this process or in worker
+processes), server update, evaluation, metrics, checkpoints and exact resume, the divergence stop, a progress bar and
+the run directory. It runs objects, never names: a `Federation` (model, clients, algorithm factory, evaluation data,
+likelihood) under `Settings` (rounds, seed, participation, ...). `bayesadmm.run` builds these from a user's model and
+tensors; `bayesadmm run PRESET` builds them from a config (bayesadmm.experiments.build).
+
+One round: sample the participating clients, broadcast, run each participant's `client_update` with the generator
+of (seed, round, client), `server_update`, evaluate the server's posterior on the evaluation set (at its mean and, for
+posteriors that can be sampled, the predictive over `eval_samples` draws), append a line to metrics.jsonl, checkpoint.
+
+Every random choice comes from a generator derived from (seed, round, client) (`simulate.generator_for`; client
+ids from 10⁹ on are the engine's own streams), and nothing uses torch's global RNG, so a resume after a kill
+continues with exactly the numbers an uninterrupted run would have produced, whatever the number of workers.
+
+Files in the run directory: config.json (what the caller describes the run by), metrics.jsonl (one JSON object per
+round: the evaluation metrics, `server_*` and mean `client_*` scalars of the algorithm's info records, timings),
+checkpoint.pt (the state after the last checkpointed round), client-states/ (with parallel workers: the client states
+of that checkpoint, one shard file per worker), status.json (running / stopped / completed / diverged / interrupted,
+with the reason), curves.png (the metrics per round) and environment.json (code version, torch, processor: one record
+per start or resume). A checkpoint is written shards first, checkpoint.pt last, each under a temporary name renamed
+when complete, so a kill at any point leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import Tensor
+
+from bayesadmm.algorithms.base import Algorithm, DivergenceError
+from bayesadmm.clients import ClientSource
+from bayesadmm.engine.provenance import record_environment
+from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.workers import client_runner, default_workers, remove_stale_shards
+from bayesadmm.likelihoods import Likelihood
+from bayesadmm.metrics import evaluate
+from bayesadmm.models import FlatModel
+from bayesadmm.solvers.von import SubproblemError
+
+__all__ = ["Settings", "Federation", "Result", "run_federation", "participants", "EXIT_OK", "EXIT_FAILED",
+           "EXIT_DIVERGED", "BREAKDOWNS"]
+
+# The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5 are the config layer's set-up
+# streams (subsample, partition, initial weights, validation split).
+PARTICIPANTS, EVALUATION = 10**9 + 3, 10**9 + 4
+BREAKDOWNS = (DivergenceError, SubproblemError, FloatingPointError)
+EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a federation runs. `workers`: client updates in that many processes (0: one per core on the CPU, one on a
+    GPU), same numbers for any count; `stop_at`: stop after that round with the schedule of `rounds` (0: run all);
+    `checkpoint_every`: write the checkpoint every N rounds (and after the last)."""
+
+    rounds: int = 10
+    seed: int = 0
+    participation: float = 1.0
+    eval_samples: int = 32
+    device: str = "cpu"
+    workers: int = 1
+    checkpoint_every: int = 1
+    stop_at: int = 0
+
+    def __post_init__(self) -> None:
+        problems = []
+        for key in ("rounds", "eval_samples", "checkpoint_every"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"{key} must be an integer >= 1, got {value!r}")
+        for key in ("seed", "workers", "stop_at"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                problems.append(f"{key} must be an integer >= 0, got {value!r}")
+        if not (isinstance(self.participation, (int, float)) and 0 < self.participation <= 1):
+            problems.append(f"participation must be in (0, 1], got {self.participation!r}")
+        if not problems and self.stop_at > self.rounds:
+            problems.append(f"stop_at must be in [0, rounds={self.rounds}] (0: run all rounds), got {self.stop_at}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def last_round(self) -> int:
+        return min(self.stop_at, self.rounds) if self.stop_at else self.rounds
+
+
+@dataclass(frozen=True)
+class Federation:
+    """What a run trains and how it is scored. `make_algorithm` is a zero-argument callable returning the Algorithm;
+    it and `clients` must pickle for worker processes (module-level functions, `functools.partial`s of them,
+    dataclasses of tensors). `metrics`: extra metric callables `fn(outputs (S, N, ...), targets) -> float`."""
+
+    model: FlatModel
+    clients: ClientSource
+    make_algorithm: Callable[[], Algorithm]
+    theta0: Tensor
+    eval_X: Tensor
+    eval_y: Tensor
+    likelihood: Likelihood
+    metrics: Mapping[str, Callable[[Tensor, Tensor], float]] = field(default_factory=dict)
+    eval_set: str = "test"     # the metrics' prefix: test_*, or val_* for a held-out part of the training set
+
+
+@dataclass
+class Result:
+    """How a run ended: `status` (completed, stopped, diverged), the exit code the CLI returns, the last round whose
+    state is `server` (the last good one after a divergence), the metrics of every round, and the run directory."""
+
+    status: str
+    exit_code: int
+    round: int
+    history: list[dict]
+    server: Any
+    algorithm: Algorithm
+    run_dir: Path
+    message: str = ""
+
+    @property
+    def posterior(self) -> Any:
+        """The server's posterior (a Gaussian with `.mean` and `.sample`, or a `PointEstimate`)."""
+        return self.algorithm.posterior(self.server)
+
+
+def participants(ids: list[int], participation: float, seed: int, round_: int) -> list[int]:
+    """The clients that take part in `round_` (all, or a seeded random fraction), in id order."""
+    if participation >= 1.0:
+        return list(ids)
+    count = max(1, math.ceil(participation * len(ids)))
+    order = torch.randperm(len(ids), generator=generator_for(seed, round_, PARTICIPANTS))
+    return sorted(ids[i] for i in order[:count].tolist())
+
+
+def info_scalars(info: Any) -> dict[str, float]:
+    """The scalar fields of an algorithm's info record (a NamedTuple, dataclass or mapping); other fields skipped."""
+    if hasattr(info, "_asdict"):
+        items = info._asdict().items()
+    elif dataclasses.is_dataclass(info) and not isinstance(info, type):
+        items = dataclasses.asdict(info).items()
+    elif isinstance(info, Mapping):
+        items = info.items()
+    else:
+        return {}
+    scalars = {}
+    for key, value in items:
+        if isinstance(value, Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, (bool, int, float)):
+            scalars[str(key)] = float(value)
+    return scalars
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """`payload` as JSON, written under a temporary name and renamed: never a half-written file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def metrics_line(round_: int, results: Mapping[str, float], seconds: float, eval_seconds: float, count: int,
+                 eval_set: str = "test") -> dict:
+    """One line of metrics.jsonl: `acc` → `test_acc`, `ens_acc` → `ens_test_acc`, then timings and participants."""
+    line: dict[str, Any] = {"round": round_}
+    for key, value in results.items():
+        line[f"ens_{eval_set}_{key[4:]}" if key.startswith("ens_") else f"{eval_set}_{key}"] = value
+    line.update({"seconds": seconds, "eval_seconds": eval_seconds, "participants": count})
+    return line
+
+
+def _save_checkpoint(path: Path, round_: int, server: Any, clients: Any) -> None:
+    """checkpoint.pt: the round, the server state and the record of the client states (`clients.save`: the states, or
+    the shard files the workers have just written). Written last and renamed into place, so that it only ever names a
+    complete state; the shards it does not name are deleted after."""
+    record = clients.save(path.parent, round_)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"round": round_, "server": server, **record}, tmp)
+    os.replace(tmp, path)  # never a half-written checkpoint
+    remove_stale_shards(path.parent, record)
+
+
+def _read_metrics(path: Path, up_to: int) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if line["round"] <= up_to]
+
+
+def run_federation(federation: Federation, settings: Settings, run_dir: Path | str, *, config: Mapping | None = None,
+                   resume: bool = False, progress: bool = True, title: str = "",
+                   on_round: Callable[[dict], None] | None = None) -> Result:
+    """Run (or, with `resume`, continue from run_dir's checkpoint) the federation; returns how it ended.
+
+    `config` is written to run_dir/config.json on a fresh start (what the run is, for people and for `resume`);
+    `on_round(line)` is called with each round's metrics line. A divergence (a breakdown of the algorithm, or
+    non-finite metrics) ends the run with status "diverged" and the last good state in the checkpoint; Ctrl-C or a
+    SIGTERM raises KeyboardInterrupt after recording the interruption in status.json.
+    """
+    from bayesadmm.reports import try_plot_run
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    status_path, metrics_path, checkpoint_path = (run_dir / "status.json", run_dir / "metrics.jsonl",
+                                                  run_dir / "checkpoint.pt")
+    algorithm = federation.make_algorithm()
+    checkpoint = torch.load(checkpoint_path, weights_only=False) if resume and checkpoint_path.exists() else None
+    start = checkpoint["round"] if checkpoint is not None else 0
+    if checkpoint is None and config is not None:
+        write_json(run_dir / "config.json", dict(config))
+    record_environment(run_dir, settings.device, start)
+    history = _read_metrics(metrics_path, start)
+    metrics_path.write_text("".join(json.dumps(line) + "\n" for line in history))  # drop rounds after the checkpoint
+
+    bar = _progress(settings, start, progress, title)
+    status: dict[str, Any] = {"status": "running", "round": start}
+    write_json(status_path, status)
+    # workers=0: one per core on the CPU; one on a GPU, where every worker process would hold a CUDA context and a
+    # copy of the training set of its own and the processes would take turns on the one device
+    workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
+    ids = sorted(federation.clients.sizes)
+    most = len(participants(ids, settings.participation, settings.seed, 1))
+    checkpointed = [start]   # the round of the last checkpoint written, kept up to date by _rounds
+    clients = client_runner(federation.make_algorithm, federation.clients, settings.seed, min(workers, most),
+                            algorithm)
+    with _sigterm_as_interrupt():   # from here on a kill is reported as an interruption
+        try:
+            if checkpoint is None:
+                server = algorithm.init_server(federation.theta0.to(settings.device))
+                clients.start(server)
+                _save_checkpoint(checkpoint_path, 0, server, clients)  # a stop in round 1 still leaves a state
+            else:
+                server = checkpoint["server"]
+                clients.restore(checkpoint, run_dir)
+                remove_stale_shards(run_dir, checkpoint)   # those of a checkpoint the kill did not let finish
+                del checkpoint   # the states now live in `clients`
+            code, status, server = _rounds(federation, settings, algorithm, clients, ids, start, server, history,
+                                           bar, run_dir, checkpointed, on_round)
+        except KeyboardInterrupt:   # Ctrl-C, or a SIGTERM: say so, so that a watcher does not wait for a dead run
+            bar.close()
+            then = (f"resume goes on from the checkpoint of round {checkpointed[0]}"
+                    if checkpoint_path.exists() else "no checkpoint was written yet: run it again")
+            write_json(status_path, {"status": "interrupted", "round": checkpointed[0],
+                                     "message": f"interrupted; {then}"})
+            raise
+        finally:
+            clients.close()
+    bar.close()
+    if code == EXIT_OK and settings.last_round == settings.rounds:
+        status = {"status": "completed", "round": settings.rounds}
+    elif code == EXIT_OK:
+        status = {"status": "stopped", "round": settings.last_round,
+                  "message": f"stopped after round {settings.stop_at} as asked (stop_at); resume goes on"}
+    if history:   # before the final status, which tells a watcher the run directory is complete
+        try_plot_run(history, run_dir / "curves.png", title=title)
+    write_json(status_path, status)
+    return Result(status["status"], code, checkpointed[0] if code != EXIT_OK else status["round"], history, server,
+                  algorithm, run_dir, status.get("message", ""))
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """Within the block a SIGTERM (what `kill` and most job schedulers send) raises KeyboardInterrupt, like Ctrl-C,
+    so the run says it was interrupted; only in the main thread, where Python delivers signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _rounds(federation: Federation, settings: Settings, algorithm: Algorithm, clients: Any, ids: list[int],
+            start: int, server: Any, history: list, bar: Any, run_dir: Path, checkpointed: list[int],
+            on_round: Callable[[dict], None] | None) -> tuple[int, dict, Any]:
+    """Rounds start+1 … settings.last_round; returns (exit code, last status, server state of the last good round)
+    and keeps the round of the last checkpoint written in checkpointed[0] (for the messages of a failure or an
+    interruption)."""
+    metrics_path, checkpoint_path, status_path = (run_dir / "metrics.jsonl", run_dir / "checkpoint.pt",
+                                                  run_dir / "status.json")
+    status: dict[str, Any] = {"status": "running", "round": start}
+    for round_ in range(start + 1, settings.last_round + 1):
+        began = time.perf_counter()
+        chosen = participants(ids, settings.participation, settings.seed, round_)
+        finished, shown = [], [began]
+
+        def on_done(k: int) -> None:
+            finished.append(k)
+            if time.perf_counter() - shown[0] > 0.2:   # not a terminal write per client: there may be thousands
+                bar.set_postfix_str(f"client {len(finished)}/{len(chosen)}")
+                shown[0] = time.perf_counter()
+
+        try:
+            replies = clients.train(round_, algorithm.broadcast(server), chosen, on_done)
+            new_server, server_info = algorithm.server_update(server, replies)
+        except BREAKDOWNS as exc:
+            return EXIT_DIVERGED, _diverged(round_, str(exc)), server
+        seconds = time.perf_counter() - began
+        began = time.perf_counter()
+        results = evaluate(federation.model, algorithm.posterior(new_server), federation.eval_X, federation.eval_y,
+                           likelihood=federation.likelihood, samples=settings.eval_samples,
+                           generator=generator_for(settings.seed, round_, EVALUATION), extra=federation.metrics)
+        line = metrics_line(round_, results, seconds, time.perf_counter() - began, len(chosen), federation.eval_set)
+        if not all(math.isfinite(v) for v in results.values()):
+            return EXIT_DIVERGED, _diverged(round_, f"non-finite {federation.eval_set} metrics {results}"), server
+        server = new_server
+        line.update({f"server_{k}": v for k, v in info_scalars(server_info).items()})
+        line.update(_mean_client_info(clients.last_info))
+        with metrics_path.open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        if round_ % settings.checkpoint_every == 0 or round_ == settings.last_round:
+            _save_checkpoint(checkpoint_path, round_, server, clients)   # a resume redoes the rounds after it
+            checkpointed[0] = round_
+        history.append(line)
+        status = {"status": "running", "round": round_}
+        write_json(status_path, status)
+        bar.set_postfix_str(_headline(line, federation.eval_set))
+        bar.update(1)
+        if on_round is not None:
+            on_round(line)
+    return EXIT_OK, status, server
+
+
+def _diverged(round_: int, reason: str) -> dict:
+    print(f"stopped: round {round_}: {reason} (the state of round {round_ - 1} or earlier is in the checkpoint)",
+          file=sys.stderr)
+    return {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {reason}"}
+
+
+def _mean_client_info(infos: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
+    """`client_<key>`: the mean over this round's participants of each scalar their info records share."""
+    if not infos:
+        return {}
+    keys = set.intersection(*(set(info) for info in infos.values()))
+    return {f"client_{key}": sum(info[key] for info in infos.values()) / len(infos) for key in sorted(keys)}
+
+
+def _headline(line: Mapping[str, Any], eval_set: str) -> str:
+    for key, label, scale in (("acc", "acc", 100), ("rmse", "rmse", 1), ("nll", "nll", 1)):
+        for name in (f"ens_{eval_set}_{key}", f"{eval_set}_{key}"):
+            if name in line:
+                return f"{label} {scale * line[name]:.1f}%" if scale == 100 else f"{label} {line[name]:.4g}"
+    return ""
+
+
+def _progress(settings: Settings, start: int, enabled: bool, title: str):
+    from tqdm import tqdm
+    return tqdm(total=settings.last_round, initial=start, desc=title or "rounds", unit="round",
+                disable=not enabled, dynamic_ncols=True, file=sys.stderr)

@@ -1,0 +1,163 @@
+"""`bayesadmm.run`: a federated experiment from your own model, data, likelihood and algorithm.
+
+    import bayesadmm
+    result = bayesadmm.run(model, clients=[(X1, y1), (X2, y2)], test=(X_test, y_test),
+                           algorithm="ivon-admm", hparams={"lr": 0.1, "epochs": 2}, rounds=20, out="runs/mine")
+    result.history[-1]["ens_test_acc"], result.posterior.mean
+
+It assembles a `Federation` (engine/loop.py) from ordinary objects and runs the engine's loop, with every feature of
+`bayesadmm run PRESET`: partial participation, generators per (seed, round, client), evaluation at the server mean and
+for the posterior predictive, user metrics, the run directory with config, metrics and plots, checkpoints and exact
+resume, worker processes with the numbers of one, the divergence stop, a progress bar and a device.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from bayesadmm.algorithms import REGISTRY, Algorithm
+from bayesadmm.clients import ClientData, ClientObjects, TensorClients, as_tensors, client_ids
+from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.likelihoods import Classification, Likelihood
+from bayesadmm.models import FlatModel
+
+__all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
+
+# What the engine passes to an algorithm factory that asks for it by name (its keyword arguments).
+ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes")
+
+
+def algorithm_factory(algorithm: str | Algorithm | Callable[..., Algorithm], hparams: Mapping[str, Any],
+                      model: FlatModel, client_sizes: Mapping[int, int]) -> Callable[[], Algorithm]:
+    """A zero-argument callable that builds the algorithm, picklable when `algorithm` is (worker processes get it).
+
+    `algorithm`: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory (any callable returning an Algorithm:
+    it gets `hparams` as keyword arguments plus whichever of `dim`, `model`, `num_clients`, `client_sizes` its
+    signature names), or a ready Algorithm (then `hparams` must be empty; it runs in this process only, as a tuple
+    of closures does not pickle).
+    """
+    if isinstance(algorithm, str):
+        if algorithm not in REGISTRY:
+            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(sorted(REGISTRY))}")
+        algorithm = REGISTRY[algorithm]
+    if isinstance(algorithm, Algorithm):
+        if hparams:
+            raise ValueError(f"hparams {sorted(hparams)} given with a ready Algorithm; pass its factory instead")
+        return functools.partial(_ready, algorithm)
+    if not callable(algorithm):
+        raise TypeError(f"algorithm must be a registry name, a factory or an Algorithm, got {type(algorithm).__name__}")
+    parameters = inspect.signature(algorithm).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+    supplied = {"dim": model.dim, "model": model, "num_clients": len(client_sizes), "client_sizes": dict(client_sizes)}
+    kwargs = {k: v for k, v in supplied.items() if k in parameters and k not in hparams}
+    unknown = sorted(k for k in hparams if k not in parameters and not takes_any)
+    if unknown:
+        valid = sorted(k for k, p in parameters.items() if k not in ENGINE_SUPPLIED and p.kind is not p.VAR_KEYWORD)
+        raise ValueError(f"{_name(algorithm)} has no hyperparameters {', '.join(unknown)}; valid: {', '.join(valid)}")
+    return functools.partial(algorithm, **kwargs, **hparams)
+
+
+def _ready(algorithm: Algorithm) -> Algorithm:
+    return algorithm
+
+
+def _name(factory: Any) -> str:
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', type(factory).__name__)}"
+
+
+def _client_source(clients: Any, model: FlatModel, likelihood: Likelihood, device: str):
+    """A `TensorClients` from (X, y) pairs / Datasets, or a `ClientObjects` from ready `ClientData` objects."""
+    by_id = dict(clients) if isinstance(clients, Mapping) else dict(enumerate(clients))
+    client_ids(by_id)
+    if not by_id:
+        raise ValueError("clients is empty: give a list of (X, y) pairs or Datasets, or a mapping id → one")
+    if all(isinstance(data, ClientData) for data in by_id.values()):
+        return ClientObjects(by_id)
+    parts = {k: as_tensors(data, f"client {k}") for k, data in by_id.items()}
+    return TensorClients.from_parts(model, parts, likelihood, device)
+
+
+def run(model: nn.Module | FlatModel, clients: Sequence[Any] | Mapping[int, Any], test: Any, *,
+        algorithm: str | Algorithm | Callable[..., Algorithm] = "ivon-admm", hparams: Mapping[str, Any] | None = None,
+        likelihood: Likelihood | None = None, metrics: Mapping[str, Callable[[Tensor, Tensor], float]] | None = None,
+        rounds: int = 10, seed: int = 0, participation: float = 1.0, eval_samples: int = 32, workers: int = 1,
+        device: str = "cpu", checkpoint_every: int = 1, stop_at: int = 0, out: str | Path | None = None,
+        resume: bool = False, progress: bool = True,
+        on_round: Callable[[dict], None] | None = None) -> Result:
+    """Run a federated experiment; returns a `Result` (status, history of per-round metrics, final server state,
+    `result.posterior`, the run directory).
+
+    model: any `torch.nn.Module` (its current parameters are the initial ones; its buffers are carried as
+        constants) or a `FlatModel`.
+    clients: a list of clients, or a mapping client id (int) → client, each an (X, y) pair of tensors, a
+        `torch.utils.data.Dataset` of (x, y) pairs, or a ready `bayesadmm.ClientData` object.
+    test: the evaluation set, an (X, y) pair or a Dataset.
+    algorithm, hparams: a registry name with its keyword hyperparameters, a factory, or an Algorithm (see
+        `algorithm_factory`). A factory must be a module-level function (or a partial of one) for workers > 1.
+    likelihood: `Classification()` (default), `GaussianRegression(noise)` or `NegLogLikelihood(fn)`.
+    metrics: extra metrics, name → fn(outputs (S, N, ...), targets) -> float; reported as test_<name> at the mean
+        and ens_test_<name> for the predictive.
+    rounds, seed, participation, eval_samples, workers, device, checkpoint_every, stop_at: see `Settings`.
+    out: the run directory (default: a new runs/run-<date-time>); `resume=True` continues the checkpoint in `out`
+        with the same arguments, giving the numbers an uninterrupted run would have.
+    on_round: called with each round's metrics line (a dict).
+    """
+    settings = Settings(rounds=rounds, seed=seed, participation=participation, eval_samples=eval_samples,
+                        device=device, workers=workers, checkpoint_every=checkpoint_every, stop_at=stop_at)
+    likelihood = likelihood or Classification()
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(f"likelihood must implement bayesadmm.Likelihood (mean_nll, predictive, metrics), "
+                        f"got {type(likelihood).__name__}")
+    flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
+    theta0 = (flat.initial_params(torch.Generator()) if isinstance(model, FlatModel)
+              else flat.flatten(dict(model.named_parameters())).detach().clone())
+    source = _client_source(clients, flat, likelihood, device)
+    X_test, y_test = as_tensors(test, "test")
+    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes)
+    federation = Federation(flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood,
+                            dict(metrics or {}))
+    run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
+    config = {"settings": {k: getattr(settings, k) for k in ("rounds", "seed", "participation", "eval_samples",
+                                                             "device", "workers", "checkpoint_every", "stop_at")},
+              "algorithm": algorithm if isinstance(algorithm, str) else _name(algorithm),
+              "hparams": {k: _jsonable(v) for k, v in (hparams or {}).items()},
+              "likelihood": repr(likelihood), "model": repr(model) if isinstance(model, nn.Module) else repr(flat),
+              "parameters": flat.dim, "clients": {str(k): n for k, n in source.sizes.items()}}
+    if resume:
+        _check_same_run(run_dir, config)
+    return run_federation(federation, settings, run_dir, config=config, resume=resume, progress=progress,
+                          title=config["algorithm"] if isinstance(algorithm, str) else "", on_round=on_round)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def _check_same_run(run_dir: Path, config: Mapping[str, Any]) -> None:
+    """A resume must continue the same experiment: everything but stop_at and workers as saved."""
+    path = run_dir / "config.json"
+    if not (run_dir / "checkpoint.pt").exists() or not path.exists():
+        raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from; run without resume=True")
+    saved = json.loads(path.read_text())
+    mine = json.loads(json.dumps(config))
+    for key in ("stop_at", "workers"):
+        saved.get("settings", {}).pop(key, None)
+        mine["settings"].pop(key, None)
+    differ = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+    if differ:
+        raise ValueError(f"{run_dir} holds a different run (it differs in {', '.join(differ)}); "
+                         f"resume with the same arguments, or choose another out=")
