@@ -6,21 +6,22 @@ Trains the first 50 clients of fmnist-heterog10 (with the overrides) for 3 round
 """
 import sys, time, torch
 torch.set_num_threads(1)
-from bayesadmm.engine.runner import build
 from bayesadmm.engine.workers import train_client
+from bayesadmm.experiments.build import build
 from bayesadmm.experiments.config import resolve
 method, flush, *over = sys.argv[1:]
 torch.set_flush_denormal(flush == "1")
 config, _ = resolve("fmnist-heterog10", [f"method={method}", "workers=1", *over])
-exp = build(config); alg = exp.algorithm
-server = alg.init_server(exp.theta0)
-ks = sorted(exp.clients)[:50]
+fed = build(config).federation; alg = fed.make_algorithm()
+server = alg.init_server(fed.theta0.to(config.device))
+ks = sorted(fed.clients.sizes)[:50]
+data = {k: fed.clients(k) for k in ks}
 states = {k: alg.init_client(server, k) for k in ks}
 for r in (1, 2, 3):
     msg = alg.broadcast(server)
     t = time.perf_counter(); replies = {}
     for k in ks:
-        states[k], replies[k] = train_client(alg, states[k], msg, exp.clients[k], 0, r, k)
+        states[k], replies[k], _ = train_client(alg, states[k], msg, data[k], 0, r, k)
     dt = time.perf_counter() - t
     server, _ = alg.server_update(server, replies)
     print(method, "flush" if flush == "1" else "keep", r, f"{dt:.2f} s", flush=True)

@@ -90,31 +90,35 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     import tempfile
     from pathlib import Path
 
-    from bayesadmm.engine.runner import _save_checkpoint, build, participants
+    from bayesadmm.engine.loop import _save_checkpoint, participants
     from bayesadmm.engine.workers import assign, client_runner
+    from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve
 
     config, _ = resolve(scenario, [f"method={method}", f"workers={workers}", f"rounds={rounds}", *overrides])
-    experiment = build(config)
-    algorithm = experiment.algorithm
+    federation = build(config).federation
+    algorithm = federation.make_algorithm()
+    sizes = federation.clients.sizes
+    ids = sorted(sizes)
     batch = int(config.hparams.get("batch_size", 32))
     epochs = int(config.hparams.get("epochs", 1))
     samples = int(config.hparams.get("mc_samples", 1))
-    client_steps = {k: epochs * math.ceil(d.num_examples / batch) for k, d in experiment.clients.items()}
+    client_steps = {k: epochs * math.ceil(n / batch) for k, n in sizes.items()}
     steps = sum(client_steps.values())
     # how evenly the pool's static assignment spreads the steps: total / (workers × the busiest worker's steps)
-    groups = assign({k: d.num_examples for k, d in experiment.clients.items()}, workers)
+    groups = assign(sizes, workers)
     balance = steps / (len(groups) * max(sum(client_steps[k] for k in group) for group in groups))
-    flops = 6 * batch * matmul_weights(experiment.model) * steps * samples
+    flops = 6 * batch * matmul_weights(federation.model) * steps * samples
 
-    server = algorithm.init_server(experiment.theta0)
-    clients = client_runner(config, experiment, workers)
+    server = algorithm.init_server(federation.theta0.to(config.device))
+    clients = client_runner(federation.make_algorithm, federation.clients, config.seed, workers, algorithm)
     times, round_gflops = [], []
     try:
         clients.start(server)
         for round_ in range(1, rounds + 1):
             began = time.perf_counter()
-            replies = clients.train(round_, algorithm.broadcast(server), participants(config, round_))
+            chosen = participants(ids, config.participation, config.seed, round_)
+            replies = clients.train(round_, algorithm.broadcast(server), chosen)
             server, _ = algorithm.server_update(server, replies)
             times.append(time.perf_counter() - began)
             # the machine's speed right after this round (workers idle), for a limit that drifts with it
@@ -147,18 +151,19 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
 def client_cell(scenario: str, method: str, overrides: list[str], min_seconds: float = 2.0) -> dict:
     """Time the largest client's update alone in this process (after one untimed warm-up that compiles the kernels):
     repeated until `min_seconds` have passed (at least 3 times); returns the median."""
-    from bayesadmm.engine.runner import build
     from bayesadmm.engine.workers import train_client
+    from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve
 
     config, _ = resolve(scenario, [f"method={method}", "workers=1", *overrides])
-    experiment = build(config)
-    algorithm = experiment.algorithm
-    server = algorithm.init_server(experiment.theta0)
+    federation = build(config).federation
+    algorithm = federation.make_algorithm()
+    server = algorithm.init_server(federation.theta0.to(config.device))
     message = algorithm.broadcast(server)
-    largest = max(experiment.clients, key=lambda k: (experiment.clients[k].num_examples, -k))
+    sizes = federation.clients.sizes
+    largest = max(sizes, key=lambda k: (sizes[k], -k))
     state = algorithm.init_client(server, largest)
-    data = experiment.clients[largest]
+    data = federation.clients(largest)
     train_client(algorithm, state, message, data, config.seed, 1, largest)
     times: list[float] = []
     while len(times) < 3 or sum(times) < min_seconds:
@@ -198,25 +203,28 @@ def run_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
 
 def interleaved_cell(scenario: str, methods: list[str], workers: int, rounds: int, overrides: list[str]) -> dict:
     """The methods' rounds alternating in this process (A B, B A, A B, ...); returns each method's round times."""
-    from bayesadmm.engine.runner import build, participants
+    from bayesadmm.engine.loop import participants
     from bayesadmm.engine.workers import client_runner
+    from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve
 
     runs = {}
     try:
         for method in methods:
             config, _ = resolve(scenario, [f"method={method}", f"workers={workers}", f"rounds={rounds}", *overrides])
-            experiment = build(config)
-            clients = client_runner(config, experiment, workers)
-            server = experiment.algorithm.init_server(experiment.theta0)
-            runs[method] = [config, experiment.algorithm, clients, server]
+            federation = build(config).federation
+            algorithm = federation.make_algorithm()
+            clients = client_runner(federation.make_algorithm, federation.clients, config.seed, workers, algorithm)
+            server = algorithm.init_server(federation.theta0.to(config.device))
+            runs[method] = [config, algorithm, clients, server]
             clients.start(server)
         times: dict[str, list[float]] = {method: [] for method in methods}
         for round_ in range(1, rounds + 1):
             for method in (methods if round_ % 2 else methods[::-1]):
                 config, algorithm, clients, server = runs[method]
                 began = time.perf_counter()
-                replies = clients.train(round_, algorithm.broadcast(server), participants(config, round_))
+                chosen = participants(list(range(config.clients)), config.participation, config.seed, round_)
+                replies = clients.train(round_, algorithm.broadcast(server), chosen)
                 runs[method][3], _ = algorithm.server_update(server, replies)
                 times[method].append(time.perf_counter() - began)
     finally:

@@ -86,7 +86,8 @@ def method_label(config: dict) -> str:
     """The row name of a run: its method, plus the local inference where a method has several (FedEP's I, L, M, V),
     so that runs differing in it are not averaged as if they were seeds."""
     inference = config.get("hparams", {}).get("inference")
-    return f"{config['method']}-{inference}" if inference else config["method"]
+    method = config.get("method") or config["algorithm"]   # a preset run's method, or bayesadmm.run's algorithm
+    return f"{method}-{inference}" if inference else method
 
 
 def setting_labels(configs: list[dict]) -> list[str]:

@@ -11,7 +11,8 @@ import torch
 
 from bayesadmm.cli import main
 from conftest import needs_fmnist
-from bayesadmm.engine import runner
+from bayesadmm.engine import loop
+from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import ConfigError, resolve
 
 
@@ -85,17 +86,17 @@ def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeyp
 
     # kill the process after round 2's metrics line but before its checkpoint: resume must redo round 2
     killed = tmp_path / "killed"
-    save = runner._save_checkpoint
+    save = loop._save_checkpoint
 
     def dying_save(path, round_, server, clients):
         if round_ == 2:
             raise KeyboardInterrupt
         save(path, round_, server, clients)
 
-    monkeypatch.setattr(runner, "_save_checkpoint", dying_save)
+    monkeypatch.setattr(loop, "_save_checkpoint", dying_save)
     with pytest.raises(KeyboardInterrupt):
         main(["run", "fmnist-heterog10", *args, f"out={killed}", "--quiet"])
-    monkeypatch.setattr(runner, "_save_checkpoint", save)
+    monkeypatch.setattr(loop, "_save_checkpoint", save)
     assert [line["round"] for line in _lines(killed)] == [1, 2]
     status = json.loads((killed / "status.json").read_text())
     assert status["status"] == "interrupted" and status["round"] == 1 and "resume" in status["message"]
@@ -110,7 +111,7 @@ def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeyp
 def test_a_sigterm_interrupts_like_ctrl_c_and_the_handler_is_restored():
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
-        with runner._sigterm_as_interrupt():
+        with loop._sigterm_as_interrupt():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)   # the handler runs at the next bytecode; never reached
     assert signal.getsignal(signal.SIGTERM) is before
@@ -121,14 +122,14 @@ def test_the_final_status_is_written_after_the_plot_and_a_failing_plot_does_not_
     """The final status.json is the signal that the run directory is complete (the Flower demo stops its processes on
     it): curves.png must exist by then, and a plot that fails must not keep the status from being written."""
     seen = []
-    write = runner._write_json
+    write = loop.write_json
 
     def recording_write(path, payload):
         if path.name == "status.json" and payload["status"] == "completed":
             seen.append((path.parent / "curves.png").exists())
         write(path, payload)
 
-    monkeypatch.setattr(runner, "_write_json", recording_write)
+    monkeypatch.setattr(loop, "write_json", recording_write)
     assert main(["run", "fmnist-heterog10", *SMALL, "rounds=1", "method=fedavg", f"out={tmp_path / 'a'}",
                  "--quiet"]) == 0
     assert seen == [True]
@@ -153,7 +154,7 @@ def test_partial_participation_and_absent_clients(tmp_path):
     lines = _lines(out)
     assert [line["participants"] for line in lines] == [2, 2]
     config, _ = resolve("fmnist-heterog10", [*SMALL, "clients=4", "participation=0.5", "rounds=2"])
-    chosen = [runner.participants(config, r) for r in (1, 2)]
+    chosen = [loop.participants(list(range(config.clients)), config.participation, config.seed, r) for r in (1, 2)]
     assert all(len(c) == 2 for c in chosen)
     checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
     # the server remembers every client that has ever replied, not only this round's
@@ -167,7 +168,7 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
     from bayesadmm.problems.neural import ClassificationData
 
     after_round_1 = {"yes": False}
-    batch_loss, save = ClassificationData.batch_loss, runner._save_checkpoint
+    batch_loss, save = ClassificationData.batch_loss, loop._save_checkpoint
 
     def poisoned(self, theta, idx):
         loss = batch_loss(self, theta, idx)
@@ -178,10 +179,10 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
         after_round_1["yes"] = round_ >= 1
 
     monkeypatch.setattr(ClassificationData, "batch_loss", poisoned)
-    monkeypatch.setattr(runner, "_save_checkpoint", save_and_flag)
+    monkeypatch.setattr(loop, "_save_checkpoint", save_and_flag)
     out = tmp_path / "diverged"
     code = main(["run", "fmnist-heterog10", *SMALL, "rounds=3", "method=fedavg", f"out={out}", "--quiet"])
-    assert code == runner.EXIT_DIVERGED
+    assert code == loop.EXIT_DIVERGED
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "diverged" and status["round"] == 1 and "round 2" in status["message"]
     assert torch.load(out / "checkpoint.pt", weights_only=False)["round"] == 1
@@ -293,7 +294,7 @@ def test_two_workers_give_exactly_the_numbers_of_one(tmp_path, method):
     for workers in (1, 2):
         config, _ = resolve("fmnist-heterog10", SMALL + [f"method={method}", "rounds=2", f"workers={workers}",
                                                          f"out={tmp_path / str(workers)}"])
-        assert runner.run(config, progress=False) == runner.EXIT_OK
+        assert run(config, progress=False) == loop.EXIT_OK
         lines[workers] = _strip_times(_lines(tmp_path / str(workers)))
     assert len(lines[1]) == 2 and lines[1] == lines[2]
 
@@ -334,11 +335,11 @@ def test_validation_split_is_held_out_of_training_and_reported_as_val(tmp_path):
     """validation=f evaluates on a held-out part of the training set (for choosing hyperparameters), never on test."""
     out = tmp_path / "val"
     config, _ = resolve("fmnist-heterog10", SMALL + ["method=fedavg", "rounds=1", "validation=0.2", f"out={out}"])
-    experiment = runner.build(config)
-    full = runner.build(resolve("fmnist-heterog10", SMALL + ["method=fedavg"])[0])
-    assert len(experiment.y_test) == round(0.2 * len(full.train_y))            # taken from training, not test
-    assert len(experiment.train_y) + len(experiment.y_test) == len(full.train_y)
-    assert runner.run(config, progress=False) == runner.EXIT_OK
+    held = build(config).federation
+    full = build(resolve("fmnist-heterog10", SMALL + ["method=fedavg"])[0]).federation
+    assert len(held.eval_y) == round(0.2 * len(full.clients.y))                # taken from training, not test
+    assert len(held.clients.y) + len(held.eval_y) == len(full.clients.y)
+    assert run(config, progress=False) == loop.EXIT_OK
     (line,) = _lines(out)
     assert "val_acc" in line and not any(key.startswith("test_") for key in line)
     table = main(["compare", str(out), "--rounds", "1", "--out", str(tmp_path / "cmp")])

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from bayesadmm.cli import main
-from bayesadmm.engine import runner
+from bayesadmm.engine import loop
 from bayesadmm.engine.workers import SHARDS, assign, client_runner
+from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import resolve
 from conftest import needs_fmnist
 
@@ -65,10 +66,16 @@ def test_assignment_of_equal_clients_alternates_and_never_leaves_a_worker_idle()
 # --- states in the workers -----------------------------------------------------------------------------------------
 
 
-def _two_rounds(experiment, clients, chosen):
+def _clients(built, algorithm, seed, workers):
+    """The clients of `built` as the engine's loop makes them: in this process with the server's algorithm, or in a
+    pool of `workers` processes that each build their own from the factory."""
+    federation = built.federation
+    return client_runner(federation.make_algorithm, federation.clients, seed, workers, algorithm)
+
+
+def _two_rounds(built, algorithm, clients, chosen):
     """Rounds 1 and 2 through `clients` (started here) with participants chosen(round); (server, last replies)."""
-    algorithm = experiment.algorithm
-    server = algorithm.init_server(experiment.theta0)
+    server = algorithm.init_server(built.federation.theta0)
     clients.start(server)
     for round_ in (1, 2):
         replies = clients.train(round_, algorithm.broadcast(server), chosen(round_))
@@ -81,12 +88,15 @@ def test_states_fetched_from_two_workers_are_the_bits_of_one_process(tmp_path):
     """Two rounds with some clients absent (so some keep their initial state), then every client's state and the
     server state compared bit for bit; and the checkpoint record of each layout restores the other."""
     config, _ = resolve("fmnist-heterog10", SMALL + ["method=ivon-admm", "participation=0.6", "rounds=2"])
-    experiment = runner.build(config)
+    built = build(config)
+    algorithm = built.algorithm()
+    ids = list(range(config.clients))
     results = {}
     for workers in (1, 2):
-        clients = client_runner(config, experiment, workers)
+        clients = _clients(built, algorithm, config.seed, workers)
         try:
-            server, _ = _two_rounds(experiment, clients, lambda round_: runner.participants(config, round_))
+            server, _ = _two_rounds(built, algorithm, clients,
+                                    lambda round_: loop.participants(ids, config.participation, config.seed, round_))
             record = clients.save(tmp_path / str(workers), 2)
             results[workers] = server, clients.states(), record
         finally:
@@ -98,7 +108,7 @@ def test_states_fetched_from_two_workers_are_the_bits_of_one_process(tmp_path):
     assert set(inline) == {"clients"} and len(shards["shards"]) == 2
     assert sorted(k for shard in shards["shards"] for k in shard["clients"]) == list(range(5))
     for record, run_dir, workers in ((shards, tmp_path / "2", 1), (inline, tmp_path / "1", 2)):
-        clients = client_runner(config, experiment, workers)
+        clients = _clients(built, algorithm, config.seed, workers)
         try:
             clients.restore(record, run_dir)
             assert _same(clients.states(), states1)
@@ -116,7 +126,7 @@ def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_che
     common = ["fmnist-heterog10", *SMALL, "method=feddyn", "rounds=3", "--quiet"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert main(["run", *common, "workers=1", f"out={whole}"]) == 0
-    save = runner._save_checkpoint
+    save = loop._save_checkpoint
 
     def dies_after_the_shards(path, round_, server, clients):
         if round_ == 2:
@@ -124,10 +134,10 @@ def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_che
             raise KeyboardInterrupt                    # ... checkpoint.pt still says round 1
         save(path, round_, server, clients)
 
-    monkeypatch.setattr(runner, "_save_checkpoint", dies_after_the_shards)
+    monkeypatch.setattr(loop, "_save_checkpoint", dies_after_the_shards)
     with pytest.raises(KeyboardInterrupt):
         main(["run", *common, "workers=2", f"out={killed}"])
-    monkeypatch.setattr(runner, "_save_checkpoint", save)
+    monkeypatch.setattr(loop, "_save_checkpoint", save)
     checkpoint = torch.load(killed / "checkpoint.pt", weights_only=False)
     assert checkpoint["round"] == 1 and "clients" not in checkpoint
     assert sorted(p.name for p in (killed / SHARDS).iterdir()) == ["r000001-w0.pt", "r000001-w1.pt",
@@ -147,14 +157,14 @@ def test_resume_with_another_number_of_workers(tmp_path):
     states through shards and back are test_states_fetched_from_two_workers_are_the_bits_of_one_process's."""
     common = [*SMALL, "method=feddyn", "rounds=3"]
     whole, config = tmp_path / "whole", resolve("fmnist-heterog10", common)[0]
-    assert runner.run(dataclasses.replace(config, workers=1, out=str(whole)), progress=False) == 0
+    assert run(dataclasses.replace(config, workers=1, out=str(whole)), progress=False) == 0
     for first, second in ((2, 1), (1, 2)):
         out = tmp_path / f"{first}-{second}"
         split = dataclasses.replace(config, workers=first, out=str(out), stop_at=1)
-        assert runner.run(split, progress=False) == 0
+        assert run(split, progress=False) == 0
         assert ("shards" in torch.load(out / "checkpoint.pt", weights_only=False)) == (first == 2)
         resumed = dataclasses.replace(config, workers=second, out=str(out))
-        assert runner.run(resumed, resume=True, progress=False) == 0
+        assert run(resumed, resume=True, progress=False) == 0
         assert _lines(out) == _lines(whole)
         assert sorted(p.name for p in (out / SHARDS).glob("*")) == (["r000003-w0.pt", "r000003-w1.pt"] if second == 2
                                                                      else [])
@@ -163,13 +173,13 @@ def test_resume_with_another_number_of_workers(tmp_path):
 @needs_fmnist
 def test_checkpoint_every_skips_rounds_but_always_saves_the_last(tmp_path, monkeypatch):
     saved = []
-    save = runner._save_checkpoint
+    save = loop._save_checkpoint
 
     def recording_save(path, round_, server, clients):
         saved.append(round_)
         save(path, round_, server, clients)
 
-    monkeypatch.setattr(runner, "_save_checkpoint", recording_save)
+    monkeypatch.setattr(loop, "_save_checkpoint", recording_save)
     assert main(["run", "fmnist-heterog10", *SMALL, "method=fedavg", "rounds=5", "checkpoint_every=2",
                  f"out={tmp_path / 'run'}", "--quiet"]) == 0
     assert saved == [0, 2, 4, 5]
@@ -183,12 +193,13 @@ def test_replies_through_the_pipe_or_few_arena_slots_are_the_same(arena_bytes, m
     from bayesadmm.engine import workers
     monkeypatch.setattr(workers, "ARENA_BYTES", arena_bytes)
     config, _ = resolve("fmnist-heterog10", SMALL + ["method=ivon-admm", "rounds=2"])
-    experiment = runner.build(config)
+    built = build(config)
+    algorithm = built.algorithm()
     replies = {}
     for count in (1, 2):
-        clients = client_runner(config, experiment, count)
+        clients = _clients(built, algorithm, config.seed, count)
         try:
-            _, replies[count] = _two_rounds(experiment, clients, lambda round_: list(range(5)))
+            _, replies[count] = _two_rounds(built, algorithm, clients, lambda round_: list(range(5)))
         finally:
             clients.close()
     assert list(replies[2]) == list(range(5)) and _same(replies[1], replies[2])
@@ -199,6 +210,6 @@ def test_a_client_that_breaks_down_in_a_worker_stops_the_run_as_diverged(tmp_pat
     out = tmp_path / "diverged"
     code = main(["run", "fmnist-heterog10", *SMALL, "method=ivon-admm", "lr=1e30", "rounds=2", "workers=2",
                  f"out={out}", "--quiet"])
-    assert code == runner.EXIT_DIVERGED                  # the worker's SubproblemError, raised again in the parent
+    assert code == loop.EXIT_DIVERGED                  # the worker's SubproblemError, raised again in the parent
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "diverged" and "IVON diverged on this client" in status["message"]

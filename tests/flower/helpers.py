@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.serverapp import Grid
 
-from bayesadmm.engine import runner
+from bayesadmm.experiments import build as setup
 
 # a small, fast version of the heterogeneous FashionMNIST scenario (as tests/engine/test_runner.py)
 SMALL = ["data_fraction=0.005", "clients=3", "epochs=1", "eval_samples=2"]
@@ -32,7 +32,7 @@ def fast_data(monkeypatch):
     import torch
 
     torch.set_default_dtype(torch.float32)
-    load = runner.load_data
+    load = setup.load_data
 
     def cached(config):
         key = (config.dataset, config.preprocessing, config.data_dir)
@@ -41,7 +41,7 @@ def fast_data(monkeypatch):
             _loaded[key] = (X, y, X_test[:1000], y_test[:1000], classes)
         return _loaded[key]
 
-    monkeypatch.setattr(runner, "load_data", cached)
+    monkeypatch.setattr(setup, "load_data", cached)
 
 
 def lines(run_dir: Path) -> list[dict]:

@@ -11,7 +11,7 @@ pytest.importorskip("ray")
 from conftest import needs_fmnist
 from helpers import SMALL, assert_same_metrics, lines
 
-from bayesadmm.engine import runner
+from bayesadmm.experiments.build import run
 from bayesadmm.experiments.config import resolve
 from bayesadmm.flower.server_app import Timeouts
 from bayesadmm.flower.simulation import run_simulation
@@ -23,7 +23,7 @@ def test_flower_simulation_matches_the_local_engine(tmp_path):
     overrides = SMALL + ["rounds=3", "method=ivon-admm", "cosine=true"]
     local, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'local'}"])
     flower, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'flower'}"])
-    assert runner.run(local, progress=False) == 0
+    assert run(local, progress=False) == 0
     run_simulation(flower, Timeouts(discovery=120, round=300), cpus=2)
     assert json.loads((tmp_path / "flower" / "status.json").read_text())["status"] == "completed"
     assert_same_metrics(lines(tmp_path / "local"), lines(tmp_path / "flower"), tol=1e-4)

@@ -347,7 +347,8 @@ def _mean_client_info(infos: Mapping[int, Mapping[str, float]]) -> dict[str, flo
     if not infos:
         return {}
     keys = set.intersection(*(set(info) for info in infos.values()))
-    return {f"client_{key}": sum(info[key] for info in infos.values()) / len(infos) for key in sorted(keys)}
+    ordered = [infos[k] for k in sorted(infos)]   # in id order: the sum must not depend on which worker replied first
+    return {f"client_{key}": sum(info[key] for info in ordered) / len(ordered) for key in sorted(keys)}
 
 
 def _headline(line: Mapping[str, Any], eval_set: str) -> str:

@@ -1,8 +1,9 @@
 """The Flower ServerApp: one generic strategy for every registry algorithm, delegating to its server functions.
 
-The round loop is the local engine's (`bayesadmm.engine.runner.run`), with the client updates sent to SuperNodes:
+The round loop is the local engine's (`bayesadmm.engine.loop.run_federation`), with the client updates sent to
+SuperNodes:
 
-    chosen  = participants(config, round)                        # the engine's seeded choice
+    chosen  = participants(ids, participation, seed, round)      # the engine's seeded choice
     message = algorithm.broadcast(server)                        # -> "arrays" of a train Message per chosen node
     replies = {k: reply_k for the nodes that answered in time}   # <- "arrays" of each reply
     server  = algorithm.server_update(server, replies)
@@ -15,8 +16,9 @@ partial participation. A client that missed a round is not waited for again (so 
 not one per round) until it answers again.
 
 The run directory is written like a local run's: config.json, partition.json, metrics.jsonl (the engine's
-`_metrics_line`), status.json, curves.png, plus flower.log (what happened to which node, per round). There is no
-checkpoint.pt: the client states live on the SuperNodes, so `bayesadmm resume` does not apply.
+`metrics_line`, with the server's info scalars as `server_*` and the means of the replying clients' as `client_*`),
+status.json, curves.png, plus flower.log (what happened to which node, per round). There is no checkpoint.pt: the
+client states live on the SuperNodes, so `bayesadmm resume` does not apply.
 """
 
 from __future__ import annotations
@@ -35,11 +37,11 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
+from bayesadmm.engine.loop import (BREAKDOWNS, EVALUATION, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, _mean_client_info,
+                                   info_scalars, metrics_line, participants)
 from bayesadmm.engine.provenance import record_environment
-from bayesadmm.engine.loop import (BREAKDOWNS, EVALUATION, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, metrics_line,
-                                   participants)
-from bayesadmm.experiments.build import build
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.experiments.build import build
 from bayesadmm.experiments.config import RunConfig, resolve
 from bayesadmm.flower import records
 from bayesadmm.flower.client_app import BREAKDOWN, DTYPE, NUM_PARTITIONS, PARTITION_ID, ROUND, RUN_CONFIG
@@ -186,7 +188,7 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
                     for k in reachable}
         wait_for = (set(reachable) - lost) or set(reachable)
         answers = exchange(grid, messages, wait_for, timeouts.round, timeouts.poll)
-        replies, breakdown = {}, None
+        replies, client_info, breakdown = {}, {}, None
         for k in sorted(answers):
             answer = answers[k]
             if answer.has_error():
@@ -196,6 +198,8 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
                 breakdown = f"round {round_}: client {k}: {answer.content['config']['error']}"
                 continue
             replies[k] = records.record_to_message(answer.content["arrays"], theta0.device)
+            client_info[k] = {key: float(value) for key, value in answer.content["metrics"].items()
+                              if key not in (PARTITION_ID, "num-examples", "server-round")}
         absent = sorted(set(chosen) - set(replies))
         for k in absent:
             if k not in nodes:
@@ -220,27 +224,32 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
         if absent:
             log(f"round {round_}: server update with the {len(replies)} replies of clients {sorted(replies)}")
         try:
-            server, _ = algorithm.server_update(server, replies)
+            server, server_info = algorithm.server_update(server, replies)
         except BREAKDOWNS as exc:
             status, code = {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"}, EXIT_DIVERGED
             break
         seconds = time.perf_counter() - began
         began = time.perf_counter()
         results = evaluate(federation.model, algorithm.posterior(server), federation.eval_X, federation.eval_y,
-                           samples=config.eval_samples, generator=generator_for(config.seed, round_, EVALUATION))
-        line = metrics_line(round_, results, seconds, time.perf_counter() - began, len(replies))
+                           samples=config.eval_samples, generator=generator_for(config.seed, round_, EVALUATION),
+                           likelihood=federation.likelihood, extra=federation.metrics)
+        line = metrics_line(round_, results, seconds, time.perf_counter() - began, len(replies), federation.eval_set)
         if absent:
             line["absent_clients"] = absent
         if not all(math.isfinite(v) for v in results.values()):
             status, code = ({"status": "diverged", "round": round_ - 1,
-                             "message": f"round {round_}: non-finite test metrics {results}"}, EXIT_DIVERGED)
+                             "message": f"round {round_}: non-finite {federation.eval_set} metrics {results}"},
+                            EXIT_DIVERGED)
             break
+        # the algorithm's info scalars, as the local engine's metrics line carries them
+        line.update({f"server_{k}": v for k, v in info_scalars(server_info).items()})
+        line.update(_mean_client_info(client_info))
         with metrics_path.open("a") as f:
             f.write(json.dumps(line) + "\n")
         history.append(line)
         _write_json(status_path, {"status": "running", "round": round_})
-        acc = line.get("ens_test_acc", line["test_acc"])
-        log(f"round {round_}: {len(replies)}/{len(chosen)} clients, test acc {100 * acc:.2f}%")
+        acc = line.get(f"ens_{federation.eval_set}_acc", line[f"{federation.eval_set}_acc"])
+        log(f"round {round_}: {len(replies)}/{len(chosen)} clients, {federation.eval_set} acc {100 * acc:.2f}%")
     if history:   # before the final status: whoever waits for it (run_demo) may stop everything once it is written
         try_plot_run(history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed "
                                                             f"{config.seed}, Flower)")
