@@ -5,11 +5,12 @@ import torch
 from torch.func import grad, hessian
 
 from bayesadmm.algorithms import admm, bayes_admm, pvi
+from bayesadmm.algorithms.base import ServerInfo, SolveInfo
 from bayesadmm.engine.simulate import generator_for, run_rounds
 from bayesadmm.families import DiagonalGaussian, FullGaussian, IsotropicGaussian
 from bayesadmm.families import natural as nat
 from bayesadmm.problems import synthetic
-from bayesadmm.solvers.von import VON, ExactQuadratic
+from bayesadmm.solvers.von import VON, DeltaVON, ExactQuadratic, MonteCarloVON
 
 FAMILIES = {
     "full": FullGaussian,
@@ -21,8 +22,8 @@ FAMILIES = {
 def exact_ridge_posterior(losses, delta):
     """The conjugate posterior: S* = δI + Σ A_k, m* = S*⁻¹ Σ b_k."""
     d = losses[0].dim
-    S = delta * torch.eye(d) + sum(l.A for l in losses)
-    return torch.linalg.solve(S, sum(l.b for l in losses)), S
+    S = delta * torch.eye(d) + sum(loss.A for loss in losses)
+    return torch.linalg.solve(S, sum(loss.b for loss in losses)), S
 
 
 def run(algorithm, losses, rounds, seed=0):
@@ -111,7 +112,7 @@ def test_isotropic_delta_reproduces_admm_iterates(server_rho):
     bayes = run(bayes_admm.make(IsotropicGaussian(3), VON(expectation="delta", tol=1e-14), rho=rho, delta=delta,
                                 server_rho=server_rho), losses, rounds=6)
     plain = run(admm.make(rho=rho, delta=delta, server_rho=server_rho), losses, rounds=6)
-    for (b_server, b_clients), (a_server, a_clients) in zip(bayes[1:], plain[1:]):
+    for (b_server, b_clients), (a_server, a_clients) in zip(bayes[1:], plain[1:], strict=False):
         torch.testing.assert_close(b_server.natural[0], a_server.theta, rtol=1e-10, atol=1e-12)
         for k in b_clients:
             torch.testing.assert_close(b_clients[k].dual[0], a_clients[k].dual, rtol=1e-10, atol=1e-12)
@@ -123,7 +124,7 @@ def test_isotropic_exact_quadratic_reproduces_admm():
     losses = synthetic.ridge_clients(num_clients=3, per_client=10, dim=4, seed=5)
     bayes = run(bayes_admm.make(IsotropicGaussian(4), ExactQuadratic(), rho=0.4, delta=1.0), losses, rounds=5)
     plain = run(admm.make(rho=0.4, delta=1.0), losses, rounds=5)
-    for (b_server, _), (a_server, _) in zip(bayes[1:], plain[1:]):
+    for (b_server, _), (a_server, _) in zip(bayes[1:], plain[1:], strict=False):
         torch.testing.assert_close(b_server.natural[0], a_server.theta, rtol=1e-10, atol=1e-12)
 
 
@@ -136,7 +137,7 @@ def test_alpha_one_rho_one_is_pvi(damping):
     family, solver, delta = FullGaussian(3), VON(expectation="delta", tol=1e-14), 1.0
     bayes = run(bayes_admm.make(family, solver, rho=1.0, delta=delta, gamma=damping, server_rho=0.0), losses, 5)
     sites = run(pvi.make(family, solver, delta=delta, damping=damping), losses, 5)
-    for (b_server, _), (p_server, _) in zip(bayes, sites):
+    for (b_server, _), (p_server, _) in zip(bayes, sites, strict=False):
         assert nat.allclose(b_server.natural, p_server.natural, rtol=1e-10, atol=1e-12)
 
 
@@ -151,7 +152,7 @@ def test_fixed_point_is_centralised_vb(family_name, kind):
     family = FAMILIES[family_name](d)
     solver = VON(expectation="delta", max_iters=1000, tol=1e-13)
     # centralised VB: argmin_q E_q[Σ_k ℓ_k] + KL(q ‖ π_0), i.e. the client problem with q_g = π_0, η = 0, ρ = 1
-    prior = bayes_admm.initial_natural(family, torch.zeros(d), delta)
+    prior = family.initial_natural(torch.zeros(d), delta)
     central = solver.solve(family, synthetic.pooled(losses), prior, nat.zeros_like(prior), 1.0)
     assert central.converged
     # the diagonal family needs the more conservative ρ = 1 here and converges more slowly
@@ -191,9 +192,31 @@ def test_server_update_ignores_reply_order():
                for k in range(3)}
     forward, _ = alg.server_update(server, replies)
     backward, _ = alg.server_update(server, dict(reversed(list(replies.items()))))
-    assert all(torch.equal(a, b) for a, b in zip(forward.natural, backward.natural))
+    assert all(torch.equal(a, b) for a, b in zip(forward.natural, backward.natural, strict=False))
 
 
 def test_bad_hyperparameters_are_rejected():
     with pytest.raises(ValueError, match="rho"):
         bayes_admm.make(FullGaussian(2), ExactQuadratic(), rho=0.0, delta=1.0)
+
+
+def test_info_records_are_typed():
+    losses = synthetic.ridge_clients(num_clients=2, per_client=10, dim=3, seed=10)
+    for alg in (bayes_admm.make(FullGaussian(3), ExactQuadratic(), rho=0.5, delta=1.0),
+                pvi.make(FullGaussian(3), ExactQuadratic(), delta=1.0), admm.make(rho=0.5, delta=1.0)):
+        server = alg.init_server(torch.zeros(3))
+        _, reply, info = alg.client_update(alg.init_client(server, 0), alg.broadcast(server), losses[0], None)
+        assert type(info) is SolveInfo and info.iterations >= 1 and info.converged
+        _, info = alg.server_update(server, {0: reply})
+        assert info == ServerInfo(clients=1) and info._asdict() == {"clients": 1}
+
+
+def test_von_by_expectation():
+    assert VON() == DeltaVON() and VON(max_iters=7, tol=1e-9) == DeltaVON(max_iters=7, tol=1e-9)
+    assert VON(expectation="mc", mc_samples=3, step=0.5) == MonteCarloVON(mc_samples=3, step=0.5)
+    with pytest.raises(ValueError, match="expectation"):
+        VON(expectation="laplace")
+    with pytest.raises(ValueError, match="step"):
+        VON(step=1.5)
+    with pytest.raises(ValueError, match="mc_samples"):
+        MonteCarloVON(mc_samples=0)

@@ -4,11 +4,13 @@ damped natural-parameter updates written out, FedSEP's cavity, and the Algorithm
 import pytest
 import torch
 
-from bayesadmm.algorithms import fedep
-from bayesadmm.algorithms.base import DivergenceError, unpack
+from bayesadmm.algorithms import fedep, fedpa, fedsep
+from bayesadmm.algorithms.base import DivergenceError, NoInfo, ServerInfo, unpack
 from bayesadmm.engine.simulate import run_rounds
 from bayesadmm.families import DiagonalGaussian, FullGaussian, IsotropicGaussian
 from bayesadmm.families import natural as nat
+from bayesadmm.solvers.ep_inference import ExactGaussian, GaussianLikelihood
+from bayesadmm.solvers.natural_optimizers import Adam, Momentum
 
 
 def _clients(K=3, d=3, seed=0):
@@ -17,7 +19,7 @@ def _clients(K=3, d=3, seed=0):
     for _ in range(K):
         A = torch.randn(d, d, generator=g)
         cov = A @ A.T + 0.5 * torch.eye(d)
-        out.append(fedep.GaussianLikelihood(torch.randn(d, generator=g) * 2, cov))
+        out.append(GaussianLikelihood(torch.randn(d, generator=g) * 2, cov))
     return out
 
 
@@ -39,7 +41,7 @@ def _run(alg, clients, rounds, d=3):
 def test_one_undamped_round_with_full_family_is_exact(prior):
     clients = _clients()
     family = FullGaussian(3)
-    alg = fedep.make(family, fedep.ExactGaussian(), damping=1.0, prior_precision=prior)
+    alg = fedep.make(family, ExactGaussian(), damping=1.0, prior_precision=prior)
     server, _, _ = _run(alg, clients, 1)
     mean, P, h = _exact(clients, prior)
     post = alg.posterior(server)
@@ -53,7 +55,7 @@ def test_one_undamped_round_with_full_family_is_exact(prior):
 
 def test_damped_full_family_converges_to_the_exact_posterior():
     clients = _clients(K=4)
-    alg = fedep.make(FullGaussian(3), fedep.ExactGaussian(), num_clients=4, prior_precision=1.0)
+    alg = fedep.make(FullGaussian(3), ExactGaussian(), num_clients=4, prior_precision=1.0)
     assert alg.name == "fedep"
     server, _, _ = _run(alg, clients, 200)
     assert torch.allclose(alg.posterior(server).mean, _exact(clients, 1.0)[0], atol=1e-8)
@@ -62,8 +64,8 @@ def test_damped_full_family_converges_to_the_exact_posterior():
 def test_round_one_from_uniform_start_equals_fedpa():
     clients = _clients(K=2, d=2, seed=3)
     family = DiagonalGaussian(2)
-    ep = fedep.make(family, fedep.ExactGaussian(), damping=1.0)
-    pa = fedep.make_fedpa(family, fedep.ExactGaussian())
+    ep = fedep.make(family, ExactGaussian(), damping=1.0)
+    pa = fedpa.make(family, ExactGaussian())
     s_ep, _, _ = _run(ep, clients, 1, d=2)
     s_pa, _, _ = _run(pa, clients, 1, d=2)
     assert nat.allclose(s_ep.natural, s_pa.natural, rtol=0, atol=1e-13)
@@ -81,8 +83,8 @@ def test_round_one_from_uniform_start_equals_fedpa_with_the_full_family():
     """With the full family both are the exact product of the Gaussian likelihoods after round 1."""
     clients = _clients(K=3, d=3, seed=12)
     family = FullGaussian(3)
-    s_ep, _, _ = _run(fedep.make(family, fedep.ExactGaussian(), damping=1.0), clients, 1)
-    s_pa, _, _ = _run(fedep.make_fedpa(family, fedep.ExactGaussian()), clients, 1)
+    s_ep, _, _ = _run(fedep.make(family, ExactGaussian(), damping=1.0), clients, 1)
+    s_pa, _, _ = _run(fedpa.make(family, ExactGaussian()), clients, 1)
     assert nat.allclose(s_ep.natural, s_pa.natural, rtol=0, atol=1e-12)
     _, P, h = _exact(clients)
     assert nat.allclose(s_pa.natural, (h, -0.5 * P), atol=1e-12)
@@ -90,7 +92,7 @@ def test_round_one_from_uniform_start_equals_fedpa_with_the_full_family():
 
 def test_diagonal_parallel_ep_reaches_the_exact_global_mean():
     clients = _clients(K=2, d=2, seed=1)
-    alg = fedep.make(DiagonalGaussian(2), fedep.ExactGaussian(), damping=1.0)
+    alg = fedep.make(DiagonalGaussian(2), ExactGaussian(), damping=1.0)
     server, _, _ = _run(alg, clients, 60, d=2)
     assert (alg.posterior(server).mean - _exact(clients)[0]).norm() < 1e-10
 
@@ -103,7 +105,7 @@ def _diag_eta_lam(lam):
 def test_damped_client_and_server_updates_written_out():
     clients = _clients(K=3, d=2, seed=5)
     delta = 0.3
-    alg = fedep.make(DiagonalGaussian(2), fedep.ExactGaussian(), damping=delta)
+    alg = fedep.make(DiagonalGaussian(2), ExactGaussian(), damping=delta)
     _, _, trace = _run(alg, clients, 3, d=2)
 
     # the formulas of Alg. 3/4 in (η, Λ), with the tilted moments computed from scratch
@@ -135,9 +137,9 @@ def test_damped_client_and_server_updates_written_out():
 def test_optimizer_hooks_scale_the_step():
     clients = _clients(K=2, d=2, seed=2)
     family = DiagonalGaussian(2)
-    adam = fedep.Adam(lr=0.05)
-    alg = fedep.make(family, fedep.ExactGaussian(), damping=0.5, prior_precision=1.0,
-                     client_optimizer=adam, server_optimizer=fedep.Momentum(lr=0.5, beta=0.9))
+    adam = Adam(lr=0.05)
+    alg = fedep.make(family, ExactGaussian(), damping=0.5, prior_precision=1.0,
+                     client_optimizer=adam, server_optimizer=Momentum(lr=0.5, beta=0.9))
     server = alg.init_server(torch.zeros(2))
     msg = alg.broadcast(server)
     state = alg.init_client(server, 0)
@@ -158,16 +160,16 @@ class _Spy:
     def __init__(self):
         self.cavities = []
 
-    def __call__(self, family, data, cavity, generator):
+    def __call__(self, family, data, cavity, generator, start=None):
         self.cavities.append(cavity)
-        return fedep.ExactGaussian()(family, data, cavity, generator)
+        return ExactGaussian()(family, data, cavity, generator)
 
 
 def test_fedsep_cavity_and_statelessness():
     clients = _clients(K=2, d=2, seed=4)
     family = DiagonalGaussian(2)
     spy = _Spy()
-    alg = fedep.make_fedsep(family, spy, client_sizes=[1, 3], prior_precision=2.0)
+    alg = fedsep.make(family, spy, client_sizes=[1, 3], prior_precision=2.0)
     assert alg.name == "fedsep"
     server = alg.init_server(torch.zeros(2))
     server = server._replace(natural=family.from_moments(torch.tensor([1.0, -2.0]), torch.tensor([3.0, 5.0])))
@@ -177,16 +179,16 @@ def test_fedsep_cavity_and_statelessness():
         new, reply, _ = alg.client_update(state, msg, clients[k], None)
         assert new == state                                                    # no step 5
         assert nat.allclose(spy.cavities[-1], nat.scale(server.natural, 1 - frac), atol=1e-14)
-        tilted = fedep.ExactGaussian()(family, clients[k], spy.cavities[-1], None)
+        tilted = ExactGaussian()(family, clients[k], spy.cavities[-1], None)
         assert nat.allclose(unpack("delta", reply), nat.sub(tilted, server.natural), atol=1e-14)
     # default exponent 1/K
-    alg2 = fedep.make_fedsep(family, spy, num_clients=4)
+    alg2 = fedsep.make(family, spy, num_clients=4)
     assert alg2.init_client(alg2.init_server(torch.zeros(2)), 3).fraction == 0.25
 
 
 def test_fedsep_runs_to_a_valid_posterior():
     clients = _clients(K=3, d=2, seed=6)
-    alg = fedep.make_fedsep(DiagonalGaussian(2), fedep.ExactGaussian(), num_clients=3, prior_precision=1.0)
+    alg = fedsep.make(DiagonalGaussian(2), ExactGaussian(), num_clients=3, prior_precision=1.0)
     server, _, _ = _run(alg, clients, 30, d=2)
     post = alg.posterior(server)
     assert torch.isfinite(post.mean).all()
@@ -194,8 +196,8 @@ def test_fedsep_runs_to_a_valid_posterior():
 
 def test_contract_no_mutation_and_reply_order():
     clients = _clients(K=3, d=3, seed=7)
-    alg = fedep.make(FullGaussian(3), fedep.ExactGaussian(), num_clients=3, prior_precision=1.0,
-                     server_optimizer=fedep.Adam(lr=0.1), client_optimizer=fedep.Adam(lr=0.1))
+    alg = fedep.make(FullGaussian(3), ExactGaussian(), num_clients=3, prior_precision=1.0,
+                     server_optimizer=Adam(lr=0.1), client_optimizer=Adam(lr=0.1))
     server = alg.init_server(torch.zeros(3))
     states = {k: alg.init_client(server, k) for k in range(3)}
     for _ in range(2):
@@ -218,9 +220,29 @@ def test_contract_no_mutation_and_reply_order():
         server = a
 
 
+def test_updates_return_typed_info_records():
+    clients = _clients(K=3, d=2, seed=13)
+    family = DiagonalGaussian(2)
+    for alg, clients_counted in ((fedep.make(family, ExactGaussian(), num_clients=3, prior_precision=1.0), 2),
+                                 (fedsep.make(family, ExactGaussian(), num_clients=3, prior_precision=1.0), 2),
+                                 (fedpa.make(family, ExactGaussian(), prior_precision=1.0), 3)):
+        server = alg.init_server(torch.zeros(2))
+        message = alg.broadcast(server)
+        replies = {}
+        for k in range(3):
+            _, replies[k], info = alg.client_update(alg.init_client(server, k), message, clients[k], None)
+            assert info == NoInfo() and info._asdict() == {}
+        server, info = alg.server_update(server, replies)
+        assert info._asdict() == {"clients": 3}
+        # a round with two of the three clients: FedEP/FedSEP count the replies, FedPA the remembered approximations
+        _, info = alg.server_update(server, {k: replies[k] for k in (0, 2)})
+        assert info._asdict() == {"clients": clients_counted}
+    assert fedep.make(family, ExactGaussian(), damping=1.0).server_update(server, {})[1] == ServerInfo(0)
+
+
 def test_client_update_does_not_mutate_its_state():
     clients = _clients(K=2, d=2, seed=8)
-    alg = fedep.make(DiagonalGaussian(2), fedep.ExactGaussian(), num_clients=2, init_site_precision=0.5,
+    alg = fedep.make(DiagonalGaussian(2), ExactGaussian(), num_clients=2, init_site_precision=0.5,
                      client_sizes=[2, 6])
     server = alg.init_server(torch.tensor([1.0, -1.0]))
     state = alg.init_client(server, 1)
@@ -233,12 +255,12 @@ def test_client_update_does_not_mutate_its_state():
 
 def test_rejects_bad_configuration_and_reports_improper_posterior():
     with pytest.raises(TypeError):
-        fedep.make(IsotropicGaussian(2), fedep.ExactGaussian(), damping=1.0)
+        fedep.make(IsotropicGaussian(2), ExactGaussian(), damping=1.0)
     with pytest.raises(ValueError):
-        fedep.make(DiagonalGaussian(2), fedep.ExactGaussian())               # no damping, no num_clients
+        fedep.make(DiagonalGaussian(2), ExactGaussian())               # no damping, no num_clients
     with pytest.raises(ValueError):
-        fedep.make(DiagonalGaussian(2), fedep.ExactGaussian(), damping=1.5)
-    alg = fedep.make(DiagonalGaussian(2), fedep.ExactGaussian(), damping=1.0)
+        fedep.make(DiagonalGaussian(2), ExactGaussian(), damping=1.5)
+    alg = fedep.make(DiagonalGaussian(2), ExactGaussian(), damping=1.0)
     with pytest.raises(DivergenceError):
         alg.posterior(alg.init_server(torch.zeros(2)))                       # improper uniform start
 
@@ -247,15 +269,15 @@ def test_scaled_identity_inference_keeps_the_tilted_mean():
     (c,) = _clients(K=1, d=2, seed=9)
     family = DiagonalGaussian(2)
     cavity = family.from_moments(torch.tensor([0.5, 0.2]), torch.tensor([0.7, 1.3]))
-    full = fedep.ExactGaussian()(family, c, cavity)
-    iso = fedep.ExactGaussian(scaled_identity=1.0)(family, c, cavity)
+    full = ExactGaussian()(family, c, cavity)
+    iso = ExactGaussian(scaled_identity=1.0)(family, c, cavity)
     assert torch.allclose(family.to_moments(full)[0], family.to_moments(iso)[0], atol=1e-12)
     assert torch.allclose(family.to_moments(iso)[1], torch.tensor([1.7, 2.3]), atol=1e-12)
 
 
 def test_clip_norm_limits_the_delta():
     clients = _clients(K=1, d=2, seed=10)
-    alg = fedep.make(DiagonalGaussian(2), fedep.ExactGaussian(), damping=1.0, prior_precision=1.0, clip_norm=0.1)
+    alg = fedep.make(DiagonalGaussian(2), ExactGaussian(), damping=1.0, prior_precision=1.0, clip_norm=0.1)
     server = alg.init_server(torch.zeros(2))
     _, reply, _ = alg.client_update(alg.init_client(server, 0), alg.broadcast(server), clients[0], None)
     assert abs(float(nat.norm(unpack("delta", reply))) - 0.1) < 1e-12

@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from bayesadmm import algorithms
-from bayesadmm.algorithms import fedep
+from bayesadmm.algorithms import fedep, fedpa, fedsep
 from bayesadmm.algorithms.base import unpack
+from bayesadmm.algorithms.ep_registry import InferenceSettings, tilted_inference
 from bayesadmm.engine.simulate import run_rounds
 from bayesadmm.experiments.config import ConfigError, method_parameters, resolve
 from bayesadmm.families import DiagonalGaussian
@@ -83,7 +84,7 @@ def test_round_one_of_fedep_from_a_uniform_start_is_fedpa_for_every_neural_infer
     family = DiagonalGaussian(model.dim)
     inference = INFERENCES[label](LocalAdam(lr=0.05, epochs=5, batch_size=10))
     ep = fedep.make(family, inference, damping=1.0, num_clients=len(clients))
-    pa = fedep.make_fedpa(family, inference, start_at_global=True)
+    pa = fedpa.make(family, inference)
     theta0 = torch.zeros(model.dim)
     s_ep, _ = run_rounds(ep, clients, theta0, 1)
     s_pa, _ = run_rounds(pa, clients, theta0, 1)
@@ -103,7 +104,7 @@ def test_fedpa_chains_start_at_the_global_mean_with_a_uniform_cavity():
         calls.append((cavity, start))
         return inner(family_, data, cavity, generator, start=start)
 
-    alg = fedep.make_fedpa(family, spy, prior_precision=1.0, start_at_global=True)
+    alg = fedpa.make(family, spy, prior_precision=1.0)
     theta0 = torch.linspace(-1, 1, model.dim)
     server = alg.init_server(theta0)
     means = []
@@ -144,3 +145,20 @@ def test_configuration_accepts_the_inference_keys():
         algorithms.make("fedpa", dim=3, inference="gibbs")
     with pytest.raises(ValueError, match="shrinkage"):
         algorithms.make("fedep", dim=3, num_clients=2, client_sizes={0: 1, 1: 1}, inference="mcmc", shrinkage=2.0)
+
+
+def test_the_registry_maps_inference_names_to_objects_and_stateless_to_fedsep():
+    settings = InferenceSettings("fedep", alpha=0.05, fisher_samples=2, lr=0.01, epochs=3, batch_size=8,
+                                 shrinkage=1e-3, mcmc_lr=0.02, mcmc_momentum=0.5, ngvi_beta=0.9, ngvi_epochs=2,
+                                 ngvi_samples=4, ngvi_debias=False)
+    solver = LocalAdam(lr=0.01, epochs=3, batch_size=8)
+    assert tilted_inference("identity", settings) == ScaledIdentity(alpha=0.05, solver=solver)
+    assert tilted_inference("laplace", settings) == Laplace(alpha=0.05, fisher_samples=2, solver=solver)
+    assert tilted_inference("mcmc", settings) == SGMCMC(alpha=0.05, shrinkage=1e-3, lr=0.02, momentum=0.5, epochs=3,
+                                                        batch_size=8)
+    assert tilted_inference("ngvi", settings) == NGVI(alpha=0.05, beta=0.9, epochs=2, samples=4, batch_size=8,
+                                                      fisher_samples=2, debias=False, solver=solver)
+    sizes = {0: 3, 1: 1}
+    alg = algorithms.make("fedep", dim=2, num_clients=2, client_sizes=sizes, stateless=True)
+    assert alg.name == "fedsep"
+    assert alg.init_client(alg.init_server(torch.zeros(2)), 0) == fedsep.ClientState(0.75)

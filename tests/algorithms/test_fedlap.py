@@ -1,4 +1,5 @@
-"""FedLap, FedLap-Cov and isotropic BayesADMM with Gaussian smoothing: fixed points, identities, curvature, contracts."""
+"""FedLap, FedLap-Cov and isotropic BayesADMM with Gaussian smoothing: fixed points, identities, curvature,
+contracts."""
 
 import math
 
@@ -7,12 +8,14 @@ import pytest
 import torch
 from torch.nn.functional import softplus
 
-from bayesadmm.algorithms import admm, fedlap, fedlap_cov, smoothing_admm
+from bayesadmm.algorithms import admm, fedlap, fedlap_cov, registry, smoothing_admm
 from bayesadmm.algorithms.base import PointEstimate
 from bayesadmm.engine.simulate import generator_for, run_rounds
 from bayesadmm.families import DiagonalGaussian, IsotropicGaussian, Posterior
 from bayesadmm.problems import synthetic
 from bayesadmm.problems.losses import LogisticLoss
+from bayesadmm.solvers import curvature
+from bayesadmm.solvers.curvature import GGN, MonteCarloFisher
 from bayesadmm.solvers.newton import ProxNewton
 from bayesadmm.solvers.smoothing import GaussianSmoothingAdam
 from bayesadmm.solvers.von import SubproblemError
@@ -40,7 +43,7 @@ def map_estimate(losses, delta=DELTA):
 
 
 def sizes(losses):
-    return {k: l.num_examples for k, l in enumerate(losses)}
+    return {k: loss.num_examples for k, loss in enumerate(losses)}
 
 
 def subset(loss, m):
@@ -53,13 +56,14 @@ def subset(loss, m):
 def test_fedlap_fixed_point_is_the_map_with_weight_decay_delta():
     losses = clients()
     w_star = map_estimate(losses)
-    alg = fedlap.make(delta=DELTA, lr=0.05, epochs=60, batch_size=N_K, rho=0.5, client_sizes=sizes(losses))
+    alg = fedlap.make(delta=DELTA, lr=0.05, epochs=60, batch_size=N_K, rho=fedlap.ConstantDamping(0.5),
+                      client_sizes=sizes(losses))
     server, states = run_rounds(alg, losses, torch.zeros(2), rounds=25, seed=0)
     w = alg.posterior(server).mean
     assert (w - w_star).norm() / w_star.norm() < 3e-3, (w, w_star)
     # stationarity in summed units: Σ_k ∇ℓ_k(w) + δw ≈ 0 (relative to the size of the gradients)
-    residual = sum(l.grad(w) for l in losses) + DELTA * w
-    assert residual.norm() < 1e-2 * sum(l.grad(w).norm() for l in losses)
+    residual = sum(loss.grad(w) for loss in losses) + DELTA * w
+    assert residual.norm() < 1e-2 * sum(loss.grad(w).norm() for loss in losses)
     for k, state in states.items():
         assert (state.theta - w).norm() < 5e-3                                   # w_k = w_g
         torch.testing.assert_close(state.dual, -losses[k].grad(w) / N_K, atol=2e-3, rtol=0)   # ṽ_k = −∇ℓ̄_k(w*)
@@ -71,7 +75,7 @@ def test_fedlap_fixed_point_is_the_map_with_weight_decay_delta():
 def test_fedlap_dual_after_each_client_step(rho):
     """Client stationarity: ṽ_k^new + (1 − ρ)(δ/N_k)(w_k − w_g) = −∇ℓ̄_k(w_k); for ρ = 1, ṽ_k = −∇ℓ̄_k(w_k)."""
     losses = clients(seed=1)
-    alg = fedlap.make(delta=DELTA, lr=0.05, epochs=200, batch_size=N_K, rho=rho, client_sizes=sizes(losses))
+    alg = registry.fedlap(delta=DELTA, lr=0.05, epochs=200, batch_size=N_K, rho=rho, client_sizes=sizes(losses))
     server = alg.init_server(torch.zeros(2))
     states = {k: alg.init_client(server, k) for k in range(K)}
     for r in range(1, 4):
@@ -95,7 +99,7 @@ def test_fedlap_initialisation_round_one_and_partial_participation():
     total = 60
     theta0 = torch.tensor([0.7, -1.2])
     for rho in ["size", 0.4]:
-        alg = fedlap.make(delta=DELTA, lr=0.05, epochs=5, batch_size=10, rho=rho, client_sizes=n)
+        alg = registry.fedlap(delta=DELTA, lr=0.05, epochs=5, batch_size=10, rho=rho, client_sizes=n)
         server = alg.init_server(theta0)
         assert torch.equal(alg.broadcast(server)["theta"], theta0)
         states = {k: alg.init_client(server, k) for k in range(3)}
@@ -117,10 +121,18 @@ def test_fedlap_initialisation_round_one_and_partial_participation():
 
 def test_fedlap_rejects_bad_settings_and_inconsistent_data():
     losses = clients()
+    for rho in ("equal", 0.0, 1.5, math.nan, True):
+        with pytest.raises(ValueError, match="rho"):
+            registry.fedlap(delta=1.0, lr=0.1, rho=rho, client_sizes=sizes(losses))
     with pytest.raises(ValueError, match="rho"):
-        fedlap.make(delta=1.0, lr=0.1, rho="equal", client_sizes=sizes(losses))
+        fedlap.ConstantDamping(0.0)
+
+    class Overdamped:
+        def per_client(self, sizes):
+            return {k: 2.0 for k in sizes}
+
     with pytest.raises(ValueError, match="rho"):
-        fedlap.make(delta=1.0, lr=0.1, rho=0.0, client_sizes=sizes(losses))
+        fedlap.make(delta=1.0, lr=0.1, rho=Overdamped(), client_sizes=sizes(losses))
     with pytest.raises(ValueError, match="delta"):
         fedlap.make(delta=0.0, lr=0.1, client_sizes=sizes(losses))
     with pytest.raises(ValueError, match="client_sizes"):
@@ -145,9 +157,9 @@ def test_ggn_is_the_exact_hessian_diagonal_for_logistic_and_softmax_regression()
     softmax = synthetic.softmax_clients(num_clients=1, per_client=25, dim=3, num_classes=4, seed=3)[0]
     for loss, theta in [(logistic, torch.tensor([0.4, -0.9])), (softmax, torch.linspace(-1, 1, 12))]:
         exact = loss.hess_diag(theta)                   # Σ_i p_i(1 − p_i) x_ij² (per class for softmax)
-        torch.testing.assert_close(fedlap_cov.diagonal_ggn(loss, theta), exact, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(GGN()(loss, theta), exact, rtol=1e-10, atol=1e-12)
         # chunking does not change the result
-        torch.testing.assert_close(fedlap_cov.diagonal_ggn(loss, theta, max_elements=1), exact, rtol=1e-10,
+        torch.testing.assert_close(GGN(max_elements=1)(loss, theta), exact, rtol=1e-10,
                                    atol=1e-12)
 
 
@@ -171,7 +183,7 @@ def test_ggn_of_a_network_is_the_diagonal_of_jT_lambda_j():
     p = torch.softmax(model.forward(theta, data.X), -1)
     Lam = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
     expected = torch.einsum("icp,icd,idp->p", J, Lam, J)
-    torch.testing.assert_close(fedlap_cov.diagonal_ggn(data, theta), expected, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(GGN()(data, theta), expected, rtol=1e-9, atol=1e-12)
     # a network is not a GLM: the GGN differs from the Hessian of the summed loss
     hess = torch.func.hessian(lambda th: data.num_examples * data.batch_loss(th, torch.arange(40)))(theta)
     assert (torch.diagonal(hess) - expected).abs().max() > 1e-3
@@ -186,7 +198,7 @@ def test_ggn_of_a_linear_model_is_its_hessian_diagonal():
     data = ClassificationData(model, base.X, base.y)
     theta = model.initial_params(torch.Generator().manual_seed(2))
     hess = torch.func.hessian(lambda th: data.num_examples * data.batch_loss(th, torch.arange(40)))(theta)
-    torch.testing.assert_close(fedlap_cov.diagonal_ggn(data, theta), torch.diagonal(hess), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(GGN()(data, theta), torch.diagonal(hess), rtol=1e-9, atol=1e-12)
 
 
 def test_mc_fisher_is_an_unbiased_estimate_of_the_ggn():
@@ -199,18 +211,16 @@ def test_mc_fisher_is_an_unbiased_estimate_of_the_ggn():
         (loss, LogisticLoss(loss.X.repeat(R, 1), loss.y.repeat(R)), torch.tensor([0.3, -0.5])),
         (softmax, SoftmaxLoss(softmax.X.repeat(R, 1), softmax.y.repeat(R), 3), torch.linspace(-1, 1, 6)),
     ]:
-        exact = fedlap_cov.diagonal_ggn(data, theta)
-        estimate = fedlap_cov.diagonal_ggn(copies, theta, "mc-fisher", torch.Generator().manual_seed(0)) / R
+        exact = GGN()(data, theta)
+        estimate = MonteCarloFisher()(copies, theta, torch.Generator().manual_seed(0)) / R
         torch.testing.assert_close(estimate, exact, rtol=0.03, atol=0)
     theta = torch.tensor([0.3, -0.5])
-    single = [fedlap_cov.diagonal_ggn(loss, theta, "mc-fisher", torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
+    single = [MonteCarloFisher()(loss, theta, torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
     assert torch.equal(single[0], single[1]) and not torch.equal(single[0], single[2])
     with pytest.raises(ValueError, match="Generator"):
-        fedlap_cov.diagonal_ggn(loss, theta, "mc-fisher")
-    with pytest.raises(ValueError, match="curvature"):
-        fedlap_cov.diagonal_ggn(loss, theta, "empirical")
+        MonteCarloFisher()(loss, theta)
     with pytest.raises(TypeError, match="logits"):
-        fedlap_cov.diagonal_ggn(synthetic.ridge_clients(1)[0], torch.zeros(5))
+        GGN()(synthetic.ridge_clients(1)[0], torch.zeros(5))
 
 
 # --- FedLap-Cov: the fast curvature of linear layers and elementwise activations -----------------------------------
@@ -231,11 +241,11 @@ def _assert_fast_equals_per_example(data, theta):
     """The fast path is taken and equals the per-example vmap gradients for "ggn", and for "mc-fisher" with the same
     generator (one chunk each, so both draw all labels in one call), every coordinate to relative 1e-10: both are
     sums of squares, without cancellation, so even the tiny entries of a saturated layer are compared."""
-    assert fedlap_cov.linear_chain(data) is not None
+    assert curvature.linear_chain(data) is not None
     big = 2 ** 40
-    for method in fedlap_cov.CURVATURES:
-        fast = fedlap_cov.diagonal_ggn(data, theta, method, torch.Generator().manual_seed(7), max_elements=big)
-        slow = fedlap_cov.per_example_diagonal_ggn(data, theta, method, torch.Generator().manual_seed(7), big)
+    for kind in (GGN(max_elements=big), MonteCarloFisher(max_elements=big)):
+        fast = kind(data, theta, torch.Generator().manual_seed(7))
+        slow = curvature.per_example_diagonal_ggn(data, theta, kind, torch.Generator().manual_seed(7), big)
         assert slow.abs().max() > 0
         torch.testing.assert_close(fast, slow, rtol=1e-10, atol=0)
 
@@ -252,8 +262,8 @@ def test_fast_ggn_of_the_zoo_mlp_equals_per_example_gradients(activation):
     theta = model.initial_params(g).double()
     _assert_fast_equals_per_example(data, theta)
     # chunking does not change the exact curvature (here 1 example per chunk)
-    whole = fedlap_cov.diagonal_ggn(data, theta)
-    torch.testing.assert_close(fedlap_cov.diagonal_ggn(data, theta, max_elements=1), whole, rtol=1e-12, atol=0)
+    whole = GGN()(data, theta)
+    torch.testing.assert_close(GGN(max_elements=1)(data, theta), whole, rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("activation", ["sigmoid", "tanh", "relu"])
@@ -277,7 +287,7 @@ def test_fast_ggn_of_the_logistic_model_equals_per_example_gradients():
     _assert_fast_equals_per_example(*_flat_data(lambda: logistic(in_features=6, num_classes=3).build(), X, 3))
 
 
-@pytest.mark.parametrize("activation", fedlap_cov.ELEMENTWISE, ids=lambda t: t.__name__)
+@pytest.mark.parametrize("activation", curvature.ELEMENTWISE, ids=lambda t: t.__name__)
 def test_fast_ggn_with_every_elementwise_activation_and_unusual_chains(activation):
     """Every activation the fast path accepts, and chains with activations of the inputs, a linear layer without
     bias, two activations in a row, a Flatten between linear layers and an activation of the logits."""
@@ -329,22 +339,22 @@ def test_models_that_are_not_linear_chains_take_the_per_example_path(monkeypatch
         "partial Flatten": _flat_data(lambda: nn.Sequential(nn.Flatten(0, -1), nn.Linear(6 * 12, 3)), X, 3),
     }
     for why, (data, _) in others.items():
-        assert fedlap_cov.linear_chain(data) is None, why
+        assert curvature.linear_chain(data) is None, why
     cnn = ClassificationData(zenke_cnn(), torch.zeros(1, 3, 32, 32), torch.zeros(1, dtype=torch.long))
-    assert fedlap_cov.linear_chain(cnn) is None
+    assert curvature.linear_chain(cnn) is None
 
     # diagonal_ggn on such models never calls the fast path, and is still the exact GGN (Σ_i J_iᵀ Λ_i J_i)
     def fail(*args, **kwargs):
         raise AssertionError("the fast path was taken")
 
-    monkeypatch.setattr(fedlap_cov, "linear_chain_diagonal_ggn", fail)
+    monkeypatch.setattr(curvature, "linear_chain_diagonal_ggn", fail)
     for why in ("not Sequential", "shared linear layer", "linear layer on (n, 2, 3) inputs"):
         data, theta = others[why]
-        J = torch.func.jacrev(lambda th: data.model.forward(th, data.X))(theta)          # (n, C, P)
+        J = torch.func.jacrev(lambda th, data=data: data.model.forward(th, data.X))(theta)          # (n, C, P)
         p = torch.softmax(data.model.forward(theta, data.X), -1)
         Lam = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
         expected = torch.einsum("icp,icd,idp->p", J, Lam, J)
-        torch.testing.assert_close(fedlap_cov.diagonal_ggn(data, theta), expected, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(GGN()(data, theta), expected, rtol=1e-9, atol=1e-12)
 
 
 # --- FedLap-Cov: the algorithm ------------------------------------------------------------------------------------
@@ -374,7 +384,7 @@ def test_cavity_problem_represents_the_client_objective_exactly():
 def test_fedlap_cov_fixed_point_mean_is_the_map_and_precision_is_delta_plus_curvatures():
     losses = clients()
     w_star = map_estimate(losses)
-    S_star = DELTA + sum(l.hess_diag(w_star) for l in losses)
+    S_star = DELTA + sum(loss.hess_diag(w_star) for loss in losses)
     alg = fedlap_cov.make(delta=DELTA, lr=0.05, epochs=100, batch_size=N_K, num_clients=K)   # ρ = 1/K
     cavities = []
 
@@ -390,11 +400,11 @@ def test_fedlap_cov_fixed_point_mean_is_the_map_and_precision_is_delta_plus_curv
     assert (posterior.mean - w_star).norm() / w_star.norm() < 2e-3, (posterior.mean, w_star)
     torch.testing.assert_close(posterior.precision, S_star, rtol=5e-3, atol=0)
     assert min(cavities) >= DELTA
-    for k, state in states.items():
+    for _k, state in states.items():
         assert (state.mean - posterior.mean).norm() < 5e-3                      # w_k = w_g
         torch.testing.assert_close(state.precision, S_star, rtol=1e-2, atol=0)   # S_k = S_g
-    residual = sum(l.grad(posterior.mean) for l in losses) + DELTA * posterior.mean
-    assert residual.norm() < 2e-2 * sum(l.grad(posterior.mean).norm() for l in losses)
+    residual = sum(loss.grad(posterior.mean) for loss in losses) + DELTA * posterior.mean
+    assert residual.norm() < 2e-2 * sum(loss.grad(posterior.mean).norm() for loss in losses)
 
 
 def test_fedlap_cov_round_one_from_a_random_start():
@@ -433,7 +443,7 @@ def test_fedlap_cov_rejects_bad_settings():
     with pytest.raises(ValueError, match="rho"):
         fedlap_cov.make(delta=1.0, lr=0.1, num_clients=3, rho=1.5)
     with pytest.raises(ValueError, match="curvature"):
-        fedlap_cov.make(delta=1.0, lr=0.1, num_clients=3, curvature="kfac")
+        registry.fedlap_cov(delta=1.0, lr=0.1, num_clients=3, curvature="kfac")
     with pytest.raises(ValueError, match="delta"):
         fedlap_cov.make(delta=-1.0, lr=0.1, num_clients=3)
     alg = fedlap_cov.make(delta=1.0, lr=0.1, num_clients=2)
@@ -534,14 +544,14 @@ def _same(a, b):
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, tuple):
-        return isinstance(b, tuple) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+        return isinstance(b, tuple) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=False))
     return a == b
 
 
 BUILDERS = {
     "fedlap": lambda losses: fedlap.make(delta=1.0, lr=0.05, epochs=2, batch_size=5, client_sizes=sizes(losses)),
     "fedlap-cov": lambda losses: fedlap_cov.make(delta=1.0, lr=0.05, epochs=2, batch_size=5, num_clients=K,
-                                                 curvature="mc-fisher"),
+                                                 curvature=MonteCarloFisher()),
     "bayes-admm-iso": lambda losses: smoothing_admm.make(2, rho=0.5, delta=1.0, precision=4.0, lr=0.05, epochs=2,
                                                          batch_size=5, mc_samples=2),
 }

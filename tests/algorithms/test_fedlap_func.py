@@ -5,10 +5,18 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from bayesadmm.algorithms import fedlap, fedlap_func
+from bayesadmm.algorithms import fedlap, fedlap_func, registry
 from bayesadmm.algorithms.base import PointEstimate
-from bayesadmm.algorithms.fedlap_func import (ClientState, Memory, WithMemory, client_function_terms,
-                                              minimize_server, predict, select_memory, soft_label_loss)
+from bayesadmm.algorithms.fedlap_func import (
+    ClientState,
+    Memory,
+    WithMemory,
+    client_function_terms,
+    minimize_server,
+    predict,
+    select_memory,
+    soft_label_loss,
+)
 from bayesadmm.engine.simulate import generator_for, run_rounds
 from bayesadmm.models import logistic, mlp
 from bayesadmm.problems.neural import ClassificationData
@@ -44,10 +52,11 @@ def sizes():
 
 
 def algorithm(model, **kw):
+    """FedLap-Func through the registry's keywords (rho "size" or a number)."""
     settings = dict(delta=0.1, tau_f=0.5, lr=0.01, epochs=2, batch_size=8, client_sizes=sizes(), server_iterations=50,
                     server_lr=1e-2)
     settings.update(kw)
-    return fedlap_func.make(model=model, **settings)
+    return registry.fedlap_func(model=model, **settings)
 
 
 def theta0(model, seed=0):
@@ -70,7 +79,7 @@ def same(a, b):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, tuple):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=False))
     return a == b
 
 
@@ -106,7 +115,7 @@ def test_client_keeps_its_memory_and_sends_soft_labels_of_its_latest_model():
     server = alg.init_server(theta0(model))
     state = alg.init_client(server, 2)
     state, reply, info = alg.client_update(state, alg.broadcast(server), clients[2], generator_for(0, 1, 2))
-    assert info["memory_terms"] == 0                      # round 1: no memory anywhere yet
+    assert info.memory_terms == 0                      # round 1: no memory anywhere yet
     data = clients[2]
     x = reply["memory.x"]
     rows = [int(torch.nonzero((data.X == row).all(1)).flatten()[0]) for row in x]
@@ -119,7 +128,7 @@ def test_client_keeps_its_memory_and_sends_soft_labels_of_its_latest_model():
     state2, reply2, info2 = alg.client_update(state, alg.broadcast(server), data, generator_for(0, 2, 2))
     assert torch.equal(reply2["memory.x"], x) and torch.equal(state2.memory_tau, state.memory_tau)
     torch.testing.assert_close(reply2["memory.soft"], predict(model, state2.theta, x))
-    assert info2["memory_terms"] == 4                     # 2 global (at ŷ_g) + 2 own (at the previous ŷ_i)
+    assert info2.memory_terms == 4                     # 2 global (at ŷ_g) + 2 own (at the previous ŷ_i)
 
 
 def test_server_weights_and_zero_points_per_class():
@@ -201,7 +210,7 @@ def test_function_space_terms_have_zero_gradient_at_a_stationary_point():
     replies = {k: {"dual": duals[k], "memory.x": x, "memory.soft": predict(model, w, x), "memory.tau": t}
                for k, (x, t) in enumerate(memories)}
     server, info = alg.server_update(alg.init_server(w), replies)
-    assert info["memory"] == 6 and info["grad_norm"] < 1e-6
+    assert info.memory == 6 and info.grad_norm < 1e-6
     torch.testing.assert_close(server.theta, w, atol=1e-7, rtol=0)
 
 
@@ -241,7 +250,7 @@ def test_without_function_space_terms_it_is_fedlap(settings):
     got = run_history(fedlap_func.make(model=model, client_sizes=sizes(), **hyper, **settings), clients, start, 3)
     expected = fedlap_reference(clients, start, 3, **hyper)
     assert len(got) == 3
-    for a, b in zip(got, expected):
+    for a, b in zip(got, expected, strict=False):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
     # and with the memory active the iterates differ
     active = run_history(fedlap_func.make(model=model, client_sizes=sizes(), tau_f=0.5, server_iterations=50,
@@ -257,7 +266,7 @@ def test_without_memory_it_matches_fedlap_module():
     assert len(expected) == 3
     for settings in (dict(points_per_class=0), dict(points_per_class=1, tau_f=0.0)):
         got = run_history(fedlap_func.make(model=model, **hyper, **settings), clients, start, 3)
-        for a, b in zip(got, expected):
+        for a, b in zip(got, expected, strict=False):
             assert torch.equal(a, b)                       # the same operations in the same order
 
 
@@ -319,7 +328,7 @@ def test_contract_pure_reproducible_and_order_free():
     torch.testing.assert_close(message["memory.soft"], predict(model, server.theta, message["memory.x"]))
     # partial participation: an absent client's last reply (dual and memory) still counts
     partial, info = alg.server_update(server, {0: replies[0]})
-    assert info["clients"] == 3 and info["memory"] == 7
+    assert info.clients == 3 and info.memory == 7
     assert isinstance(alg.posterior(server), PointEstimate) and torch.equal(alg.posterior(server).mean, server.theta)
 
 
@@ -359,7 +368,7 @@ def test_rejects_bad_settings():
                             (dict(rho="half"), "rho"), (dict(points_per_class=-1), "points_per_class"),
                             (dict(server_lr=0.0), "server_lr"), (dict(epochs=0), "epochs")):
         with pytest.raises(ValueError, match=message):
-            fedlap_func.make(**{**kw, **change})
+            registry.fedlap_func(**{**kw, **change})
     alg = fedlap_func.make(**kw)
     server = alg.init_server(torch.zeros(model.dim))
     with pytest.raises(KeyError, match="client_sizes"):

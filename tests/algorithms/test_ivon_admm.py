@@ -53,7 +53,7 @@ def test_ivon_solver_solves_the_tempered_client_problem():
     # off (with torch's generator as with the counter-based noise), so the test takes the median of three runs
     runs = [family.to_moments(solver.solve(family, LeastSquares(X, y), lam_g, eta, rho,
                                            torch.Generator().manual_seed(seed)).natural) for seed in range(3)]
-    m, s = (torch.stack(x).median(dim=0).values for x in zip(*runs))
+    m, s = (torch.stack(x).median(dim=0).values for x in zip(*runs, strict=False))
     assert torch.allclose(m, exact_m, rtol=0.03, atol=0.02), (m, exact_m)
     assert torch.allclose(s, exact_s, rtol=0.1), (s, exact_s)
     # the mapping matters: the same IVON run without the dual gives a clearly different answer
@@ -147,7 +147,7 @@ def test_ivon_pvi_is_ivon_admm_with_alpha_one():
                                 delta=1.0, gamma=0.2, server_rho=0.0)
     a, _ = run_rounds(alg, clients, torch.zeros(3), 2, seed=3)
     b, _ = run_rounds(reference, clients, torch.zeros(3), 2, seed=3)
-    assert all(torch.equal(x, y) for x, y in zip(a.natural, b.natural))
+    assert all(torch.equal(x, y) for x, y in zip(a.natural, b.natural, strict=False))
 
 
 def test_cosine_lr_schedule():
@@ -183,7 +183,8 @@ def test_ivon_admm_trains_a_neural_network_and_is_evaluated_from_its_posterior()
     # client k holds mostly classes {2k, 2k+1}: strong label heterogeneity
     clients = []
     for k in range(5):
-        labels = torch.cat([torch.full((80,), 2 * k), torch.full((80,), 2 * k + 1), torch.randint(0, 10, (20,), generator=g)])
+        labels = torch.cat([torch.full((80,), 2 * k), torch.full((80,), 2 * k + 1),
+                            torch.randint(0, 10, (20,), generator=g)])
         X, y = draw(labels)
         clients.append((X, y))
     X_test, y_test = draw(torch.randint(0, 10, (1000,), generator=g))
@@ -214,7 +215,7 @@ def test_ivon_admm_on_logistic_regression_reaches_the_centralised_solution():
 
     losses = synthetic.logistic_clients(num_clients=4, per_client=100, dim=3, seed=11)
     family, delta = DiagonalGaussian(3), 1.0
-    prior = bayes_admm.initial_natural(family, torch.zeros(3), delta)
+    prior = family.initial_natural(torch.zeros(3), delta)
     central = VON(expectation="delta").solve(family, synthetic.pooled(losses), prior, nat.zeros_like(prior), 1.0)
     m_star = family.to_moments(central.natural)[0]
     alg = ivon_admm.make(3, rho=1.0, gamma=0.5, delta=delta, lr=0.05, epochs=5, batch_size=20, hess_init=0.1,
@@ -253,7 +254,7 @@ def test_ivon_solver_is_the_plain_ivon_loop_without_the_unused_last_sample():
     thetas, eps = ivon.sample(state, ess, kwargs["delta"], key, 2)
     steps = 0
     for idx in minibatches(n, 16, 3, generator):
-        grads = torch.stack([torch.func.grad(lambda t: data.batch_loss(t, idx))(theta) for theta in thetas])
+        grads = torch.stack([torch.func.grad(lambda t, idx=idx: data.batch_loss(t, idx))(theta) for theta in thetas])
         state, thetas, eps = ivon.update_and_sample(state, grads, eps, key, 2, **kwargs)
         steps += 1
     assert result.iterations == steps == 3 * 5

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from bayesadmm.algorithms import admm, fedavg, feddyn, fedprox
-from bayesadmm.algorithms.base import DivergenceError
+from bayesadmm.algorithms import admm, fedavg, feddyn, fedprox, registry
+from bayesadmm.algorithms.base import DivergenceError, ServerInfo, TrainingInfo
 from bayesadmm.engine.simulate import generator_for, run_rounds
 from bayesadmm.problems import synthetic
 from bayesadmm.problems.losses import LogisticLoss
@@ -48,7 +48,7 @@ def mean_grad(loss, theta):
 def sum_of_mean_losses_minimiser(losses, delta):
     """argmin Σ_k ℓ̄_k(θ) + δ/2‖θ‖² for equal-sized clients (n each) = argmin Σ_k ℓ_k + nδ/2‖θ‖² (Newton)."""
     n = losses[0].num_examples
-    assert all(l.num_examples == n for l in losses)
+    assert all(loss.num_examples == n for loss in losses)
     zeros = torch.zeros(losses[0].dim)
     result = ProxNewton().minimize(synthetic.pooled(losses), zeros, n * delta, zeros)
     assert result.converged
@@ -67,7 +67,7 @@ def test_fedprox_with_mu_zero_is_fedavg_iterate_for_iterate():
     settings = dict(lr=0.05, epochs=2, batch_size=6)  # minibatches: the shuffling must agree too
     avg = run(fedavg.make(**settings), losses, torch.zeros(3), rounds=3)
     prox = run(fedprox.make(mu=0.0, **settings), losses, torch.zeros(3), rounds=3)
-    for (a_server, _), (p_server, _) in zip(avg[1:], prox[1:]):
+    for (a_server, _), (p_server, _) in zip(avg[1:], prox[1:], strict=False):
         assert torch.equal(a_server.theta, p_server.theta)
     # a positive μ changes them (so the comparison above is not vacuous), and the iterates do move
     other = run(fedprox.make(mu=1.0, **settings), losses, torch.zeros(3), rounds=3)
@@ -88,7 +88,7 @@ def test_fedavg_server_means_unweighted_and_weighted():
     base = synthetic.logistic_clients(num_clients=3, per_client=30, dim=3, seed=2)
     losses = [subset(base[0], 30), subset(base[1], 10), subset(base[2], 5)]  # unequal N_k
     for weighted in (False, True):
-        alg = fedavg.make(lr=0.05, epochs=1, batch_size=5, weighted=weighted)
+        alg = registry.fedavg(lr=0.05, epochs=1, batch_size=5, weighted=weighted)
         server = alg.init_server(torch.zeros(3))
         replies = {k: alg.client_update(alg.init_client(server, k), alg.broadcast(server), losses[k],
                                         generator_for(0, 1, k))[1] for k in range(3)}
@@ -97,7 +97,7 @@ def test_fedavg_server_means_unweighted_and_weighted():
         thetas = [replies[k]["theta"] for k in range(3)]
         expected = ((30 * thetas[0] + 10 * thetas[1] + 5 * thetas[2]) / 45 if weighted else sum(thetas) / 3)
         torch.testing.assert_close(new.theta, expected, rtol=1e-14, atol=1e-15)
-        assert info["clients"] == 3 and new.round == 1
+        assert info == ServerInfo(clients=3) and new.round == 1
     # the two means differ here (the clients moved differently), so the flag matters
     assert not torch.allclose(sum(thetas) / 3, expected)
 
@@ -111,7 +111,7 @@ def test_fedprox_client_solves_the_squared_proximal_problem():
     server = alg.init_server(theta_g)
     _, reply, info = alg.client_update(alg.init_client(server, 0), alg.broadcast(server), loss, generator_for(0, 1, 0))
     theta_k = reply["theta"]
-    assert info["iterations"] == 400
+    assert info == TrainingInfo(iterations=400)
     assert (mean_grad(loss, theta_k) + mu * (theta_k - theta_g)).norm() < 1e-5
     assert (theta_k - theta_g).norm() > 0.1          # the solution is not at the centre
 
@@ -126,7 +126,7 @@ def test_feddyn_dual_and_server_bookkeeping():
     history = run_with_replies(feddyn.make(alpha=alpha, num_clients=K, lr=0.05, epochs=2, batch_size=8,
                                            weight_decay=0.01), losses, torch.zeros(3), rounds=4)
     drift = {k: torch.zeros(3) for k in range(K)}
-    for (previous, _, _), (server, clients, replies) in zip(history[:-1], history[1:]):
+    for (previous, _, _), (server, clients, replies) in zip(history[:-1], history[1:], strict=False):
         for k in range(K):
             drift[k] = drift[k] + replies[k]["theta"] - previous.theta
             torch.testing.assert_close(clients[k].grad, -alpha * drift[k], rtol=1e-12, atol=1e-14)
@@ -160,7 +160,7 @@ def test_feddyn_fixed_point_minimises_the_sum_of_mean_losses(wd):
     star = sum_of_mean_losses_minimiser(losses, K * wd)
     alg = feddyn.make(alpha=0.5, num_clients=K, lr=0.01, epochs=50, batch_size=20, weight_decay=wd)
     server, clients = run_rounds(alg, losses, torch.zeros(3), rounds=25)
-    stationarity = sum(mean_grad(l, server.theta) for l in losses) + K * wd * server.theta
+    stationarity = sum(mean_grad(loss, server.theta) for loss in losses) + K * wd * server.theta
     assert stationarity.norm() < 1e-2
     assert (server.theta - star).norm() < 1e-2
     assert server.h.norm() < 1e-2                    # h → 0 at the fixed point
@@ -176,7 +176,7 @@ def test_feddyn_without_weight_decay_is_fedadmm_under_full_participation():
     settings = dict(lr=0.05, epochs=2, batch_size=6)
     dyn = run(feddyn.make(alpha=0.4, num_clients=3, **settings), losses, torch.zeros(3), rounds=4)
     fedadmm = run(admm.make_nn(rho=0.4, **settings), losses, torch.zeros(3), rounds=4)
-    for (d_server, d_clients), (a_server, a_clients) in zip(dyn[1:], fedadmm[1:]):
+    for (d_server, d_clients), (a_server, a_clients) in zip(dyn[1:], fedadmm[1:], strict=False):
         torch.testing.assert_close(d_server.theta, a_server.theta, rtol=1e-12, atol=1e-13)
         for k in d_clients:
             torch.testing.assert_close(d_clients[k].grad, -a_clients[k].dual, rtol=1e-12, atol=1e-13)
@@ -203,7 +203,7 @@ def test_feddyn_partial_participation_follows_acar():
         torch.testing.assert_close(new.h, sum(s.grad for s in states.values()) / K, rtol=1e-12, atol=1e-14)
         for k in set(range(K)) - set(participants):
             assert states[k] is before[k]
-        assert info["clients"] == len(participants) and new.clients == tuple(sorted(set(new.clients)))
+        assert info.clients == len(participants) and new.clients == tuple(sorted(set(new.clients)))
         server = new
     assert server.clients == (0, 1, 2)
     with pytest.raises(ValueError, match="num_clients"):
@@ -246,7 +246,7 @@ def test_nn_admm_fixed_point_solves_the_regularised_sum_of_mean_losses(delta):
     star = sum_of_mean_losses_minimiser(losses, delta)
     server, clients = run_rounds(admm.make_nn(rho=0.5, delta=delta, lr=0.01, epochs=50, batch_size=20), losses,
                                  torch.zeros(3), rounds=25)
-    assert (sum(mean_grad(l, server.theta) for l in losses) + delta * server.theta).norm() < 1e-2
+    assert (sum(mean_grad(loss, server.theta) for loss in losses) + delta * server.theta).norm() < 1e-2
     assert (server.theta - star).norm() < 1e-2
     for k, state in clients.items():               # and the duals are at −∇ℓ̄_k(θ*)
         assert (state.dual + mean_grad(losses[k], star)).norm() < 1e-2
@@ -267,7 +267,7 @@ def test_fedadmm_server_is_mean_of_theta_plus_scaled_dual():
     merged = {**replies, **later}
     torch.testing.assert_close(newer.theta, sum(r["theta"] + r["dual"] / rho for r in merged.values()) / 3,
                                rtol=1e-14, atol=1e-15)
-    assert info["clients"] == 3
+    assert info.clients == 3
 
 
 def test_admm_delta_zero_needs_a_server_proximal_term():
@@ -289,7 +289,7 @@ def tiny_mlp_clients(num_clients=2, per_client=40):
     model = mlp(in_features=4, hidden=(8,), num_classes=3)
     W = 2.0 * torch.randn(3, 4, generator=g)
     data = []
-    for k in range(num_clients):
+    for _k in range(num_clients):
         X = torch.randn(per_client, 4, generator=g) + torch.randn(4, generator=g)
         data.append(ClassificationData(model, X, (X @ W.T).argmax(dim=1)))
     return model, data
@@ -298,7 +298,7 @@ def tiny_mlp_clients(num_clients=2, per_client=40):
 SETTINGS = dict(lr=0.05, epochs=2, batch_size=8)
 FACTORIES = {
     "fedavg": lambda: fedavg.make(**SETTINGS),
-    "fedavg-weighted": lambda: fedavg.make(weighted=True, **SETTINGS),
+    "fedavg-weighted": lambda: fedavg.make(average=fedavg.WeightedMean(), **SETTINGS),
     "fedprox": lambda: fedprox.make(mu=0.1, **SETTINGS),
     "feddyn": lambda: feddyn.make(alpha=0.1, num_clients=2, weight_decay=1e-3, **SETTINGS),
     "fedadmm": lambda: admm.make_nn(rho=0.1, **SETTINGS),
@@ -338,7 +338,7 @@ def same_tree(a, b):
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same_tree(a[k], b[k]) for k in a)
     if isinstance(a, tuple):
-        return len(a) == len(b) and all(same_tree(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(same_tree(x, y) for x, y in zip(a, b, strict=False))
     return a == b
 
 
@@ -368,7 +368,7 @@ def test_client_update_is_pure_and_reproducible(method):
     with pytest.raises(ValueError, match="Generator"):
         alg.client_update(state, message, data[0], None)
     fresh = {k: alg.init_client(server, k) for k in range(2)}
-    for a, b in zip(fresh[0], fresh[1]):
+    for a, b in zip(fresh[0], fresh[1], strict=False):
         if torch.is_tensor(a):
             assert a.data_ptr() != b.data_ptr()       # not one shared tensor
 
@@ -396,7 +396,8 @@ def test_averaging_methods_average_only_the_participants(method):
     records every client's last reply)."""
     alg = FACTORIES[method]()
     g = torch.Generator().manual_seed(0)
-    reply = lambda n: {"theta": torch.randn(5, generator=g), "num-examples": torch.tensor(float(n))}
+    def reply(n):
+        return {"theta": torch.randn(5, generator=g), "num-examples": torch.tensor(float(n))}
     server, _ = alg.server_update(alg.init_server(torch.zeros(5)), {0: reply(10), 1: reply(30), 2: reply(20)})
     partial = {0: reply(10), 2: reply(20)}
     new, info = alg.server_update(server, partial)
@@ -405,7 +406,7 @@ def test_averaging_methods_average_only_the_participants(method):
     else:
         expected = (partial[0]["theta"] + partial[2]["theta"]) / 2
     torch.testing.assert_close(new.theta, expected, rtol=1e-14, atol=1e-15)
-    assert info["clients"] == 2 and new.clients == (0, 1, 2)
+    assert info.clients == 2 and new.clients == (0, 1, 2)
     with pytest.raises(ValueError, match="at least one"):
         alg.server_update(new, {})
 
@@ -424,7 +425,8 @@ def test_non_finite_server_state_is_a_divergence(method):
     (fedavg.make, dict(epochs=0), "epochs"),
     (fedavg.make, dict(epochs=1.5), "epochs"),
     (fedavg.make, dict(batch_size=0), "batch_size"),
-    (fedavg.make, dict(weighted="yes"), "weighted"),
+    (registry.fedavg, dict(weighted="yes"), "weighted"),
+    (registry.fedprox, dict(mu=0.1, weighted=1), "weighted"),
     (fedprox.make, dict(mu=-0.1), "mu"),
     (fedprox.make, dict(mu=math.inf), "mu"),
     (fedprox.make, dict(mu=0.1, lr=-1.0), "lr"),
@@ -446,7 +448,7 @@ def test_bad_hyperparameters_are_rejected(factory, kwargs, key):
 def test_factories_take_keywords_only_and_name_themselves():
     assert fedavg.make().name == "fedavg" and fedprox.make(mu=0.1).name == "fedprox"
     assert feddyn.make(alpha=0.1, num_clients=2).name == "feddyn" and admm.make_nn(rho=1.0).name == "fedadmm"
-    assert fedavg.make(name="fedavg-w", weighted=True).name == "fedavg-w"
+    assert registry.fedavg(name="fedavg-w", weighted=True).name == "fedavg-w"
     for factory, args in ((fedavg.make, (1e-3,)), (fedprox.make, (0.1,)), (feddyn.make, (0.1, 2)),
                           (admm.make_nn, (1.0,))):
         with pytest.raises(TypeError):

@@ -14,6 +14,7 @@ from torch import distributions as D
 from bayesadmm.families import (
     DiagonalGaussian,
     FullGaussian,
+    GaussianFamily,
     IsotropicGaussian,
     Posterior,
     make_family,
@@ -152,7 +153,7 @@ def test_log_prob_decomposes_into_exponential_family_terms(family):
     stats = family.sufficient_statistics(theta)
     assert stats[0].shape == (7, DIM)
     pairing = sum(
-        (l * t).flatten(start_dim=1).sum(-1) for l, t in zip(lam, stats)
+        (part * t).flatten(start_dim=1).sum(-1) for part, t in zip(lam, stats, strict=False)
     )
     expected = pairing - family.log_normalizer(lam) + family.log_base_measure(theta)
     torch.testing.assert_close(family.log_prob(lam, theta), expected)
@@ -239,7 +240,7 @@ def test_sample_moments(family):
     # Average sufficient statistics estimate μ.
     mu = family.to_expectation(lam)
     stats = family.sufficient_statistics(x)
-    for est, exact in zip(stats, mu):
+    for est, exact in zip(stats, mu, strict=False):
         scale = exact.abs().max().item() + 1.0
         assert (est.mean(0) - exact).abs().max().item() < 0.05 * scale
 
@@ -271,8 +272,8 @@ def test_functions_do_not_mutate_inputs(family):
     family.entropy(lam)
     family.kl(lam, lam)
     family.sample(lam, 3, gen(0))
-    assert all(torch.equal(x, y) for x, y in zip(lam, before))
-    assert all(torch.equal(x, y) for x, y in zip(mu, mu_before))
+    assert all(torch.equal(x, y) for x, y in zip(lam, before, strict=False))
+    assert all(torch.equal(x, y) for x, y in zip(mu, mu_before, strict=False))
 
 
 @by_family
@@ -322,6 +323,67 @@ def test_make_family():
     assert make_family("full", 3).name == "full"
     with pytest.raises(ValueError, match="diagonal, full, isotropic"):
         make_family("gaussian", 3)
+
+
+# ---------------------------------------------------------------------------
+# the interface the algorithms and solvers use
+# ---------------------------------------------------------------------------
+
+
+def test_the_families_implement_the_whole_interface():
+    abstract = GaussianFamily.__abstractmethods__
+    assert {"initial_natural", "split_dual", "natural_gradient", "stationary_natural", "quadratic_solution"} <= abstract
+    with pytest.raises(TypeError):
+        GaussianFamily(DIM)
+    for family in FAMILIES:
+        assert isinstance(family, GaussianFamily) and not type(family).__abstractmethods__
+
+
+@by_family
+@pytest.mark.parametrize("delta", [0.5, 3.0])
+def test_initial_natural_has_the_mean_and_the_priors_precision(family, delta):
+    mean = torch.randn(DIM, generator=gen(30), dtype=DTYPE)
+    m, prec = family.to_moments(family.initial_natural(mean, delta))
+    torch.testing.assert_close(m, mean)
+    if isinstance(family, IsotropicGaussian):
+        assert prec.item() == pytest.approx(ISO_PRECISION)   # the family's own, fixed
+    elif isinstance(family, DiagonalGaussian):
+        torch.testing.assert_close(prec, torch.full((DIM,), delta, dtype=DTYPE))
+    else:
+        torch.testing.assert_close(prec, delta * torch.eye(DIM, dtype=DTYPE))
+
+
+@by_family
+def test_split_dual_and_as_matrix(family):
+    """η = (v, −½V): V as the family's precision-shaped quantity, and its matrix."""
+    lam = family.from_moments(*random_moments(family, gen(31)))
+    v, V = family.split_dual(lam)
+    _, precision = family.to_moments(lam)
+    assert torch.equal(v, lam[0])
+    if isinstance(family, IsotropicGaussian):
+        assert V.shape == () and V.item() == 0.0
+        torch.testing.assert_close(family.as_matrix(precision), ISO_PRECISION * torch.eye(DIM, dtype=DTYPE))
+    else:
+        torch.testing.assert_close(V, precision)
+        torch.testing.assert_close(family.as_matrix(V), covariance(family, precision).inverse())
+
+
+@by_family
+def test_natural_gradient_is_the_gradient_of_the_expected_loss_in_mu(family):
+    """∇_μ E_q[ℓ] for a quadratic ℓ = ½θᵀAθ − bᵀθ, whose E_q is exact in μ: ½⟨A, E[θθᵀ]⟩ − bᵀμ₁; the expected
+    derivatives at q are (A m − b, A), the Hessian as the family reads it."""
+    g = gen(32)
+    a = torch.randn(DIM, DIM, generator=g, dtype=DTYPE)
+    A, b = a @ a.T + torch.eye(DIM, dtype=DTYPE), torch.randn(DIM, generator=g, dtype=DTYPE)
+    if isinstance(family, DiagonalGaussian):
+        A = torch.diag(torch.diagonal(A))   # the diagonal family's natural gradient sees only diag(A)
+    lam = family.from_moments(*random_moments(family, g))
+    m, _ = family.to_moments(lam)
+    hessian = torch.diagonal(A) if isinstance(family, DiagonalGaussian) else A
+    ours = family.natural_gradient(lam, (A @ m - b, hessian))
+    mu = leaf(family.to_expectation(lam))
+    expected = torch.autograd.grad(0.5 * (A * family.second_moment(mu)).sum() - b @ mu[0], mu)
+    assert natural.allclose(ours, expected, rtol=1e-10, atol=1e-10)
 
 
 # ---------------------------------------------------------------------------

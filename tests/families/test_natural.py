@@ -55,9 +55,10 @@ def test_total_is_the_left_fold_of_add_bit_for_bit(dtype):
         expected = nat.add(expected, a)
     assert _bitwise_equal(nat.total(items), expected)
     assert _bitwise_equal(nat.total(iter(items)), expected)   # any iterable
-    assert all(_bitwise_equal(a, b) for a, b in zip(items, before))
+    assert all(_bitwise_equal(a, b) for a, b in zip(items, before, strict=False))
     single = nat.total(items[:1])
-    assert _bitwise_equal(single, items[0]) and all(x is not y for x, y in zip(single, items[0]))   # a copy
+    # a copy
+    assert _bitwise_equal(single, items[0]) and all(x is not y for x, y in zip(single, items[0], strict=False))
     mixed = [_tuple(0, torch.float32), _tuple(1, torch.float64), _tuple(2, torch.float32)]
     assert _bitwise_equal(nat.total(mixed), nat.add(nat.add(mixed[0], mixed[1]), mixed[2]))   # widens like add
     with pytest.raises(ValueError, match="empty"):

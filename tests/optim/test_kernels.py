@@ -128,7 +128,7 @@ def test_compiled_update_equals_the_eager_maths(mc_samples, dtype):
         returned = in_place(*state, *args[3:], *extra)
         written = (*state, *(returned or ()))
         assert len(written) == len(expected)
-        for a, b in zip(written, expected):
+        for a, b in zip(written, expected, strict=False):
             torch.testing.assert_close(a, b, **tol)
 
 
@@ -174,8 +174,54 @@ def test_a_failing_compiler_falls_back_to_the_same_maths_with_a_warning(monkeypa
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # warned once, then eager without a word
         second = kernel(*args)
-    for a, b, c in zip(first, second, kernels.update_step(*args)):
+    for a, b, c in zip(first, second, kernels.update_step(*args), strict=False):
         assert torch.equal(a, c) and torch.equal(b, c)
+
+
+def test_the_kernels_get_their_own_recompile_limit_and_leave_torchs_alone(monkeypatch):
+    """Up to 8 variants per kernel reach torch's default limit of 8: each kernel is compiled with a limit of its
+    own (torch.compile's recompile_limit), and torch._dynamo.config is not touched."""
+    calls = []
+
+    def compile_with_a_limit(fn, *, dynamic=None, fullgraph=False, recompile_limit=None):
+        calls.append(dict(dynamic=dynamic, fullgraph=fullgraph, recompile_limit=recompile_limit))
+        return fn
+
+    before = torch._dynamo.config.recompile_limit
+    monkeypatch.setattr(torch, "compile", compile_with_a_limit)
+    kernel = kernels.fused(kernels.update_step)
+    args = random_update_inputs(20, 1)
+    for a, b in zip(kernel(*args), kernels.update_step(*args), strict=False):
+        assert torch.equal(a, b)
+    assert calls == [dict(dynamic=True, fullgraph=True, recompile_limit=kernels.RECOMPILE_LIMIT)]
+    assert torch._dynamo.config.recompile_limit == before
+
+
+def test_where_torch_compile_takes_no_limit_the_global_one_is_raised_only_for_new_variants(monkeypatch):
+    """The first call of each variant (dtype, sizes 0/1/more, non-tensor arguments) runs with the limit raised, later
+    calls of a variant already run with torch's setting as it was, and nothing stays changed."""
+    config = torch._dynamo.config
+    before = config.recompile_limit
+    limits = []
+
+    def compile_without_a_limit(fn, **kwargs):
+        assert "recompile_limit" not in kwargs
+
+        def run(*args):
+            limits.append(config.recompile_limit)
+            return fn(*args)
+        return run
+
+    monkeypatch.setattr(torch, "compile", compile_without_a_limit)
+    kernel = kernels.fused(kernels.update_step)
+    for mc_samples, dtype in ((1, torch.float64), (1, torch.float64), (3, torch.float64), (1, torch.float32),
+                              (2, torch.float64)):
+        args = random_update_inputs(20, mc_samples, dtype)
+        for a, b in zip(kernel(*args), kernels.update_step(*args), strict=False):
+            assert torch.equal(a, b)
+    raised = max(before, kernels.RECOMPILE_LIMIT)
+    assert limits == [raised, before, raised, raised, before]   # 2 and 3 samples: one variant (sizes > 1 merged)
+    assert config.recompile_limit == before
 
 
 def test_compilation_can_be_switched_off(monkeypatch):
@@ -183,7 +229,7 @@ def test_compilation_can_be_switched_off(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: pytest.fail("compiled although switched off"))
     kernel = kernels.fused(kernels.update_step)
     args = random_update_inputs(50, 1)
-    for a, b in zip(kernel(*args), kernels.update_step(*args)):
+    for a, b in zip(kernel(*args), kernels.update_step(*args), strict=False):
         assert torch.equal(a, b)
 
 
@@ -200,7 +246,7 @@ def test_update_and_sample_equals_update_then_sample():
     new_state = ivon.update(state, grads, eps, **terms)
     thetas, next_eps = ivon.sample(new_state, 20.0, terms["delta"], key, S)
     assert fused_state.step == new_state.step == 7
-    for a, b in zip((*fused_state[:3], fused_thetas, fused_eps), (*new_state[:3], thetas, next_eps)):
+    for a, b in zip((*fused_state[:3], fused_thetas, fused_eps), (*new_state[:3], thetas, next_eps), strict=False):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
@@ -220,8 +266,8 @@ def test_in_place_ivon_steps_return_the_pure_steps_numbers_in_the_states_own_ten
         own = ivon.IVONState(*(t.clone() for t in state[:3]), state.step)
         result = call(own, inplace=True)
         assert result[0].step == expected[0].step == 5
-        assert all(a is b for a, b in zip(result[0][:3], own[:3]))
-        for a, b in zip((*result[0][:3], *result[1:]), (*expected[0][:3], *expected[1:])):
+        assert all(a is b for a, b in zip(result[0][:3], own[:3], strict=False))
+        for a, b in zip((*result[0][:3], *result[1:]), (*expected[0][:3], *expected[1:]), strict=False):
             assert torch.equal(a, b)
 
 
@@ -239,6 +285,7 @@ def test_an_in_place_step_refuses_a_state_that_shares_memory_with_its_inputs():
             ivon.update_with(state, grads, eps, terms, inplace=True)
         with pytest.raises(ValueError, match="share memory"):
             ivon.update_and_sample_with(state, grads, eps, torch.tensor(1), 1, terms, inplace=True)
-        assert all(torch.equal(a, b) for a, b in zip(state[:3], before))   # refused before writing anything
+        # refused before writing anything
+        assert all(torch.equal(a, b) for a, b in zip(state[:3], before, strict=False))
     fine = ivon.init(mean, 0.5)   # init copies the mean
     assert ivon.update_with(fine, grads, eps, terms, inplace=True).step == 1

@@ -10,8 +10,15 @@ import torch
 
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.solvers.adam import LocalAdam
-from bayesadmm.solvers.ep_inference import (NGVI, SGMCMC, ScaledIdentity, clip_and_rescale, sgd_chain,
-                                            shrunk_moments, tilted_mean)
+from bayesadmm.solvers.ep_inference import (
+    NGVI,
+    SGMCMC,
+    ScaledIdentity,
+    clip_and_rescale,
+    sgd_chain,
+    shrunk_moments,
+    tilted_mean,
+)
 
 
 @dataclass(frozen=True, eq=False)

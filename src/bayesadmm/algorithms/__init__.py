@@ -3,30 +3,33 @@
 `REGISTRY` lists the methods `bayesadmm run` can build from keyword hyperparameters (the engine supplies `dim`,
 `model`, `num_clients`, `client_sizes` and `cosine_rounds` where a factory asks for them). The convex-problem
 factories that take a family and a local solver object (`bayes_admm.make`, `bregman_admm.make`, `pvi.make`,
-`admm.make`) are used directly by the paper experiments and tests. Only the CLI and configs read names.
+`admm.make`) are used directly by the paper experiments and tests. Only the CLI and configs read names; where a
+module's factory takes objects for its variants, the registry's entry is a wrapper in `registry.py` that maps the
+names and flags onto them.
 """
 
 from functools import partial
 
-from bayesadmm.algorithms import (admm, bayes_admm, bregman_admm, fedavg, feddyn, fedep_nn, fedlap, fedlap_cov,
+from bayesadmm.algorithms import (admm, bayes_admm, bregman_admm, ep_registry, fedavg, feddyn, fedlap, fedlap_cov,
                                   fedlap_func, fedprox, ivon_admm, pvi, smoothing_admm)
+from bayesadmm.algorithms import registry
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate
 
 REGISTRY = {
-    "fedavg": fedavg.make,
-    "fedprox": fedprox.make,
+    "fedavg": registry.fedavg,
+    "fedprox": registry.fedprox,
     "feddyn": feddyn.make,
     "admm": admm.make_nn,
     "ama": partial(admm.make_nn, server_rho=0.0, name="ama"),
-    "fedlap": fedlap.make,
-    "fedlap-cov": fedlap_cov.make,
-    "fedlap-func": fedlap_func.make,
+    "fedlap": registry.fedlap,
+    "fedlap-cov": registry.fedlap_cov,
+    "fedlap-func": registry.fedlap_func,
     "ivon-admm": ivon_admm.make,
     "ivon-pvi": ivon_admm.make_pvi,
     "bayes-admm-iso": smoothing_admm.make,
-    "fedep": fedep_nn.make,
-    "fedsep": fedep_nn.make_fedsep,
-    "fedpa": fedep_nn.make_fedpa,
+    "fedep": ep_registry.make_fedep,
+    "fedsep": ep_registry.make_fedsep,
+    "fedpa": ep_registry.make_fedpa,
 }
 
 

@@ -33,12 +33,21 @@ delta method reproduces these iterates (App. D.1), which is only a check if the 
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
+from bayesadmm.algorithms.base import (
+    Algorithm,
+    DivergenceError,
+    Message,
+    PointEstimate,
+    ServerInfo,
+    SolveInfo,
+    merge_replies,
+)
 from bayesadmm.solvers.adam import LocalAdamProx, local_adam
 from bayesadmm.solvers.newton import ProxNewton
 
@@ -53,7 +62,10 @@ class ClientState(NamedTuple):
     theta: Tensor | None                # θ_k from the last local solve
 
 
-def make(rho: float, delta: float, solver=ProxNewton(), server_rho: float | None = None,
+_NEWTON = ProxNewton()
+
+
+def make(rho: float, delta: float, solver=_NEWTON, server_rho: float | None = None,
          name: str = "admm") -> Algorithm:
     """Federated ADMM with client proximal weight ρ, prior precision δ and server proximal weight ρ_s (default ρ).
 
@@ -79,8 +91,7 @@ def make(rho: float, delta: float, solver=ProxNewton(), server_rho: float | None
         result = solver.minimize(loss, state.dual, rho, theta_g, generator=generator)
         dual = state.dual + rho * (result.theta - theta_g)
         reply = {"theta": result.theta, "dual": dual}
-        return ClientState(dual, result.theta), reply, {"iterations": result.iterations,
-                                                         "converged": result.converged}
+        return ClientState(dual, result.theta), reply, SolveInfo(result.iterations, result.converged)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         last = merge_replies(server.replies, replies)
@@ -89,7 +100,7 @@ def make(rho: float, delta: float, solver=ProxNewton(), server_rho: float | None
         theta = (dual_sum + server_rho * theta_sum) / (delta + server_rho * len(last))
         if not torch.isfinite(theta).all():
             raise DivergenceError(f"{name}: the server parameters are not finite")
-        return ServerState(theta, last), {"clients": len(last)}
+        return ServerState(theta, last), ServerInfo(len(last))
 
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)

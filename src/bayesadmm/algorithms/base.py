@@ -5,34 +5,61 @@ An algorithm is a NamedTuple of pure functions over explicit state (in the style
     init_server(theta0)                                   -> server state
     init_client(server_state, client_id)                  -> client state
     broadcast(server_state)                               -> Message
-    client_update(client_state, message, data, generator) -> (client state, reply Message, info dict)
-    server_update(server_state, {client_id: reply})       -> (server state, info dict)
+    client_update(client_state, message, data, generator) -> (client state, reply Message, info record)
+    server_update(server_state, {client_id: reply})       -> (server state, info record)
     posterior(server_state)                               -> Posterior (Gaussian) or PointEstimate
 
-Messages are flat dicts of tensors (they map one-to-one onto a Flower ArrayRecord). Functions never mutate their
+Messages are flat dicts of tensors (they map one-to-one onto a Flower ArrayRecord). Info records are NamedTuples of
+scalars (int, float, bool or 0-d tensors) for the logs, read as `info._asdict()`: `SolveInfo`, `TrainingInfo`,
+`ServerInfo` below, an algorithm's own, or `NoInfo` when there is nothing to report. Functions never mutate their
 inputs, and all randomness comes from the generator passed to `client_update`, so sequential, parallel and
 remote execution give the same answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 Message = dict[str, Tensor]
+Info = tuple   # an info record: a NamedTuple of scalars
 
 
 class Algorithm(NamedTuple):
+    """A federated algorithm: the pure functions of the module docstring, built by a factory (`make`)."""
+
     name: str
     init_server: Callable[[Tensor], Any]
     init_client: Callable[[Any, int], Any]
     broadcast: Callable[[Any], Message]
-    client_update: Callable[[Any, Message, Any, torch.Generator], tuple[Any, Message, dict]]
-    server_update: Callable[[Any, Mapping[int, Message]], tuple[Any, dict]]
+    client_update: Callable[[Any, Message, Any, torch.Generator], tuple[Any, Message, Info]]
+    server_update: Callable[[Any, Mapping[int, Message]], tuple[Any, Info]]
     posterior: Callable[[Any], Any]
+
+
+class NoInfo(NamedTuple):
+    """Nothing to report."""
+
+
+class SolveInfo(NamedTuple):
+    """A client's local solve by a solver object (`SolveResult`, `PointResult`)."""
+
+    iterations: int                     # iterations (or optimizer steps) taken
+    converged: bool                     # tolerance met; fixed-budget solvers (IVON, Adam) report True
+
+
+class TrainingInfo(NamedTuple):
+    """A client's local training with a fixed budget of epochs (Adam)."""
+
+    iterations: int                     # optimizer steps taken
+
+
+class ServerInfo(NamedTuple):
+    clients: int                        # clients whose replies the server update counted
 
 
 @dataclass(frozen=True)
@@ -52,7 +79,7 @@ def pack(prefix: str, parts: tuple[Tensor, ...]) -> Message:
 
 
 def unpack(prefix: str, message: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
-    parts = []
+    parts: list[Tensor] = []
     while f"{prefix}.{len(parts)}" in message:
         parts.append(message[f"{prefix}.{len(parts)}"])
     if not parts:
@@ -76,26 +103,32 @@ def merge_replies(previous: Mapping[int, Any], replies: Mapping[int, Any]) -> di
 
 
 
-_WORKSPACE: dict[tuple, Tensor] = {}
 
-
-def stacked(vectors: Sequence[Tensor]) -> Tensor:
-    """`torch.stack(vectors)`, written into a buffer that this process reuses for the next stack of the same shape:
-    reduce the result (or change it in place) but do not keep it.
+class StackBuffer:
+    """`torch.stack(vectors)`, written into a buffer that this object reuses for the next stack of the same shape:
+    reduce the result (or change it in place) but do not keep it. A server makes its own in its factory, so the
+    buffer lives as long as the algorithm and nothing is shared between algorithms.
 
     For servers that reduce the replies over clients: the K × P matrix of 1000 replies of the papers' MLP is 712 MB,
     and a fresh one every round costs ~0.3 s of page faults (more on a loaded machine) for ~0.03 s of copying. Same
     operation, same shape, so the same bits as stacking into a new tensor, whatever the number of threads (blocks of
     columns would not be: torch reduces a column differently depending on where it falls in its vector groups).
     """
-    if not vectors:
-        raise ValueError("stacked needs at least one tensor")
-    first = vectors[0]
-    if any(v.requires_grad or v.dtype != first.dtype or v.shape != first.shape for v in vectors):
-        return torch.stack(list(vectors))   # what stacking into a buffer cannot do (autograd, type promotion, errors)
-    key = (len(vectors), tuple(first.shape), first.dtype, first.device)
-    buffer = _WORKSPACE.get(key)
-    if buffer is None:
-        _WORKSPACE.clear()   # one buffer at a time: the shape is fixed within a run
-        buffer = _WORKSPACE[key] = torch.empty((len(vectors), *first.shape), dtype=first.dtype, device=first.device)
-    return torch.stack(list(vectors), out=buffer)
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._buffer: Tensor | None = None     # one buffer at a time: the shape is fixed within a run
+
+    def __call__(self, vectors: Sequence[Tensor]) -> Tensor:
+        if not vectors:
+            raise ValueError("stacking needs at least one tensor")
+        first = vectors[0]
+        if any(v.requires_grad or v.dtype != first.dtype or v.shape != first.shape for v in vectors):
+            # what stacking into a buffer cannot do (autograd, type promotion, errors)
+            return torch.stack(list(vectors))
+        key = (len(vectors), tuple(first.shape), first.dtype, first.device)
+        if key != self._key:
+            self._buffer = None                 # free the old one before allocating its successor
+            self._buffer = torch.empty((len(vectors), *first.shape), dtype=first.dtype, device=first.device)
+            self._key = key
+        return torch.stack(list(vectors), out=self._buffer)

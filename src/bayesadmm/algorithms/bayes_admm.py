@@ -26,13 +26,23 @@ Special cases (all checked by tests):
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, merge_replies, pack, unpack
-from bayesadmm.families import DiagonalGaussian, FullGaussian, IsotropicGaussian, Posterior
+from bayesadmm.algorithms.base import (
+    Algorithm,
+    DivergenceError,
+    Message,
+    ServerInfo,
+    SolveInfo,
+    merge_replies,
+    pack,
+    unpack,
+)
+from bayesadmm.families import GaussianFamily, Posterior
 from bayesadmm.families import natural as nat
 
 Natural = tuple[Tensor, ...]
@@ -57,17 +67,6 @@ def natural_dual_step(family, dual: Natural, lam_k: Natural, lam_g: Natural, gam
     return nat.add_scaled(dual, gamma, nat.sub(lam_k, lam_g))
 
 
-def initial_natural(family, mean: Tensor, delta: float) -> Natural:
-    """The server's starting point: mean `mean` and the prior's precision δ (the family's own for isotropic)."""
-    if isinstance(family, IsotropicGaussian):
-        return family.from_moments(mean)
-    if isinstance(family, DiagonalGaussian):
-        return family.from_moments(mean, torch.full_like(mean, delta))
-    if isinstance(family, FullGaussian):
-        return family.from_moments(mean, delta * torch.eye(mean.shape[0], dtype=mean.dtype, device=mean.device))
-    raise TypeError(f"unknown family {family!r}")
-
-
 def client_contribution(lam_k: Natural, eta_k: Natural, server_rho: float) -> Natural:
     """η_k + ρ_s λ_k: client k's term in the server's sum (Eq. 54), all the server needs of it."""
     return nat.add_scaled(eta_k, server_rho, lam_k)
@@ -81,8 +80,9 @@ def server_natural(family, delta: float, server_rho: float, contributions: Mappi
     return nat.scale(nat.add(b, total), 1.0 / (c + server_rho * len(contributions)))
 
 
-def make(family, solver, rho: float, delta: float, gamma: float | None = None, server_rho: float | None = None,
-         dual_step: Callable = natural_dual_step, name: str = "bayes-admm") -> Algorithm:
+def make(family: GaussianFamily, solver, rho: float, delta: float, gamma: float | None = None,
+         server_rho: float | None = None, dual_step: Callable = natural_dual_step,
+         name: str = "bayes-admm") -> Algorithm:
     """BayesADMM over `family` with local `solver` (ExactQuadratic, VON, ...).
 
     rho: ρ > 0, client proximal weight (the KL term in Eq. 15). delta: prior precision δ.
@@ -96,7 +96,8 @@ def make(family, solver, rho: float, delta: float, gamma: float | None = None, s
                          f"server_rho={server_rho}, delta={delta}")
 
     def init_server(theta0: Tensor) -> ServerState:
-        return ServerState(initial_natural(family, theta0, delta), {}, 0)
+        # mean θ_0 and the prior's precision δ (the isotropic family keeps its own)
+        return ServerState(family.initial_natural(theta0, delta), {}, 0)
 
     def init_client(server: ServerState, client_id: int) -> ClientState:
         return ClientState(nat.zeros_like(server.natural), None)
@@ -111,15 +112,14 @@ def make(family, solver, rho: float, delta: float, gamma: float | None = None, s
         # The reply is the client's term of the server's sum, not λ_k and η_k apart: half the numbers to send, and
         # the arithmetic is done by the clients (in parallel) rather than by the server.
         reply = pack("contribution", client_contribution(result.natural, dual, server_rho))
-        info = {"iterations": result.iterations, "converged": result.converged}
-        return ClientState(dual, result.natural), reply, info
+        return ClientState(dual, result.natural), reply, SolveInfo(result.iterations, result.converged)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         last = merge_replies(server.replies, {k: unpack("contribution", r) for k, r in replies.items()})
         lam_g = server_natural(family, delta, server_rho, last)
         if not family.is_valid(lam_g):
             raise DivergenceError(f"{name}: the server's natural parameter is no longer a valid Gaussian")
-        return ServerState(lam_g, last, server.round + 1), {"clients": len(last)}
+        return ServerState(lam_g, last, server.round + 1), ServerInfo(len(last))
 
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)

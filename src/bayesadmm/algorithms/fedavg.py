@@ -1,12 +1,12 @@
 """FedAvg (McMahan et al. 2017) as the FedLap paper runs it (`fedlap-digest.md` §1.4, §2), in MEAN-loss units.
 
     client:  θ_k ← E epochs of Adam on ℓ̄_k(θ) = ℓ_k(θ)/N_k, starting from θ_g (fresh optimizer state each round)
-    server:  θ_g ← (1/|P|) Σ_{k∈P} θ_k                          (unweighted, Eq. 2 of the FedLap paper)
-         or  θ_g ← Σ_{k∈P} N_k θ_k / Σ_{k∈P} N_k                 (`weighted=True`, McMahan et al.'s weighting)
+    server:  θ_g ← (1/|P|) Σ_{k∈P} θ_k                          (`UnweightedMean`, Eq. 2 of the FedLap paper)
+         or  θ_g ← Σ_{k∈P} N_k θ_k / Σ_{k∈P} N_k                 (`WeightedMean`, McMahan et al.'s weighting)
 
 P is the set of clients that replied this round. Both papers write the unweighted mean (the digest's [reading]: they
 do not say whether their experiments weighted by N_k), so that is the default; every reply carries "num-examples"
-so that the weighted variant needs no extra round trip.
+so that the weighted variant needs no extra round trip. (The registry's `weighted=True` picks `WeightedMean`.)
 
 Absent clients (partial participation): the server averages the participants only, as FedAvg samples clients and
 averages the sampled ones; a stale θ_k of an absent client is a model trained from an older θ_g and would pull the
@@ -19,13 +19,26 @@ FedProx (`fedprox.py`) shares this server and these states.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, seen_clients, stacked
+from bayesadmm.algorithms.base import (
+    Algorithm,
+    DivergenceError,
+    Message,
+    PointEstimate,
+    ServerInfo,
+    StackBuffer,
+    TrainingInfo,
+    seen_clients,
+)
 from bayesadmm.solvers.adam import local_adam
+
+# θ_g from the participants' replies {client id: {"theta": θ_k, "num-examples": N_k}}
+Average = Callable[[Mapping[int, Message]], Tensor]
 
 
 class ServerState(NamedTuple):
@@ -38,21 +51,37 @@ class ClientState(NamedTuple):
     """Empty: nothing carries over between a FedAvg client's rounds (fresh Adam state, start from θ_g)."""
 
 
-def average(replies: Mapping[int, Message], weighted: bool) -> Tensor:
-    """The server's θ_g: the mean of the replies' θ_k, weighted by their "num-examples" if `weighted`.
+class UnweightedMean:
+    """θ_g = (1/|P|) Σ_{k∈P} θ_k, summed in client-id order (so the result does not depend on the order in which the
+    replies arrived). Stacks into its own reused buffer (`StackBuffer`): make one per algorithm."""
 
-    Summed in client-id order, so the result does not depend on the order in which the replies arrived.
-    """
-    ids = sorted(replies)
-    if not ids:
+    def __init__(self) -> None:
+        self.stack = StackBuffer()
+
+    def __call__(self, replies: Mapping[int, Message]) -> Tensor:
+        return self.stack(thetas_of(replies)).mean(dim=0)
+
+
+class WeightedMean:
+    """θ_g = Σ_{k∈P} N_k θ_k / Σ_{k∈P} N_k with N_k the replies' "num-examples", in client-id order. Stacks into its
+    own reused buffer (`StackBuffer`): make one per algorithm."""
+
+    def __init__(self) -> None:
+        self.stack = StackBuffer()
+
+    def __call__(self, replies: Mapping[int, Message]) -> Tensor:
+        thetas = self.stack(thetas_of(replies))   # a reused buffer: reduced below (in place), not kept
+        counts = torch.stack([replies[k]["num-examples"] for k in sorted(replies)]).to(thetas.dtype)
+        if not bool((counts > 0).all()):
+            raise ValueError(f"weighted averaging needs positive num-examples, got {counts.tolist()}")
+        return thetas.mul_(counts[:, None]).sum(dim=0) / counts.sum()   # in place: (N_k θ_k) with no second matrix
+
+
+def thetas_of(replies: Mapping[int, Message]) -> list[Tensor]:
+    """The replies' θ_k in client-id order."""
+    if not replies:
         raise ValueError("the server needs at least one reply to average")
-    thetas = stacked([replies[k]["theta"] for k in ids])   # a reused buffer: reduced below (in place), not kept
-    if not weighted:
-        return thetas.mean(dim=0)
-    counts = torch.stack([replies[k]["num-examples"] for k in ids]).to(thetas.dtype)
-    if not bool((counts > 0).all()):
-        raise ValueError(f"weighted averaging needs positive num-examples, got {counts.tolist()}")
-    return thetas.mul_(counts[:, None]).sum(dim=0) / counts.sum()   # in place: (N_k θ_k) with no second matrix
+    return [replies[k]["theta"] for k in sorted(replies)]
 
 
 def reply_for(theta: Tensor, data) -> Message:
@@ -65,7 +94,7 @@ def require_generator(name: str, generator) -> None:
         raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
 
 
-def averaging_server(name: str, weighted: bool):
+def averaging_server(name: str, average: Average):
     """init_server, broadcast, server_update and posterior of FedAvg and FedProx."""
 
     def init_server(theta0: Tensor) -> ServerState:
@@ -74,13 +103,13 @@ def averaging_server(name: str, weighted: bool):
     def broadcast(server: ServerState) -> Message:
         return {"theta": server.theta}
 
-    def server_update(server: ServerState, replies: Mapping[int, Message]):
+    def server_update(server: ServerState, replies: Mapping[int, Message]) -> tuple[ServerState, ServerInfo]:
         if not replies:
             raise ValueError(f"{name}: server_update needs at least one reply")
-        theta = average(replies, weighted)
+        theta = average(replies)
         if not bool(torch.isfinite(theta).all()):
             raise DivergenceError(f"{name}: the server parameters are not finite")
-        return ServerState(theta, seen_clients(server.clients, replies), server.round + 1), {"clients": len(replies)}
+        return ServerState(theta, seen_clients(server.clients, replies), server.round + 1), ServerInfo(len(replies))
 
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
@@ -88,14 +117,13 @@ def averaging_server(name: str, weighted: bool):
     return init_server, broadcast, server_update, posterior
 
 
-def make(*, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, weighted: bool = False,
+def make(*, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, average: Average | None = None,
          name: str = "fedavg") -> Algorithm:
     """FedAvg: `epochs` epochs of Adam (learning rate `lr`, minibatches of `batch_size`) on each client's mean loss,
-    then the (by default unweighted) mean of the participants' parameters."""
+    then `average` of the participants' parameters (default: a new `UnweightedMean`)."""
     adam = local_adam(name, lr, epochs, batch_size)
-    if not isinstance(weighted, bool):
-        raise ValueError(f"{name}: weighted must be True or False, got {weighted!r}")
-    init_server, broadcast, server_update, posterior = averaging_server(name, weighted)
+    average = UnweightedMean() if average is None else average
+    init_server, broadcast, server_update, posterior = averaging_server(name, average)
 
     def init_client(server: ServerState, client_id: int) -> ClientState:
         return ClientState()
@@ -103,6 +131,6 @@ def make(*, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, weighted: b
     def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
         require_generator(name, generator)
         theta, steps = adam.train(data, message["theta"], generator)
-        return state, reply_for(theta, data), {"iterations": steps}
+        return state, reply_for(theta, data), TrainingInfo(steps)
 
     return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)

@@ -53,12 +53,22 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, seen_clients, stacked
+from bayesadmm.algorithms.base import (
+    Algorithm,
+    DivergenceError,
+    Message,
+    PointEstimate,
+    ServerInfo,
+    StackBuffer,
+    TrainingInfo,
+    seen_clients,
+)
 from bayesadmm.solvers.adam import local_adam
 
 
@@ -86,6 +96,7 @@ def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, b
     if problems:
         raise ValueError(f"{name}: " + "; ".join(problems))
     alpha, num_clients = float(alpha), int(num_clients)
+    stack = StackBuffer()   # the server's, reused every round
 
     def init_server(theta0: Tensor) -> ServerState:
         return ServerState(theta0, torch.zeros_like(theta0), (), 0)
@@ -103,7 +114,7 @@ def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, b
         theta, steps = adam.train(data, theta_g, generator, linear=-state.grad, prox_weight=alpha,
                                   prox_center=theta_g)
         grad = state.grad - alpha * (theta - theta_g)
-        return ClientState(grad), {"theta": theta}, {"iterations": steps}
+        return ClientState(grad), {"theta": theta}, TrainingInfo(steps)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         if not replies:
@@ -111,14 +122,14 @@ def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, b
         last = seen_clients(server.clients, replies)
         if len(last) > num_clients:
             raise ValueError(f"{name}: {len(last)} distinct clients have replied but num_clients={num_clients}")
-        thetas = stacked([replies[k]["theta"] for k in sorted(replies)])   # a reused buffer, changed in place below
+        thetas = stack([replies[k]["theta"] for k in sorted(replies)])   # a reused buffer, changed in place below
         mean = thetas.mean(dim=0)
         drift = thetas.sub_(server.theta).sum(dim=0)   # Σ_k (θ_k − θ_g) without a second K × P matrix
         h = server.h - (alpha / num_clients) * drift
         theta = mean - h / alpha
         if not bool(torch.isfinite(theta).all()):
             raise DivergenceError(f"{name}: the server parameters are not finite")
-        return ServerState(theta, h, last, server.round + 1), {"clients": len(replies)}
+        return ServerState(theta, h, last, server.round + 1), ServerInfo(len(replies))
 
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)

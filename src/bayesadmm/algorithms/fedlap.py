@@ -19,9 +19,10 @@ Fixed point (digest §1.7): w_k = w_g = w*, ṽ_k = −∇ℓ̄_k(w*) and Σ_k �
 the summed loss (FedDyn and FedADMM target δ = 0). With ρ_k = 1 the dual equals −∇ℓ̄_k(w_k) after every client step;
 for ρ_k < 1 the client's stationarity gives ṽ_k^new + (1 − ρ_k)(δ/N_k)(w_k − w_g) = −∇ℓ̄_k(w_k) (both tested).
 
-Damping ρ: `rho="size"` is ρ_k = N_k/N, the paper's App. E choice for FedLap; a number is one ρ for every client
-(§3.2 says 1/K; the two agree for equal client sizes). The factory needs `client_sizes` in both cases (for N and for
-the initialisation below), and checks each client's data against it.
+Damping ρ (a `Damping`, which gives every client its ρ_k once, at construction): `SizeDamping()` is ρ_k = N_k/N, the
+paper's App. E choice for FedLap (the registry's `rho="size"`); `ConstantDamping(ρ)` is one ρ for every client (§3.2
+says 1/K; the two agree for equal client sizes). The factory needs `client_sizes` in both cases (for N and for the
+initialisation below), and checks each client's data against it.
 
 Initialisation (the paper does not state it). The Bayes-consistent start is ṽ_k = 0 and w_g = Σ_k (N_k/δ)ṽ_k = 0
 (q_g = π_0), but a network cannot be trained from all-zero weights. Broadcasting a random θ_0 with ṽ_k = 0 instead
@@ -45,12 +46,22 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
+from bayesadmm.algorithms.base import (
+    Algorithm,
+    DivergenceError,
+    Message,
+    PointEstimate,
+    ServerInfo,
+    TrainingInfo,
+    merge_replies,
+)
 from bayesadmm.solvers.adam import local_adam
 
 
@@ -66,36 +77,101 @@ class ClientState(NamedTuple):
     theta: Tensor | None                # w_k from the last local solve
 
 
+# --- damping: every client's ρ_k ----------------------------------------------------------------------------------
+
+
+class Damping(Protocol):
+    def per_client(self, sizes: Mapping[int, int]) -> dict[int, float]:
+        """ρ_k ∈ (0, 1] of every client, from the clients' sizes N_k."""
+
+
+@dataclass(frozen=True)
+class SizeDamping:
+    """ρ_k = N_k/N, the FedLap paper's choice (App. E)."""
+
+    def per_client(self, sizes: Mapping[int, int]) -> dict[int, float]:
+        total = sum(sizes.values())
+        return {k: n / total for k, n in sizes.items()}
+
+
+@dataclass(frozen=True)
+class ConstantDamping:
+    """One ρ ∈ (0, 1] for every client (§3.2 of the FedLap paper: 1/K)."""
+
+    rho: float
+
+    def __post_init__(self) -> None:
+        if not _is_real(self.rho) or not 0 < self.rho <= 1:
+            raise ValueError(f"rho must be a number in (0, 1], got {self.rho!r}")
+
+    def per_client(self, sizes: Mapping[int, int]) -> dict[int, float]:
+        return {k: float(self.rho) for k in sizes}
+
+
 def _is_real(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _check_sizes(client_sizes) -> dict[int, int]:
+# --- what FedLap-Func shares: the sizes, the initial sites and the server's site sum --------------------------------
+
+
+def client_sizes_of(client_sizes, name: str) -> dict[int, int]:
+    """{client id: N_k} as ints, or ValueError naming the algorithm."""
     if client_sizes is None:
-        raise ValueError("FedLap needs client_sizes (client id -> number of examples N_k)")
+        raise ValueError(f"{name} needs client_sizes (client id -> number of examples N_k)")
     sizes = {int(k): int(n) for k, n in client_sizes.items()}
     if not sizes or any(n <= 0 for n in sizes.values()):
-        raise ValueError(f"client_sizes must be a non-empty mapping to positive sizes, got {client_sizes!r}")
+        raise ValueError(f"{name}: client_sizes must be a non-empty mapping to positive sizes, got {client_sizes!r}")
     return sizes
 
 
-def make(*, delta: float, lr: float, client_sizes: Mapping[int, int], rho: float | str = "size", epochs: int = 1,
+def damping_of(rho: Damping, sizes: Mapping[int, int], name: str) -> dict[int, float]:
+    """Every client's ρ_k, checked to lie in (0, 1]."""
+    rhos = rho.per_client(sizes)
+    bad = {k: r for k, r in rhos.items() if not (_is_real(r) and 0 < r <= 1)}
+    if bad or set(rhos) != set(sizes):
+        raise ValueError(f"{name}: rho must give every client a number in (0, 1], got {rhos!r}")
+    return rhos
+
+
+def site_sum(sizes: Mapping[int, int], delta: float, theta0: Tensor, last: Mapping[int, Message]) -> Tensor:
+    """Σ_k v_k = Σ_k (N_k/δ) ṽ_k over every client in client-id order, a client that has not replied yet counting with
+    its initial site (its share (N_k/N) θ_0)."""
+    total = sum(sizes.values())
+    theta = torch.zeros_like(theta0)
+    for k in sorted(sizes):
+        if k in last:
+            theta = theta + (sizes[k] / delta) * last[k]["dual"]        # (N_k/δ) ṽ_k = v_k
+        else:
+            theta = theta + (sizes[k] / total) * theta0                 # its initial site
+    return theta
+
+
+def check_client(name: str, sizes: Mapping[int, int], client_id: int, data) -> None:
+    n = data.num_examples
+    if n != sizes[client_id]:
+        raise ValueError(f"{name}: client {client_id} has {n} examples but client_sizes says {sizes[client_id]}")
+
+
+def check_known(name: str, sizes: Mapping[int, int], replies: Mapping[int, Message]) -> None:
+    unknown = sorted(set(replies) - set(sizes))
+    if unknown:
+        raise KeyError(f"{name}: replies from clients {unknown} that are not in client_sizes")
+
+
+# --- the algorithm ------------------------------------------------------------------------------------------------
+
+
+def make(*, delta: float, lr: float, client_sizes: Mapping[int, int], rho: Damping = SizeDamping(), epochs: int = 1,
          batch_size: int = 32, name: str = "fedlap") -> Algorithm:
-    """FedLap with prior precision (global weight decay) δ, damping ρ ("size": ρ_k = N_k/N, or a number in (0, 1]),
-    and local Adam (lr, epochs, batch_size)."""
-    sizes = _check_sizes(client_sizes)
+    """FedLap with prior precision (global weight decay) δ, damping ρ (`SizeDamping()`: ρ_k = N_k/N, or
+    `ConstantDamping(ρ)`), and local Adam (lr, epochs, batch_size)."""
+    sizes = client_sizes_of(client_sizes, name)
     total = sum(sizes.values())
     solver = local_adam(name, lr, epochs, batch_size)
-    problems = []
     if not _is_real(delta) or not delta > 0:
-        problems.append(f"delta must be a finite number > 0, got {delta!r}")
-    if rho != "size" and (not _is_real(rho) or not 0 < rho <= 1):
-        problems.append(f"rho must be 'size' or a number in (0, 1], got {rho!r}")
-    if problems:
-        raise ValueError(f"{name}: " + "; ".join(problems))
-
-    def rho_for(client_id: int) -> float:
-        return sizes[client_id] / total if rho == "size" else float(rho)
+        raise ValueError(f"{name}: delta must be a finite number > 0, got {delta!r}")
+    rhos = damping_of(rho, sizes, name)
 
     def init_server(theta0: Tensor) -> ServerState:
         return ServerState(theta0, theta0, {})
@@ -111,32 +187,22 @@ def make(*, delta: float, lr: float, client_sizes: Mapping[int, int], rho: float
     def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
         if generator is None:
             raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
-        n = data.num_examples
-        if n != sizes[state.client_id]:
-            raise ValueError(f"{name}: client {state.client_id} has {n} examples but client_sizes says "
-                             f"{sizes[state.client_id]}")
+        check_client(name, sizes, state.client_id, data)
         theta_g = message["theta"]
-        prox = delta / n
+        prox = delta / data.num_examples
         theta, steps = solver.train(data, theta_g, generator, linear=state.dual, prox_weight=prox,
                                     prox_center=theta_g)
-        dual = state.dual + rho_for(state.client_id) * prox * (theta - theta_g)
+        dual = state.dual + rhos[state.client_id] * prox * (theta - theta_g)
         reply = {"theta": theta, "dual": dual}
-        return ClientState(state.client_id, dual, theta), reply, {"iterations": steps}
+        return ClientState(state.client_id, dual, theta), reply, TrainingInfo(steps)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
-        unknown = sorted(set(replies) - set(sizes))
-        if unknown:
-            raise KeyError(f"{name}: replies from clients {unknown} that are not in client_sizes")
+        check_known(name, sizes, replies)
         last = merge_replies(server.replies, replies)
-        theta = torch.zeros_like(server.theta0)
-        for k in sorted(sizes):
-            if k in last:
-                theta = theta + (sizes[k] / delta) * last[k]["dual"]        # (N_k/δ) ṽ_k = v_k
-            else:
-                theta = theta + (sizes[k] / total) * server.theta0          # its initial site
+        theta = site_sum(sizes, delta, server.theta0, last)
         if not torch.isfinite(theta).all():
             raise DivergenceError(f"{name}: the server parameters are not finite")
-        return ServerState(theta, server.theta0, last), {"clients": len(last)}
+        return ServerState(theta, server.theta0, last), ServerInfo(len(last))
 
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)

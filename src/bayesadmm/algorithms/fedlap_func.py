@@ -27,7 +27,7 @@ Implementation choices (none stated by the paper unless cited):
   dozen points) are evaluated in full at every minibatch step by wrapping the client's data, so their gradient is
   exact. Initial sites, ρ and `client_sizes` are also fedlap.py's: ṽ_k⁽⁰⁾ = δθ_0/N, so Σ_k v_k⁽⁰⁾ = θ_0 = w_g⁽⁰⁾ and
   the first server step does not forget θ_0; a client that has not replied counts with its initial site; ρ_k = N_k/N
-  (`rho="size"`, App. E) or one number in (0, 1].
+  (`fedlap.SizeDamping()`, the registry's `rho="size"`, App. E) or one number in (0, 1] (`fedlap.ConstantDamping`).
 - Memory. At its first update each client picks `points_per_class` random inputs of every class it holds (fewer if
   it holds fewer), with the generator, after local training so that the minibatch stream is FedLap's; the memory is
   then fixed. τ_i = τ_f N_{k,c}/M_{k,c} (App. E), so Σ_{i∈M_k} τ_i = τ_f N_k: at τ_f = 1 the memory stands for the
@@ -38,7 +38,7 @@ Implementation choices (none stated by the paper unless cited):
 - Server. Adam (fresh state) on the summed-units server objective above, full batch over all memories,
   `server_iterations` steps at `server_lr` from the previous w_g (FMNIST in the paper: 5000 steps at 1e-3; MNIST 3000
   at 5e-4; CIFAR10 500 at 5e-4). It needs the model to evaluate f_w, hence the `model` argument. It is deterministic,
-  so it needs no generator; `info["grad_norm"]` reports how far from stationary it stopped.
+  so it needs no generator; the server's `ServerInfo.grad_norm` reports how far from stationary it stopped.
 
 Privacy. A memory point is a raw training input, sent to the server and rebroadcast to every other client (each
 client's objective needs all memories), so every participant sees K·C·points_per_class real examples; the paper admits
@@ -61,8 +61,9 @@ Compute: clients O((N_k + M)·P·E), the server O(M·P·server_iterations) inste
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -70,6 +71,15 @@ from torch.nn import functional as F
 
 from bayesadmm import rng
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
+from bayesadmm.algorithms.fedlap import (
+    Damping,
+    SizeDamping,
+    check_client,
+    check_known,
+    client_sizes_of,
+    damping_of,
+    site_sum,
+)
 from bayesadmm.solvers.adam import local_adam
 
 MEMORY_KEYS = ("memory.x", "memory.soft", "memory.tau")
@@ -88,6 +98,17 @@ class ClientState(NamedTuple):
     memory_tau: Tensor | None           # τ_i
     memory_soft: Tensor | None          # ŷ_i from the latest w_k (what the server holds for this client)
     theta: Tensor | None                # w_k from the last local training
+
+
+class ClientInfo(NamedTuple):
+    iterations: int                     # local Adam steps
+    memory_terms: int                   # function-space terms in the client's objective (0: a FedLap round)
+
+
+class ServerInfo(NamedTuple):
+    clients: int                        # clients whose last reply the server counted
+    memory: int                         # memory points the server problem fitted (0: FedLap's closed form)
+    grad_norm: float                    # ‖∇‖ of the server objective where its Adam stopped (0.0 for the closed form)
 
 
 class Memory(NamedTuple):
@@ -129,8 +150,8 @@ def select_memory(y: Tensor, points_per_class: int, tau_f: float,
 class WithMemory:
     """A client's data whose minibatch loss also carries the (already 1/N_k-scaled, signed) memory terms in full."""
 
-    data: object
-    model: object
+    data: Any
+    model: Any
     memory: Memory
 
     @property
@@ -146,7 +167,8 @@ def server_memory(replies: Mapping[int, Message]) -> tuple[Tensor, Tensor, Tenso
     parts = [r for r in replies.values() if "memory.x" in r and r["memory.x"].shape[0] > 0]
     if not parts:
         return None
-    return tuple(torch.cat([r[key] for r in parts]) for key in MEMORY_KEYS)
+    x, soft, tau = (torch.cat([r[key] for r in parts]) for key in MEMORY_KEYS)
+    return x, soft, tau
 
 
 def client_function_terms(state: ClientState, message: Message, n: int) -> Memory | None:
@@ -155,12 +177,12 @@ def client_function_terms(state: ClientState, message: Message, n: int) -> Memor
     parts = []
     if "memory.x" in message:
         parts.append(Memory(message["memory.x"], message["memory.soft"], message["memory.tau"] / n))
-    if state.memory_soft is not None:
+    if state.memory_x is not None and state.memory_soft is not None and state.memory_tau is not None:
         parts.append(Memory(state.memory_x, state.memory_soft, -state.memory_tau / n))
     parts = [p for p in parts if bool((p.weight != 0).any())]
     if not parts:
         return None
-    return Memory(*(torch.cat(tensors) for tensors in zip(*parts)))
+    return Memory(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
 
 
 def minimize_server(model, start: Tensor, dual_sum: Tensor, delta: float, memory: Memory | None,
@@ -193,37 +215,33 @@ def _fused_adam_supported(w: Tensor) -> bool:
     return w.device.type in ("cpu", "cuda") and w.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+_BY_SIZE = SizeDamping()
+
+
 def make(*, model, delta: float, lr: float, client_sizes: Mapping[int, int], tau_f: float = 1.0,
-         rho: float | str = "size", epochs: int = 1, batch_size: int = 32, points_per_class: int = 1,
+         rho: Damping = _BY_SIZE, epochs: int = 1, batch_size: int = 32, points_per_class: int = 1,
          server_iterations: int = 5000, server_lr: float = 1e-3, name: str = "fedlap-func") -> Algorithm:
-    """FedLap-Func with prior precision δ, function-space weight τ_f, damping ρ ("size": ρ_k = N_k/N, or a number in
-    (0, 1]), local Adam (lr, epochs, batch_size) and a server Adam (server_iterations, server_lr).
+    """FedLap-Func with prior precision δ, function-space weight τ_f, damping ρ (`fedlap.SizeDamping()`: ρ_k = N_k/N,
+    or `fedlap.ConstantDamping(ρ)`), local Adam (lr, epochs, batch_size) and a server Adam (server_iterations,
+    server_lr).
 
     `model` is the FlatModel f_w: the server evaluates it on the memories.
     """
-    if client_sizes is None:
-        raise ValueError(f"{name} needs client_sizes (client id -> number of examples N_k)")
-    sizes = {int(k): int(n) for k, n in client_sizes.items()}
+    sizes = client_sizes_of(client_sizes, name)
     problems = []
-    if not sizes or min(sizes.values()) <= 0:
-        problems.append(f"client_sizes must be a non-empty mapping to positive sizes, got {client_sizes!r}")
     if not (math.isfinite(delta) and delta > 0):
         problems.append(f"delta must be > 0, got {delta}")
     if not (math.isfinite(tau_f) and tau_f >= 0):
         problems.append(f"tau_f must be >= 0, got {tau_f}")
-    if rho != "size" and (isinstance(rho, str) or not 0 < rho <= 1):
-        problems.append(f"rho must be 'size' or a number in (0, 1], got {rho!r}")
     if points_per_class < 0:
         problems.append(f"points_per_class must be >= 0, got {points_per_class}")
     if server_iterations < 0 or server_lr <= 0:
         problems.append(f"need server_iterations >= 0 and server_lr > 0, got {server_iterations}, {server_lr}")
     if problems:
         raise ValueError(f"{name}: " + "; ".join(problems))
+    rhos = damping_of(rho, sizes, name)
     solver = local_adam(name, lr, epochs, batch_size)
     total = sum(sizes.values())
-
-    def rho_for(client_id: int) -> float:
-        return sizes[client_id] / total if rho == "size" else float(rho)
 
     def init_server(theta0: Tensor) -> ServerState:
         return ServerState(theta0, theta0, {})
@@ -242,17 +260,15 @@ def make(*, model, delta: float, lr: float, client_sizes: Mapping[int, int], tau
         return message
 
     def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
+        check_client(name, sizes, state.client_id, data)
         n = data.num_examples
-        if n != sizes[state.client_id]:
-            raise ValueError(f"{name}: client {state.client_id} has {n} examples but client_sizes says "
-                             f"{sizes[state.client_id]}")
         theta_g = message["theta"]
         memory = client_function_terms(state, message, n)
         objective = data if memory is None else WithMemory(data, model, memory)
         prox = delta / n
         theta, steps = solver.train(objective, theta_g, generator, linear=state.dual, prox_weight=prox,
                                     prox_center=theta_g)
-        dual = state.dual + rho_for(state.client_id) * prox * (theta - theta_g)
+        dual = state.dual + rhos[state.client_id] * prox * (theta - theta_g)
         memory_x, memory_tau = state.memory_x, state.memory_tau
         if memory_x is None and points_per_class > 0:
             idx, memory_tau = select_memory(data.y, points_per_class, tau_f, generator)
@@ -261,28 +277,21 @@ def make(*, model, delta: float, lr: float, client_sizes: Mapping[int, int], tau
         if memory_x is not None:
             soft = predict(model, theta, memory_x)
             reply.update({"memory.x": memory_x, "memory.soft": soft, "memory.tau": memory_tau})
-        info = {"iterations": steps, "memory_terms": 0 if memory is None else len(memory.weight)}
+        info = ClientInfo(steps, 0 if memory is None else len(memory.weight))
         return ClientState(state.client_id, dual, memory_x, memory_tau, soft, theta), reply, info
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
-        unknown = sorted(set(replies) - set(sizes))
-        if unknown:
-            raise KeyError(f"{name}: replies from clients {unknown} that are not in client_sizes")
+        check_known(name, sizes, replies)
         last = merge_replies(server.replies, replies)
-        dual_sum = torch.zeros_like(server.theta0)                          # Σ_k v_k
-        for k in sorted(sizes):
-            if k in last:
-                dual_sum = dual_sum + (sizes[k] / delta) * last[k]["dual"]   # (N_k/δ) ṽ_k = v_k
-            else:
-                dual_sum = dual_sum + (sizes[k] / total) * server.theta0     # its initial site
+        dual_sum = site_sum(sizes, delta, server.theta0, last)              # Σ_k v_k
         memory = server_memory(last)
         if memory is not None and bool((memory[2] != 0).any()):
             theta, gradient = minimize_server(model, server.theta, dual_sum, delta, Memory(*memory),
                                               server_iterations, server_lr)
-            info = {"clients": len(last), "memory": len(memory[2]), "grad_norm": float(gradient.norm())}
+            info = ServerInfo(len(last), len(memory[2]), float(gradient.norm()))
         else:
             theta = dual_sum                                                # FedLap's closed form
-            info = {"clients": len(last), "memory": 0, "grad_norm": 0.0}
+            info = ServerInfo(len(last), 0, 0.0)
         if not torch.isfinite(theta).all():
             raise DivergenceError(f"{name}: the server parameters are not finite")
         return ServerState(theta, server.theta0, last), info

@@ -1,7 +1,7 @@
 """FedProx (Li et al. 2020) as the FedLap paper runs it (`fedlap-digest.md` §1.3), in MEAN-loss units.
 
     client:  θ_k ← E epochs of Adam on  ℓ̄_k(θ) + μ/2 ‖θ − θ_g‖²,  starting from θ_g (fresh optimizer state)
-    server:  θ_g ← (1/|P|) Σ_{k∈P} θ_k      (or N_k-weighted with `weighted=True`; FedAvg's server, `fedavg.py`)
+    server:  θ_g ← (1/|P|) Σ_{k∈P} θ_k      (or N_k-weighted, `fedavg.WeightedMean`; FedAvg's server, `fedavg.py`)
 
 This is the FedLap paper's Eq. 2 with v_k ≡ 0; μ is the paper's α. The proximal term is the SQUARED norm ½μ‖·‖²
 (its gradient μ(θ − θ_g) is added to each minibatch gradient of the mean loss): the authors' code used the
@@ -18,23 +18,30 @@ import numbers
 
 import torch
 
-from bayesadmm.algorithms.base import Algorithm, Message
-from bayesadmm.algorithms.fedavg import ClientState, ServerState, averaging_server, reply_for, require_generator
+from bayesadmm.algorithms.base import Algorithm, Message, TrainingInfo
+from bayesadmm.algorithms.fedavg import (
+    Average,
+    ClientState,
+    ServerState,
+    UnweightedMean,
+    averaging_server,
+    reply_for,
+    require_generator,
+)
 from bayesadmm.solvers.adam import local_adam
 
-__all__ = ["make", "ClientState", "ServerState"]
+__all__ = ["ClientState", "ServerState", "make"]
 
 
-def make(*, mu: float, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, weighted: bool = False,
+def make(*, mu: float, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, average: Average | None = None,
          name: str = "fedprox") -> Algorithm:
     """FedProx with proximal weight μ ≥ 0 (the FedLap paper's α) on the mean loss; the rest as `fedavg.make`."""
     adam = local_adam(name, lr, epochs, batch_size)
     if isinstance(mu, bool) or not isinstance(mu, numbers.Real) or not math.isfinite(mu) or mu < 0:
         raise ValueError(f"{name}: mu must be a finite number >= 0, got {mu!r}")
-    if not isinstance(weighted, bool):
-        raise ValueError(f"{name}: weighted must be True or False, got {weighted!r}")
     mu = float(mu)
-    init_server, broadcast, server_update, posterior = averaging_server(name, weighted)
+    average = UnweightedMean() if average is None else average
+    init_server, broadcast, server_update, posterior = averaging_server(name, average)
 
     def init_client(server: ServerState, client_id: int) -> ClientState:
         return ClientState()
@@ -43,6 +50,6 @@ def make(*, mu: float, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, 
         require_generator(name, generator)
         theta_g = message["theta"]
         theta, steps = adam.train(data, theta_g, generator, prox_weight=mu, prox_center=theta_g)
-        return state, reply_for(theta, data), {"iterations": steps}
+        return state, reply_for(theta, data), TrainingInfo(steps)
 
     return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)

@@ -12,12 +12,13 @@ no server proximal term (α = 1) is the same algorithm; a test checks the iterat
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, pack, unpack
+from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, ServerInfo, SolveInfo, pack, unpack
 from bayesadmm.families import Posterior
 from bayesadmm.families import natural as nat
 
@@ -56,14 +57,14 @@ def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") 
         result = solver.solve(family, loss, lam_g, state.site, 1.0, generator)
         change = nat.scale(nat.sub(result.natural, lam_g), damping)
         return (ClientState(nat.add(state.site, change)), pack("site_change", change),
-                {"iterations": result.iterations, "converged": result.converged})
+                SolveInfo(result.iterations, result.converged))
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         changes = [unpack("site_change", replies[k]) for k in sorted(replies)]
         lam_g = nat.add(server.natural, nat.total(changes))
         if not family.is_valid(lam_g):
             raise DivergenceError(f"{name}: q_g is no longer a valid Gaussian (undamped PVI can diverge)")
-        return ServerState(lam_g), {"clients": len(replies)}
+        return ServerState(lam_g), ServerInfo(len(replies))
 
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)

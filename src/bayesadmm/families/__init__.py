@@ -12,12 +12,12 @@ from .gaussian import (
 from .natural import Natural
 
 __all__ = [
-    "natural",
-    "Natural",
-    "GaussianFamily",
-    "IsotropicGaussian",
     "DiagonalGaussian",
     "FullGaussian",
+    "GaussianFamily",
+    "IsotropicGaussian",
+    "Natural",
     "Posterior",
     "make_family",
+    "natural",
 ]

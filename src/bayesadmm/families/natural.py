@@ -19,6 +19,7 @@ because silently broadcasting a dual variable is almost always a bug.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -28,18 +29,18 @@ Natural = tuple[Tensor, ...]
 __all__ = [
     "Natural",
     "add",
-    "sub",
-    "scale",
     "add_scaled",
-    "lincomb",
-    "total",
-    "mean",
-    "inner",
-    "norm",
-    "zeros_like",
     "allclose",
     "flatten",
+    "inner",
+    "lincomb",
+    "mean",
+    "norm",
+    "scale",
+    "sub",
+    "total",
     "unflatten",
+    "zeros_like",
 ]
 
 
@@ -48,7 +49,7 @@ def _check_compatible(a: Natural, b: Natural) -> None:
         raise ValueError(
             f"parameter tuples have different lengths: {len(a)} and {len(b)}"
         )
-    for k, (x, y) in enumerate(zip(a, b)):
+    for k, (x, y) in enumerate(zip(a, b, strict=True)):
         if x.shape != y.shape:
             raise ValueError(
                 f"component {k} has mismatched shapes: {tuple(x.shape)} and {tuple(y.shape)}"
@@ -63,13 +64,13 @@ def _check_scalar(c: float | Tensor) -> None:
 def add(a: Natural, b: Natural) -> Natural:
     """Componentwise ``a + b``."""
     _check_compatible(a, b)
-    return tuple(x + y for x, y in zip(a, b))
+    return tuple(x + y for x, y in zip(a, b, strict=True))
 
 
 def sub(a: Natural, b: Natural) -> Natural:
     """Componentwise ``a - b``."""
     _check_compatible(a, b)
-    return tuple(x - y for x, y in zip(a, b))
+    return tuple(x - y for x, y in zip(a, b, strict=True))
 
 
 def scale(a: Natural, c: float | Tensor) -> Natural:
@@ -87,7 +88,7 @@ def add_scaled(a: Natural, c: float | Tensor, b: Natural) -> Natural:
     """
     _check_compatible(a, b)
     _check_scalar(c)
-    return tuple(_add_into(torch.mul(y, c), x) for x, y in zip(a, b))
+    return tuple(_add_into(torch.mul(y, c), x) for x, y in zip(a, b, strict=True))
 
 
 def _add_into(acc: Tensor, x: Tensor) -> Tensor:
@@ -118,7 +119,7 @@ def total(items: Iterable[Natural]) -> Natural:
         _check_compatible(items[0], a)
     result = tuple(x.clone() for x in items[0])
     for a in items[1:]:
-        result = tuple(_add_into(acc, x) for acc, x in zip(result, a))
+        result = tuple(_add_into(acc, x) for acc, x in zip(result, a, strict=True))
     return result
 
 
@@ -131,7 +132,7 @@ def mean(items: Iterable[Natural]) -> Natural:
 def inner(a: Natural, b: Natural) -> Tensor:
     """``Σ_k <a_k, b_k>_F`` as a 0-dim tensor."""
     _check_compatible(a, b)
-    return sum((x * y).sum() for x, y in zip(a, b))
+    return cast(Tensor, sum((x * y).sum() for x, y in zip(a, b, strict=True)))
 
 
 def norm(a: Natural) -> Tensor:
@@ -147,7 +148,7 @@ def zeros_like(a: Natural) -> Natural:
 def allclose(a: Natural, b: Natural, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
     """``torch.allclose`` applied to every component."""
     _check_compatible(a, b)
-    return all(torch.allclose(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b))
+    return all(torch.allclose(x, y, rtol=rtol, atol=atol) for x, y in zip(a, b, strict=True))
 
 
 def flatten(a: Natural) -> Tensor:
@@ -164,4 +165,4 @@ def unflatten(vec: Tensor, like: Sequence[Tensor]) -> Natural:
         raise ValueError(
             f"vector has {vec.numel()} entries but the layout needs {sum(sizes)}"
         )
-    return tuple(chunk.reshape(x.shape) for chunk, x in zip(torch.split(vec, sizes), like))
+    return tuple(chunk.reshape(x.shape) for chunk, x in zip(torch.split(vec, sizes), like, strict=True))

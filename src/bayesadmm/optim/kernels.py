@@ -21,17 +21,24 @@ recompile for every new learning rate), and every per-coordinate quantity is a f
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import warnings
-from typing import Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from bayesadmm import rng
 
-__all__ = ["sample_step", "update_step", "update_and_sample_step", "update_step_", "update_and_sample_step_", "fused",
-           "compile_enabled"]
+__all__ = ["compile_enabled", "fused", "sample_step", "update_and_sample_step", "update_and_sample_step_",
+           "update_step", "update_step_"]
+
+# dtype × sample count 1 or more × scalar or vector lr: up to 8 variants per kernel, torch's default recompile limit,
+# after which it would stop compiling. The kernels get a limit of their own instead; torch's global setting is left
+# as it is.
+RECOMPILE_LIMIT = 16
 
 
 def compile_enabled() -> bool:
@@ -46,15 +53,7 @@ def fused(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def run(*args):
         if "impl" not in state:
-            if compile_enabled():
-                # dtype × sample count 1 or more × scalar or vector lr: up to 8 variants per kernel, torch's default
-                # limit, after which it would stop compiling
-                torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
-                # (not options={"size_asserts": False}: it would save ~18 µs per call, but torch 2.13 then caches
-                # nothing on disk and every process compiles each kernel afresh, ~40 s apiece here)
-                state["impl"] = torch.compile(fn, dynamic=True, fullgraph=True)
-            else:
-                state["impl"] = fn
+            state["impl"] = _compiled(fn) if compile_enabled() else fn
         if state["impl"] is fn:
             return fn(*args)
         try:
@@ -65,8 +64,50 @@ def fused(fn: Callable) -> Callable:
             state["impl"] = fn
             return fn(*args)
 
-    run.eager = fn   # the uncompiled function, for tests and debugging
+    run.eager = fn  # type: ignore[attr-defined]   # the uncompiled function, for tests and debugging
     return run
+
+
+def _compiled(fn: Callable) -> Callable:
+    """torch.compile(fn) allowed `RECOMPILE_LIMIT` variants.
+
+    (Not options={"size_asserts": False}: it would save ~18 µs per call, but torch 2.13 then caches nothing on disk
+    and every process compiles each kernel afresh, ~40 s apiece here. The recompile limit is not part of the cache
+    key.)
+    """
+    if "recompile_limit" in inspect.signature(torch.compile).parameters:
+        limit: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT}   # (torch's typed overloads do not list it)
+        return torch.compile(fn, dynamic=True, fullgraph=True, **limit)
+    return _compiled_with_scoped_limit(fn)
+
+
+def _compiled_with_scoped_limit(fn: Callable) -> Callable:
+    """For a torch whose torch.compile takes no recompile limit: the global one is raised only while a call that may
+    compile runs, i.e. the first call of every variant (the variants already run are tracked here, so later calls
+    pay only for the lookup)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"   # its older name
+    compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+    seen: set[tuple] = set()
+
+    @functools.wraps(fn)
+    def run(*args):
+        key = _variant(args)
+        if key in seen:
+            return compiled(*args)
+        with config.patch(**{name: max(getattr(config, name), RECOMPILE_LIMIT)}):
+            result = compiled(*args)
+        seen.add(key)
+        return result
+
+    return run
+
+
+def _variant(args: tuple) -> tuple:
+    """What tells the compiled variants apart: each tensor's dtype, device and shape with the sizes above 1 merged
+    (dynamic shapes specialise only on 0 and 1), and the other arguments' values."""
+    return tuple((a.dtype, a.device, tuple(min(size, 2) for size in a.shape)) if isinstance(a, Tensor) else a
+                 for a in args)
 
 
 @fused
@@ -105,7 +146,7 @@ def update_and_sample_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: 
     """`update_step`, then `sample_step` from its result: (m, h, g, θ, ε). One loop once compiled."""
     new_mean, new_hess, new_momentum = update_step(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess,
                                                    beta1, beta2, debias, clip_radius)
-    thetas, new_eps = sample_step.eager(new_mean, new_hess, delta, ess, key, mc_samples)
+    thetas, new_eps = sample_step.eager(new_mean, new_hess, delta, ess, key, mc_samples)  # type: ignore[attr-defined]
     return new_mean, new_hess, new_momentum, thetas, new_eps
 
 
@@ -126,7 +167,7 @@ def update_step_(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, ep
     """`update_step` with the new (m, h, g) written into mean, hess and momentum."""
     new = update_step(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias,
                       clip_radius)
-    for state, value in zip((mean, hess, momentum), new):
+    for state, value in zip((mean, hess, momentum), new, strict=True):
         state.copy_(value)
 
 
@@ -138,6 +179,6 @@ def update_and_sample_step_(mean: Tensor, hess: Tensor, momentum: Tensor, grads:
     """`update_and_sample_step` with the new (m, h, g) written into mean, hess and momentum: returns (θ, ε)."""
     *new, thetas, new_eps = update_and_sample_step(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess,
                                                    beta1, beta2, debias, clip_radius, key, mc_samples)
-    for state, value in zip((mean, hess, momentum), new):
+    for state, value in zip((mean, hess, momentum), new, strict=True):
         state.copy_(value)
     return thetas, new_eps

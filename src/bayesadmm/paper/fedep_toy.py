@@ -21,10 +21,12 @@ from pathlib import Path
 
 import torch
 
-from bayesadmm.algorithms import fedep
+from bayesadmm.algorithms import fedep, fedpa
+from bayesadmm.algorithms.base import DivergenceError
 from bayesadmm.engine.simulate import run_rounds
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.paper.common import format_table, write_json
+from bayesadmm.solvers.ep_inference import ExactGaussian, GaussianLikelihood
 
 NU, LAMBDA, DIM = 7, 0.2, 2
 PAPER = {"fedavg": (0.54, 0.47), "fedpa": (0.26, 0.26), "fedep": (1.1e-7, 9.8e-8)}
@@ -39,14 +41,14 @@ def random_spd(generator: torch.Generator, dim: int = DIM) -> torch.Tensor:
     return q @ torch.diag(1.0 + torch.rand(dim, generator=generator, dtype=torch.float64)) @ q.T
 
 
-def sample_client(psi: torch.Tensor, generator: torch.Generator) -> fedep.GaussianLikelihood:
+def sample_client(psi: torch.Tensor, generator: torch.Generator) -> GaussianLikelihood:
     """Σ ∼ W⁻¹(Ψ, ν) (Σ⁻¹ = Σ_{i≤ν} z_i z_iᵀ, z_i ∼ N(0, Ψ⁻¹); ν is an integer), μ ∼ N(0, Σ/λ)."""
     chol = torch.linalg.cholesky(torch.linalg.inv(psi))
     z = torch.randn(NU, DIM, generator=generator, dtype=torch.float64) @ chol.T
     cov = torch.linalg.inv(z.T @ z)
     cov = 0.5 * (cov + cov.T)
     mean = torch.linalg.cholesky(cov / LAMBDA) @ torch.randn(DIM, generator=generator, dtype=torch.float64)
-    return fedep.GaussianLikelihood(mean, cov)
+    return GaussianLikelihood(mean, cov)
 
 
 def exact_mean(clients) -> torch.Tensor:
@@ -65,7 +67,7 @@ def ep_means(clients, rounds: int, scaled_identity: float | None = None) -> list
     """
     from bayesadmm.solvers.von import SubproblemError
 
-    alg = fedep.make(DiagonalGaussian(DIM), fedep.ExactGaussian(scaled_identity), damping=1.0)
+    alg = fedep.make(DiagonalGaussian(DIM), ExactGaussian(scaled_identity), damping=1.0)
     server = alg.init_server(torch.zeros(DIM, dtype=torch.float64))
     states = [alg.init_client(server, k) for k in range(len(clients))]
     means: list[torch.Tensor] = []
@@ -77,13 +79,13 @@ def ep_means(clients, rounds: int, scaled_identity: float | None = None) -> list
                 states[k], replies[k], _ = alg.client_update(states[k], message, data, None)
             server, _ = alg.server_update(server, replies)
             means.append(alg.posterior(server).mean)
-    except (SubproblemError, fedep.DivergenceError):
+    except (SubproblemError, DivergenceError):
         pass
     return means + [torch.full((DIM,), math.nan, dtype=torch.float64)] * (rounds - len(means))
 
 
 def fedpa_mean(clients) -> torch.Tensor:
-    alg = fedep.make_fedpa(DiagonalGaussian(DIM), fedep.ExactGaussian())
+    alg = fedpa.make(DiagonalGaussian(DIM), ExactGaussian())
     server, _ = run_rounds(alg, clients, torch.zeros(DIM, dtype=torch.float64), 1)
     return alg.posterior(server).mean
 
@@ -161,7 +163,7 @@ def _fig1(path: Path) -> dict:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    clients = [fedep.GaussianLikelihood(torch.tensor(m, dtype=torch.float64), torch.tensor(c, dtype=torch.float64))
+    clients = [GaussianLikelihood(torch.tensor(m, dtype=torch.float64), torch.tensor(c, dtype=torch.float64))
                for m, c in zip(FIG1["means"], FIG1["covariances"])]
     target = exact_mean(clients)
     target_cov = torch.linalg.inv(sum(c.natural[1] for c in clients))

@@ -45,7 +45,7 @@ def negative_elbo(family, lam, losses, delta: float, noise: torch.Tensor) -> flo
     chol = torch.linalg.cholesky(precision)
     thetas = mean + torch.linalg.solve_triangular(chol.T, noise.T, upper=True).T
     expected = sum(float(sum(loss.value(t) for t in thetas)) for loss in losses) / len(thetas)
-    prior = bayes_admm.initial_natural(family, torch.zeros_like(mean), delta)
+    prior = family.initial_natural(torch.zeros_like(mean), delta)
     return expected + float(family.kl(lam, prior))
 
 
@@ -59,7 +59,7 @@ def run(out: Path, rounds: int = 25, data_dir: str | None = None, bayes_rho: flo
     solver = VON(expectation="delta", step=1.0, max_iters=100, tol=1e-10)
     noise = torch.randn(ELBO_SAMPLES, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 
-    prior = bayes_admm.initial_natural(family, torch.zeros(d, dtype=torch.float64), DELTA)
+    prior = family.initial_natural(torch.zeros(d, dtype=torch.float64), DELTA)
     central = solver.solve(family, pooled(losses), prior, nat.zeros_like(prior), 1.0)
     optimum = negative_elbo(family, central.natural, losses, DELTA, noise)
     print(f"centralised VB (VON, {central.iterations} iterations): negative ELBO {optimum:.2f}")

@@ -64,7 +64,7 @@ def run(out: Path, rounds: int = 20, data_dir: str | None = None, admm_rho: floa
     solver = VON(expectation="delta", max_iters=200, tol=1e-12)
 
     map_solution = ProxNewton().minimize(pooled(losses), zeros, DELTA, zeros).theta  # argmin Σℓ_k + δ/2‖θ‖²
-    prior = bayes_admm.initial_natural(family, zeros, DELTA)
+    prior = family.initial_natural(zeros, DELTA)
     vb_solution = solver.solve(family, pooled(losses), prior, nat.zeros_like(prior), 1.0).natural
 
     methods = {"admm": (admm.make(rho=admm_rho, delta=DELTA), map_solution),

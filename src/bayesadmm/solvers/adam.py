@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -76,7 +77,7 @@ class LocalAdam:
                     pull = prox_weight * (theta - center)
                     extra = pull if extra is None else extra + pull
                 if extra is not None:
-                    theta.grad.add_(extra)
+                    cast(Tensor, theta.grad).add_(extra)
             optimizer.step()
             steps += 1
         if not all_finite(theta):
@@ -106,10 +107,10 @@ def local_adam(owner: str, lr: float, epochs: int, batch_size: int, weight_decay
     for key, value in (("epochs", epochs), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
             problems.append(f"{key} must be a positive integer, got {value!r}")
-    for key, value, low in (("lr", lr, "> 0"), ("weight_decay", weight_decay, ">= 0")):
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or (value <= 0 if low == "> 0" else value < 0):
-            problems.append(f"{key} must be a finite number {low}, got {value!r}")
+    for key, number, low in (("lr", lr, "> 0"), ("weight_decay", weight_decay, ">= 0")):
+        ok = isinstance(number, numbers.Real) and not isinstance(number, bool) and math.isfinite(number)
+        if not ok or (number <= 0 if low == "> 0" else number < 0):
+            problems.append(f"{key} must be a finite number {low}, got {number!r}")
     if problems:
         raise ValueError(f"{owner}: " + "; ".join(problems))
     return LocalAdam(lr=float(lr), epochs=int(epochs), batch_size=int(batch_size), weight_decay=float(weight_decay))

@@ -2,8 +2,9 @@
 
     θ_k = argmin_θ  ℓ_k(θ) + vᵀθ + ρ/2 ‖θ − θ_g‖².
 
-Damped (Armijo) Newton steps; on a quadratic loss the first step is exact. Newton is what the convex experiments need (they compare algorithms,
-so their local solves must be converged); stochastic solvers for neural networks live elsewhere.
+Damped (Armijo) Newton steps; on a quadratic loss the first step is exact. Newton is what the convex experiments need
+(they compare algorithms, so their local solves must be converged); stochastic solvers for neural networks live
+elsewhere.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -34,7 +35,7 @@ from bayesadmm.solvers.von import SolveResult, SubproblemError
 class SmoothedData:
     """`data` seen through Gaussian noise: batch_loss(m, idx) = (1/S) Σ_s ℓ̄(m + scale·ε_s) over the batch, fresh ε."""
 
-    data: object
+    data: Any
     scale: float                        # 1/√s
     samples: int
     generator: torch.Generator

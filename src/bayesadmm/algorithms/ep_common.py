@@ -1,0 +1,139 @@
+"""What FedEP, FedSEP and FedPA share (Guo et al., ICLR 2023; docs/spec: shared/spec/fedep-digest.md): Gaussian sites
+in a family's natural tuple, and the damped server of Alg. 3 with its ServerOptim (`solvers.natural_optimizers`).
+
+A site q_k is stored as the family's natural tuple λ = (η, −½Λ) (DiagonalGaussian or FullGaussian); it need not be a
+valid distribution, and the improper uniform site is the zero tuple. q_0 is the prior N(0, δ_0⁻¹ I)
+(`prior_precision`) or, with `prior_precision=None`, the improper uniform prior (λ_0 = 0). "[CODE]" marks choices the
+digest takes from the authors' code where the paper is silent or garbled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from bayesadmm.algorithms.base import DivergenceError, Message, ServerInfo, pack, unpack
+from bayesadmm.families import DiagonalGaussian, FullGaussian, Natural, Posterior
+from bayesadmm.families import natural as nat
+from bayesadmm.solvers.natural_optimizers import Identity, NaturalOptimizer
+
+IDENTITY = Identity()                   # the default ClientOptim / ServerOptim: plain damped EP
+
+# ---------------------------------------------------------------------------
+# sites
+# ---------------------------------------------------------------------------
+
+
+def check_family(family) -> None:
+    if not isinstance(family, (DiagonalGaussian, FullGaussian)):
+        raise TypeError(f"EP sites need a family with a free precision (diagonal or full), got {family!r}")
+
+
+def prior_natural(family, precision: float | None, like: Tensor) -> Natural:
+    """λ_0 of N(0, δ_0⁻¹ I), or the zero tuple (improper uniform) when `precision` is None."""
+    zeros = family.zeros(dtype=like.dtype, device=like.device)
+    if precision is None:
+        return zeros
+    _, b = family.prior_terms(precision, dtype=like.dtype, device=like.device)
+    return b
+
+
+def site_natural(family, mean: Tensor, precision: float) -> Natural:
+    """A site N(mean, (precision·I)⁻¹) in the family's layout (precision = 0 gives (0, 0), the uniform site)."""
+    eye = torch.ones_like(mean) if isinstance(family, DiagonalGaussian) else torch.eye(
+        family.dim, dtype=mean.dtype, device=mean.device)
+    return (precision * mean, -0.5 * precision * eye)
+
+
+def clip_delta(delta: Natural, clip_norm: float | None) -> Natural:
+    """Δ_k scaled down to global L2 norm `clip_norm` before damping ([CODE], digest §1.10); None = unclipped."""
+    if clip_norm is None:
+        return delta
+    norm = float(nat.norm(delta))
+    return nat.scale(delta, clip_norm / norm) if norm > clip_norm else delta
+
+
+# ---------------------------------------------------------------------------
+# the damped server of FedEP and FedSEP (Alg. 3)
+# ---------------------------------------------------------------------------
+
+
+class ServerState(NamedTuple):
+    natural: Natural                    # λ_g (may be improper before the first round from a uniform start)
+    optimizer: Any                      # ServerOptim state
+    anchor: Tensor                      # θ_0, the mean of the initial sites (init_site_precision > 0)
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class DampedServer:
+    """Alg. 3: λ_g ← λ_g + δ · ServerOptim(Σ_{k∈𝒦} Δ_k), from λ_g = λ_0 (+ the initial sites).
+
+    The server keeps no per-client memory: the Δ_k are increments, and re-adding an absent client's last one would
+    count it twice. `initial_site_precision` is α Σ_k n_k, the precision of the product of the initial sites
+    N(θ_0, (α n_k I)⁻¹) (None: uniform sites).
+    """
+
+    family: Any
+    damping: float
+    prior_precision: float | None
+    initial_site_precision: float | None
+    optimizer: NaturalOptimizer
+    name: str
+
+    def init(self, theta0: Tensor) -> ServerState:
+        lam = prior_natural(self.family, self.prior_precision, theta0)
+        if self.initial_site_precision is not None:
+            lam = nat.add(lam, site_natural(self.family, theta0, self.initial_site_precision))
+        return ServerState(lam, self.optimizer.init(lam), theta0.clone(), 0)
+
+    def broadcast(self, server: ServerState) -> Message:
+        return {**pack("lam", server.natural), "round": torch.tensor(server.round + 1)}
+
+    def update(self, server: ServerState, replies: Mapping[int, Message]) -> tuple[ServerState, ServerInfo]:
+        if not replies:
+            return server, ServerInfo(0)
+        total = nat.total([unpack("delta", replies[k]) for k in sorted(replies)])
+        step, opt = self.optimizer.step(total, server.optimizer)
+        lam_g = nat.add(server.natural, nat.scale(step, self.damping))
+        if not all(bool(torch.isfinite(x).all()) for x in lam_g):
+            raise DivergenceError(f"{self.name}: the global natural parameter is not finite")
+        return ServerState(lam_g, opt, server.anchor, server.round + 1), ServerInfo(len(replies))
+
+    def posterior(self, server: ServerState) -> Posterior:
+        if not self.family.is_valid(server.natural):
+            raise DivergenceError(f"{self.name}: q_g is not a valid Gaussian (improper start before any round, "
+                                  f"or EP produced a negative precision)")
+        return Posterior(self.family, server.natural)
+
+
+def damped_server(family, num_clients: int | None, client_sizes: Sequence[int] | None, damping: float | None,
+                  prior_precision: float | None, init_site_precision: float, optimizer: NaturalOptimizer,
+                  name: str) -> DampedServer:
+    """The server of FedEP / FedSEP from their factories' arguments, validated: damping δ ∈ (0, 1] with default 1/K
+    ([CODE]; K = num_clients, default len(client_sizes)); initial sites of total precision α Σ_k n_k (n_k = 1
+    without client_sizes)."""
+    check_family(family)
+    if num_clients is None and client_sizes is not None:
+        num_clients = len(client_sizes)
+    if damping is None:
+        if num_clients is None:
+            raise ValueError("give damping or num_clients (the default damping is 1/num_clients)")
+        damping = 1.0 / num_clients
+    if not 0 < damping <= 1:
+        raise ValueError(f"damping must be in (0, 1], got {damping}")
+    if init_site_precision < 0:
+        raise ValueError(f"init_site_precision must be >= 0, got {init_site_precision}")
+    total_precision = None
+    if init_site_precision > 0:
+        if client_sizes is not None:
+            total_precision = init_site_precision * float(sum(client_sizes))
+        elif num_clients is not None:
+            total_precision = init_site_precision * float(num_clients)
+        else:
+            raise ValueError("init_site_precision > 0 needs num_clients or client_sizes")
+    return DampedServer(family, damping, prior_precision, total_precision, optimizer, name)

@@ -1,0 +1,92 @@
+"""FedPA as the Remark of Sec. 2.1 of Guo et al. (ICLR 2023) defines it: EP with a uniform cavity.
+
+Each client approximates its own posterior, λ̂_k = inference(family, data_k, 0) ≈ proj[p_k], and the server
+multiplies the latest approximations with the prior:
+
+    q_g = q_0 Π_k q̂_k,   λ_g = λ_0 + Σ_k λ̂_k
+
+The Remark's one-shot product, repeated every round; not the original FedPA's server-optimizer step on
+Σ̂_k⁻¹(θ_g − μ̂_k) (Al-Shedivat et al. 2021). From the uniform start it equals round 1 of undamped FedEP (footnote 2).
+
+Nothing regularises the local problem towards the global model, so a search (an optimizer or an SG-MCMC chain on a
+network) STARTS at the global mean, θ_0 in round 1: a network cannot train from the uniform cavity's mean 0, and it is
+where FedPA's clients start (Al-Shedivat et al. 2021). The target stays p_k; inference that does not search
+(`ExactGaussian`) ignores the start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from bayesadmm.algorithms.base import (
+    Algorithm,
+    DivergenceError,
+    Message,
+    NoInfo,
+    ServerInfo,
+    merge_replies,
+    pack,
+    unpack,
+)
+from bayesadmm.algorithms.ep_common import check_family, prior_natural
+from bayesadmm.families import Natural, Posterior
+from bayesadmm.families import natural as nat
+from bayesadmm.solvers.ep_inference import TiltedInference
+
+
+class ServerState(NamedTuple):
+    natural: Natural                    # λ_g = λ_0 + Σ_k λ̂_k
+    replies: Mapping[int, Message]      # last local approximation of every client
+    round: int = 0
+    anchor: Tensor | None = None        # θ_0, where local searches start before the first server update
+
+
+class ClientState(NamedTuple):
+    pass
+
+
+def make(family, inference: TiltedInference, prior_precision: float | None = None,
+         name: str = "fedpa") -> Algorithm:
+    """FedPA over `family` with local `inference`, under the prior N(0, δ_0⁻¹ I) (prior_precision; None: uniform).
+
+    The server keeps each client's last approximation (`merge_replies`), so absent clients still count.
+    """
+    check_family(family)
+
+    def init_server(theta0: Tensor) -> ServerState:
+        return ServerState(prior_natural(family, prior_precision, theta0), {}, 0, theta0.clone())
+
+    def init_client(server: ServerState, client_id: int) -> ClientState:
+        return ClientState()
+
+    def broadcast(server: ServerState) -> Message:
+        if server.round == 0:
+            if server.anchor is None:
+                raise ValueError(f"{name}: the first broadcast needs the server's θ_0 (init_server)")
+            start = server.anchor
+        else:
+            start = family.to_moments(server.natural)[0]
+        return {**pack("lam", server.natural), "round": torch.tensor(server.round + 1), "start": start}
+
+    def client_update(state: ClientState, message: Message, data,
+                      generator: torch.Generator) -> tuple[ClientState, Message, NoInfo]:
+        uniform = nat.zeros_like(unpack("lam", message))
+        local = inference(family, data, uniform, generator, start=message["start"])
+        return state, pack("local", local), NoInfo()
+
+    def server_update(server: ServerState, replies: Mapping[int, Message]) -> tuple[ServerState, ServerInfo]:
+        last = merge_replies(server.replies, replies)
+        lam0 = prior_natural(family, prior_precision, server.natural[0])
+        lam_g = nat.add(lam0, nat.total([unpack("local", r) for r in last.values()]))
+        if not family.is_valid(lam_g):
+            raise DivergenceError(f"{name}: the product of the local approximations is not a valid Gaussian")
+        return ServerState(lam_g, last, server.round + 1, server.anchor), ServerInfo(len(last))   # the absent clients too
+
+    def posterior(server: ServerState) -> Posterior:
+        return Posterior(family, server.natural)
+
+    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)

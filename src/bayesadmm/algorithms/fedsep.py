@@ -1,0 +1,63 @@
+"""FedSEP: FedEP with stateless clients, by stochastic EP (Guo et al., ICLR 2023, Sec. 2.2.4; Li et al. 2015).
+
+One shared factor stands for an average client, q_g ∝ q_0 q̄^K, so a client keeps no site: Alg. 4 without step 5,
+with the cavity
+
+    cavity:  q_{−k} = q_g^{1 − n_k/N},  i.e.  λ_{−k} = (1 − n_k/N) λ_g
+
+([CODE] reading; the printed formula q_g/q_k is the stateful one, garbled; digest §1.7), n_k/N from `client_sizes`
+(default 1/K). Tilted inference, delta and the damped server are FedEP's (`fedep`, `ep_common.DampedServer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+
+from bayesadmm.algorithms.base import Algorithm, Message, NoInfo, pack, unpack
+from bayesadmm.algorithms.ep_common import IDENTITY, ServerState, clip_delta, damped_server
+from bayesadmm.families import natural as nat
+from bayesadmm.solvers.ep_inference import TiltedInference
+from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
+
+
+class ClientState(NamedTuple):
+    fraction: float                     # n_k / N, the exponent of the cavity (configuration, not learnt)
+
+
+def cavity_fractions(num_clients: int | None, client_sizes: Sequence[int] | None) -> Callable[[int], float]:
+    """k ↦ n_k / N (client_sizes), else 1/K."""
+    if client_sizes is not None:
+        total = float(sum(client_sizes))
+        return lambda k: client_sizes[k] / total
+    if num_clients is None:
+        raise ValueError("FedSEP needs num_clients or client_sizes for its cavity exponent n_k / N")
+    return lambda k: 1.0 / num_clients
+
+
+def make(family, inference: TiltedInference, num_clients: int | None = None, damping: float | None = None,
+         prior_precision: float | None = None, client_sizes: Sequence[int] | None = None,
+         server_optimizer: NaturalOptimizer = IDENTITY, init_site_precision: float = 0.0,
+         clip_norm: float | None = None, name: str = "fedsep") -> Algorithm:
+    """FedSEP over `family` with tilted `inference`; the arguments are `fedep.make`'s (there is no client optimizer:
+    there is no client state). client_sizes: n_k, for the cavity exponent n_k/N and the initial global precision
+    α Σ_k n_k (`init_site_precision` = α)."""
+    server = damped_server(family, num_clients, client_sizes, damping, prior_precision, init_site_precision,
+                           server_optimizer, name)
+    fraction = cavity_fractions(num_clients, client_sizes)
+
+    def init_client(server_state: ServerState, client_id: int) -> ClientState:
+        return ClientState(fraction(client_id))
+
+    def client_update(state: ClientState, message: Message, data,
+                      generator: torch.Generator) -> tuple[ClientState, Message, NoInfo]:
+        lam_g = unpack("lam", message)
+        cavity = nat.scale(lam_g, 1.0 - state.fraction)
+        tilted = inference(family, data, cavity, generator)
+        delta = clip_delta(nat.sub(tilted, lam_g), clip_norm)
+        return state, pack("delta", delta), NoInfo()
+
+    return Algorithm(name, server.init, init_client, server.broadcast, client_update, server.update,
+                     server.posterior)
