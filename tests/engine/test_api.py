@@ -200,3 +200,12 @@ def fedmean(steps: int, lr: float = 0.1, dim: int | None = None) -> Algorithm:
     return Algorithm(name="fedmean", init_server=MeanServer, init_client=lambda server, k: None,
                      broadcast=lambda server: {"params": server.params}, client_update=client_update,
                      server_update=server_update, posterior=lambda server: bayesadmm.PointEstimate(server.params))
+
+
+def test_a_device_this_machine_lacks_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    clients, test = _blobs()
+    with pytest.raises(ValueError, match="sees no CUDA device"):
+        bayesadmm.run(_net(), clients, test, algorithm="fedavg", hparams=FEDAVG, device="cuda", progress=False,
+                      out=tmp_path / "x")
+    assert not (tmp_path / "x").exists()   # refused before anything is written

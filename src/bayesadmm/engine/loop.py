@@ -49,8 +49,8 @@ from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
 from bayesadmm.solvers.von import SubproblemError
 
-__all__ = ["Settings", "Federation", "Result", "run_federation", "participants", "EXIT_OK", "EXIT_FAILED",
-           "EXIT_DIVERGED", "BREAKDOWNS"]
+__all__ = ["Settings", "Federation", "Result", "run_federation", "participants", "check_device", "EXIT_OK",
+           "EXIT_FAILED", "EXIT_DIVERGED", "BREAKDOWNS"]
 
 # The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5 are the config layer's set-up
 # streams (subsample, partition, initial weights, validation split).
@@ -86,6 +86,9 @@ class Settings:
                 problems.append(f"{key} must be an integer >= 0, got {value!r}")
         if not (isinstance(self.participation, (int, float)) and 0 < self.participation <= 1):
             problems.append(f"participation must be in (0, 1], got {self.participation!r}")
+        device_problem = check_device(self.device)
+        if device_problem:
+            problems.append(device_problem)
         if not problems and self.stop_at > self.rounds:
             problems.append(f"stop_at must be in [0, rounds={self.rounds}] (0: run all rounds), got {self.stop_at}")
         if problems:
@@ -94,6 +97,25 @@ class Settings:
     @property
     def last_round(self) -> int:
         return min(self.stop_at, self.rounds) if self.stop_at else self.rounds
+
+
+def check_device(device: str) -> str | None:
+    """What is wrong with `device` on this machine (None: nothing): not a torch device, or one torch cannot use here."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        return f"device must be a torch device such as cpu, cuda or cuda:1, got {device!r}"
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            return (f"device={device} but torch {torch.__version__} sees no CUDA device on this machine "
+                    f"(torch.cuda.is_available() is False)")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            return f"device={device} but this machine has {torch.cuda.device_count()} CUDA device(s)"
+    elif parsed.type == "mps" and not torch.backends.mps.is_available():
+        return f"device={device} but torch sees no MPS device on this machine"
+    elif parsed.type not in ("cpu", "cuda", "mps"):
+        return f"device={device}: only cpu, cuda and mps are supported"
+    return None
 
 
 @dataclass(frozen=True)

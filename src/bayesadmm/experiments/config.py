@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from bayesadmm.algorithms import REGISTRY
+from bayesadmm.engine.loop import check_device
 
 # Passed by the engine, never set by users.
 ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "cosine_rounds", "name")
@@ -212,27 +213,6 @@ def _validate(config: RunConfig) -> None:
             problems.append(f"{key} must be >= 1, got {getattr(config, key)}")
     if problems:
         raise ConfigError("; ".join(problems))
-
-
-def check_device(device: str) -> str | None:
-    """What is wrong with `device` on this machine (None: nothing): not a torch device, or one torch cannot use here."""
-    import torch
-
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError):
-        return f"device must be a torch device such as cpu, cuda or cuda:1, got {device!r}"
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            return (f"device={device} but torch {torch.__version__} sees no CUDA device on this machine "
-                    f"(torch.cuda.is_available() is False)")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            return f"device={device} but this machine has {torch.cuda.device_count()} CUDA device(s)"
-    elif parsed.type == "mps" and not torch.backends.mps.is_available():
-        return f"device={device} but torch sees no MPS device on this machine"
-    elif parsed.type not in ("cpu", "cuda", "mps"):
-        return f"device={device}: only cpu, cuda and mps are supported"
-    return None
 
 
 def load(run_dir: Path) -> RunConfig:
