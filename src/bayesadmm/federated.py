@@ -47,7 +47,7 @@ def algorithm_factory(algorithm: str | Algorithm | Callable[..., Algorithm], hpa
     if isinstance(algorithm, str):
         if algorithm not in REGISTRY:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(sorted(REGISTRY))}")
-        algorithm = REGISTRY[algorithm]
+        return algorithm_factory(REGISTRY[algorithm], hparams, model, client_sizes)
     if isinstance(algorithm, Algorithm):
         if hparams:
             raise ValueError(f"hparams {sorted(hparams)} given with a ready Algorithm; pass its factory instead")
@@ -136,7 +136,7 @@ def run(model: nn.Module | FlatModel, clients: Sequence[Any] | Mapping[int, Any]
     if resume:
         _check_same_run(run_dir, config)
     return run_federation(federation, settings, run_dir, config=config, resume=resume, progress=progress,
-                          title=config["algorithm"] if isinstance(algorithm, str) else "", on_round=on_round)
+                          title=algorithm if isinstance(algorithm, str) else "", on_round=on_round)
 
 
 def _jsonable(value: Any) -> Any:

@@ -9,13 +9,14 @@ names and flags onto them.
 """
 
 from functools import partial
+from typing import Callable
 
 from bayesadmm.algorithms import (admm, bayes_admm, bregman_admm, ep_registry, fedavg, feddyn, fedlap, fedlap_cov,
                                   fedlap_func, fedprox, ivon_admm, pvi, smoothing_admm)
 from bayesadmm.algorithms import registry
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate
 
-REGISTRY = {
+REGISTRY: dict[str, Callable[..., Algorithm]] = {
     "fedavg": registry.fedavg,
     "fedprox": registry.fedprox,
     "feddyn": feddyn.make,

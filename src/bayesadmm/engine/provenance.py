@@ -43,7 +43,7 @@ _VECTOR_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", 
 def _processor() -> tuple[str, list[str]]:
     """The CPU's model name and vector instruction sets (platform.processor() is often empty on Linux;
     /proc/cpuinfo says both)."""
-    name, flags = "", set()
+    name, flags = "", set[str]()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name") and not name:

@@ -39,9 +39,9 @@ import signal
 import tempfile
 import traceback
 from contextlib import contextmanager
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, cast
 
 import torch
 
@@ -195,7 +195,7 @@ def _loads(payload: bytes):
 
 def _raw(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without a copy (also for dtypes numpy lacks, e.g. bfloat16)."""
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return tensor.reshape(-1).view(torch.uint8).numpy().data
 
 
 def _payload(message: Message) -> tuple[list, list[torch.Tensor]]:
@@ -267,7 +267,7 @@ def _worker(connection, arena: torch.Tensor, make_algorithm: Callable[[], Algori
     torch.set_num_threads(1)
     torch.set_default_dtype(default_dtype)   # as in the parent, so that tensors made without a dtype agree
     local = LocalClients(make_algorithm(), {k: source(k) for k in group}, seed)
-    commands = {"start": lambda server: local.start(_loads(server)),
+    commands: dict[str, Callable[..., Any]] = {"start": lambda server: local.start(_loads(server)),
                 "put": lambda states: local.restore({"clients": _loads(states)}, Path(".")),
                 "load": lambda run_dir, shards: local.restore({"shards": shards}, run_dir),
                 "save": local.write_shard}
@@ -399,10 +399,11 @@ class ClientPool:
             if mine:
                 _send_tensors(self.connections[index], ("train", round_, mine), layout, tensors)
                 busy[self.connections[index]] = index
-        replies, failure = {}, None
+        replies: dict[int, Message] = {}
+        failure: Exception | None = None
         self.last_info = {}
         while busy:
-            for connection in wait(list(busy)):
+            for connection in cast(list[Connection], wait(list(busy))):
                 try:
                     kind, *rest = self._receive(busy[connection])
                 except Exception as exc:  # noqa: BLE001 — a worker failed (a breakdown) or died: it sends no more
@@ -461,7 +462,9 @@ class ClientPool:
         workers stay in step even if one fails; the first failure is raised after)."""
         if self._in_round:
             raise RuntimeError("the client pool stopped in the middle of a round (an error); start a new one")
-        answers, failure, sent = [], None, []
+        answers: list = []
+        failure: Exception | None = None
+        sent: list[int] = []
         for index, request in enumerate(requests):
             try:
                 self.connections[index].send(request)

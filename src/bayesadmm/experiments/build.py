@@ -93,13 +93,14 @@ def build(config: RunConfig) -> Built:
         val_idx, train_idx = order[:held].sort().values, order[held:].sort().values
         X_test, y_test = X[val_idx], y[val_idx]
         X, y = X[train_idx], y[train_idx]
-    options = {"two-level-dirichlet": {"alpha1": config.alpha1, "alpha2": config.alpha2},
-               "per-class-dirichlet": {"alpha": config.alpha2},
-               "classes-per-client": {"classes": config.classes_per_client, "per_class": config.per_class},
-               "shards": {"classes": config.classes_per_client, "per_class": config.per_class},
-               }.get(config.partition, {})
+    per_partition: dict[str, dict[str, float | int]] = {
+        "two-level-dirichlet": {"alpha1": config.alpha1, "alpha2": config.alpha2},
+        "per-class-dirichlet": {"alpha": config.alpha2},
+        "classes-per-client": {"classes": config.classes_per_client, "per_class": config.per_class},
+        "shards": {"classes": config.classes_per_client, "per_class": config.per_class}}
+    options = per_partition.get(config.partition, {})
     parts = make_partition(config.partition, y, config.clients, generator_for(config.seed, 0, PARTITION), **options)
-    in_shape = {"mlp": {"in_features": int(X[0].numel()), "num_classes": num_classes},
+    in_shape: dict[str, dict[str, int]] = {"mlp": {"in_features": int(X[0].numel()), "num_classes": num_classes},
                 "logistic": {"in_features": int(X[0].numel()), "num_classes": num_classes}}
     model = make_model(config.model, **in_shape.get(config.model, {"num_classes": num_classes}))
     # One client-ordered copy of the training set, each client a view of its rows: parallel workers then share

@@ -59,7 +59,7 @@ class RunConfig:
 
 
 GENERAL_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "hparams")
-CHOICES = {"preprocessing": ("raw", "scaled"), "device": None}
+PREPROCESSING = ("raw", "scaled")
 
 
 class ConfigError(ValueError):
@@ -155,7 +155,7 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
         if not sep or not key:
             raise ConfigError(f"overrides are KEY=VALUE, got {item!r}")
         pairs.append((key.strip(), value.strip()))
-    method = dict(pairs).get("method", base.get("method", RunConfig.method))
+    method = str(dict(pairs).get("method", base.get("method", RunConfig.method)))
     hparam_specs = method_parameters(method)
 
     general, changed = {}, []
@@ -193,8 +193,8 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
 
 def _validate(config: RunConfig) -> None:
     problems = []
-    if config.preprocessing not in CHOICES["preprocessing"]:
-        problems.append(f"preprocessing must be one of {CHOICES['preprocessing']}, got {config.preprocessing!r}")
+    if config.preprocessing not in PREPROCESSING:
+        problems.append(f"preprocessing must be one of {PREPROCESSING}, got {config.preprocessing!r}")
     if not 0 < config.data_fraction <= 1:
         problems.append(f"data_fraction must be in (0, 1], got {config.data_fraction}")
     if not 0 <= config.validation < 1:

@@ -54,7 +54,7 @@ def _sequential_plan(module: nn.Module, names: list[str]) -> tuple | None:
     named_parameters() order). None for anything else, which then runs through functional_call."""
     if type(module) is not nn.Sequential:
         return None
-    plan = []
+    plan: list[tuple] = []
     for key, layer in module.named_children():
         kind = type(layer)
         if kind is nn.Flatten:

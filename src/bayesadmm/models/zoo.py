@@ -8,6 +8,7 @@ stay picklable (worker processes receive them).  A new architecture is one build
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -197,7 +198,7 @@ def resnet20(num_classes: int = 100, in_channels: int = 3, groups: int = 2) -> F
     return FlatModel(partial(_build_resnet, 3, num_classes, in_channels, groups))
 
 
-MODELS = {
+MODELS: dict[str, Callable[..., FlatModel]] = {
     "mlp": mlp,
     "logistic": logistic,
     "zenke-cnn": zenke_cnn,
