@@ -17,6 +17,9 @@ open or states differently from what we do. They probe Alg. 2 as written (h <- h
               8 with the presets' restart (`restart_at_q_g=true stop_at=50` as overrides) for the NLL gap at round 50
   baseline    none of these (the published settings, Alg. 2 as written)
 
+The carry-over variants are the library's IVON solver with a round-start object of the probe's own (`CarryOver`, a
+`solvers.ivon.RoundStart`); rescale-lr is its step-size schedule wrapped in `solvers.ivon.RescaledLR`.
+
 OUT becomes a normal run directory (plus probe.json, naming the variant): `bayesadmm compare OUT --rounds 5,10`
 tabulates it. These are probes, not library features: the run is the config's (`bayesadmm.experiments.build`) with
 the federation's initial weights or algorithm factory replaced, run by the engine's loop. The replacements are
@@ -37,19 +40,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bayesadmm import rng
-from bayesadmm.algorithms import bayes_admm
+from bayesadmm.algorithms import bayes_admm, ivon_admm
 from bayesadmm.algorithms.base import Algorithm
-from bayesadmm.checks import all_finite, all_positive
 from bayesadmm.engine.loop import run_federation
 from bayesadmm.experiments import build as setup
 from bayesadmm.experiments.config import resolve
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.federated import algorithm_factory
 from bayesadmm.optim import ivon
-from bayesadmm.solvers.adam import minibatches
-from bayesadmm.solvers.ivon import IVONSolver, _grad, cosine_lr
-from bayesadmm.solvers.von import SolveResult, SubproblemError
+from bayesadmm.solvers.ivon import RescaledLR, RoundStart
 
 VARIANTS = ("baseline", "rescale-lr", "zero-init", "keep-hess", "keep-momentum")
 
@@ -67,61 +66,26 @@ KEEP = {"keep-hess": keep_hess, "keep-momentum": keep_momentum}
 
 
 @dataclass(frozen=True)
-class CarryOverIVON(IVONSolver):
-    """IVONSolver whose solve starts each client from what `keep(init_state, last_state)` takes of the state the
-    client's previous solve ended with (a client's first solve starts as usual). `solve` is IVONSolver.solve with
-    the two lines marked (CARRY) added; with keep=None it gives IVONSolver's numbers bit for bit."""
+class CarryOver:
+    """A round start that begins each client's solve from what `keep(init_state, last_state)` takes of the state the
+    client's previous solve ended with, `init_state` being what `base` starts from (a client's first solve starts
+    as `base` does)."""
 
-    keep: Callable[[ivon.IVONState, ivon.IVONState], ivon.IVONState] | None = None
+    base: RoundStart
+    keep: Callable[[ivon.IVONState, ivon.IVONState], ivon.IVONState]
     # client → its last IVON state. Keyed by the data object's id: the engine builds each client's data once per
-    # process and keeps it for the run, and solve is not told the client id.
+    # process and keeps it for the run, and the solver is not told the client id.
     last: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def solve(self, family, data, lam_g, eta, rho: float, generator: torch.Generator, init=None,
-              round_: int = 1) -> SolveResult:
-        if not isinstance(family, DiagonalGaussian):
-            raise TypeError(f"IVON learns diagonal Gaussians, not the {family.name} family")
-        m_g, s_g = family.to_moments(lam_g)
-        n = data.num_examples
-        ess = n / (rho * self.tau)
-        v = torch.mul(eta[0], self.tau).div_(n)
-        u = torch.mul(eta[1], -2.0).mul_(self.tau).div_(n)
-        delta = s_g / ess
-        lr = cosine_lr(self.lr, round_, self.cosine_rounds)
-        if self.rescale_lr:
-            lr = lr * (self.hess_init + delta)
+    def initial_state(self, m_g: torch.Tensor, hess_init: float, round_: int, data) -> ivon.IVONState:
+        state = self.base.initial_state(m_g, hess_init, round_, data)
+        previous = self.last.get(id(data))
+        return state if previous is None else self.keep(state, previous)
 
-        state = ivon.init(m_g, 0.0 if self.restart_at_q_g and round_ > 1 else self.hess_init)
-        if self.keep is not None and id(data) in self.last:   # (CARRY)
-            state = self.keep(state, self.last[id(data)])
-        ivon.check_noise_scale(state, ess, delta)
-        noise_key = rng.stream_key(generator)
-        steps = 0
-        try:
-            thetas, eps = ivon.sample(state, ess, delta, noise_key, self.mc_samples, check=False)
-            terms = ivon.update_terms(m_g, lr=lr, ess=ess, delta=delta, beta1=self.beta1, beta2=self.beta2,
-                                      prior_mean=m_g, v=v, u=u, clip_radius=self.clip_radius, check=False)
-            batches = minibatches(n, self.batch_size, self.epochs, generator, m_g.device)
-            idx = next(batches, None)
-            while idx is not None:
-                grads = (_grad(data, thetas[0], idx).unsqueeze(0) if self.mc_samples == 1
-                         else torch.stack([_grad(data, theta, idx) for theta in thetas]))
-                idx = next(batches, None)
-                if idx is None:
-                    state = ivon.update_with(state, grads, eps, terms, inplace=True)
-                else:
-                    state, thetas, eps = ivon.update_and_sample_with(state, grads, eps, noise_key, self.mc_samples,
-                                                                     terms, inplace=True)
-                steps += 1
-        except ValueError as exc:
-            raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
-        if self.keep is not None:   # (CARRY)
-            self.last[id(data)] = state
-        mean, precision = ivon.posterior(state, ess, delta)
-        if not (all_finite(mean) and all_positive(precision)):
-            raise SubproblemError("IVON diverged on this client (non-finite mean or non-positive precision); "
-                                  "lower lr or the dual step")
-        return SolveResult(family.from_moments(mean, precision), steps, True)
+    def finished(self, data, state: ivon.IVONState) -> None:
+        self.base.finished(data, state)
+        # the solve is over, so its state (updated in place during the solve) is no longer written to
+        self.last[id(data)] = state
 
 
 def make_variant(variant: str, dim: int, rho: float, gamma: float, delta: float, lr: float, tau: float = 1.0,
@@ -130,13 +94,13 @@ def make_variant(variant: str, dim: int, rho: float, gamma: float, delta: float,
                  cosine_rounds: int | None = None, restart_at_q_g: bool = False, server_rho: float | None = None,
                  name: str = "ivon-admm") -> Algorithm:
     """`bayesadmm.algorithms.ivon_admm.make` (same hyperparameters) with the variant's IVON solver."""
-    options = dict(lr=lr, epochs=epochs, batch_size=batch_size, tau=tau, hess_init=hess_init, beta1=beta1,
-                   beta2=beta2, mc_samples=mc_samples, clip_radius=clip_radius, cosine_rounds=cosine_rounds,
-                   restart_at_q_g=restart_at_q_g)
+    solver = ivon_admm.make_solver(lr=lr, tau=tau, epochs=epochs, batch_size=batch_size, hess_init=hess_init,
+                                   beta1=beta1, beta2=beta2, mc_samples=mc_samples, clip_radius=clip_radius,
+                                   cosine_rounds=cosine_rounds, restart_at_q_g=restart_at_q_g)
     if variant == "rescale-lr":
-        solver = IVONSolver(**options, rescale_lr=True)
+        solver = dataclasses.replace(solver, schedule=RescaledLR(solver.schedule))
     elif variant in KEEP:
-        solver = CarryOverIVON(**options, keep=KEEP[variant])
+        solver = dataclasses.replace(solver, start=CarryOver(solver.start, KEEP[variant]))
     else:
         raise ValueError(f"no solver variant {variant!r}")
     return bayes_admm.make(DiagonalGaussian(dim), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho,

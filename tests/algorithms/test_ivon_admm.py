@@ -9,7 +9,7 @@ from bayesadmm.algorithms import bayes_admm, ivon_admm, make
 from bayesadmm.engine.simulate import generator_for, run_rounds
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.problems.losses import ridge_loss
-from bayesadmm.solvers.ivon import IVONSolver, cosine_lr
+from bayesadmm.solvers.ivon import ConstantLR, CosineLR, IVONSolver, RescaledLR, RestartAtHessInit, RestartAtQg
 from bayesadmm.solvers.von import ExactQuadratic
 
 
@@ -107,8 +107,8 @@ class FlatLoss:
 
 
 def test_ivon_solver_restart_at_q_g_starts_later_rounds_at_the_broadcast_posterior():
-    """With `restart_at_q_g`, rounds after the first start at h = 0, so λ(h + δ) = s_g: on a flat loss (ĝ = ĥ = 0, h
-    stays 0) the client returns q_g exactly. Round 1, and every round without the flag, start at h0 and return
+    """With `RestartAtQg`, rounds after the first start at h = 0, so λ(h + δ) = s_g: on a flat loss (ĝ = ĥ = 0, h
+    stays 0) the client returns q_g exactly. Round 1, and every round with `RestartAtHessInit`, start at h0 and return
     s_g + λ·h_T with h_T = h0·Π(β2 + ½(1 − β2)²h/(h + δ)) > 0 (Alg. 2's h-update with ĥ = 0)."""
     family = DiagonalGaussian(3)
     m_g, s_g = torch.tensor([0.2, -0.1, 0.4], dtype=torch.float64), torch.tensor([3.0, 5.0, 4.0], dtype=torch.float64)
@@ -119,7 +119,7 @@ def test_ivon_solver_restart_at_q_g_starts_later_rounds_at_the_broadcast_posteri
 
     def solve(restart, round_):
         solver = IVONSolver(lr=0.1, epochs=2, batch_size=10, tau=tau, hess_init=h0, beta2=beta2,
-                            restart_at_q_g=restart)
+                            start=RestartAtQg() if restart else RestartAtHessInit())
         result = solver.solve(family, FlatLoss(n), lam_g, zero_dual, rho, torch.Generator().manual_seed(0),
                               round_=round_)
         return family.to_moments(result.natural)
@@ -150,11 +150,60 @@ def test_ivon_pvi_is_ivon_admm_with_alpha_one():
     assert all(torch.equal(x, y) for x, y in zip(a.natural, b.natural, strict=False))
 
 
-def test_cosine_lr_schedule():
-    assert cosine_lr(0.1, 5, None) == 0.1
-    assert cosine_lr(0.1, 1, 10) == pytest.approx(0.1)
-    assert cosine_lr(0.1, 6, 10) == pytest.approx(0.05)
-    assert cosine_lr(0.1, 11, 10) == pytest.approx(0.0, abs=1e-12)
+def test_lr_schedules():
+    delta = torch.tensor([0.5, 2.0])
+    assert ConstantLR().step_size(0.1, 5, 1e-3, delta) == 0.1
+    cosine = CosineLR(10)
+    assert cosine.step_size(0.1, 1, 1e-3, delta) == pytest.approx(0.1)
+    assert cosine.step_size(0.1, 6, 1e-3, delta) == pytest.approx(0.05)
+    assert cosine.step_size(0.1, 11, 1e-3, delta) == pytest.approx(0.0, abs=1e-12)
+    # ivon-opt's rescaling, per coordinate, on top of either schedule: α = lr(t)·(h0 + δ)
+    torch.testing.assert_close(RescaledLR().step_size(0.1, 3, 0.5, delta), 0.1 * (0.5 + delta))
+    torch.testing.assert_close(RescaledLR(cosine).step_size(0.1, 6, 0.5, delta),
+                               cosine.step_size(0.1, 6, 0.5, delta) * (0.5 + delta))
+    with pytest.raises(ValueError, match="rounds"):
+        CosineLR(0)
+
+
+def test_make_maps_its_keywords_onto_the_solver_objects():
+    def solver(**kw):
+        return ivon_admm.make_solver(lr=0.1, **kw)
+
+    assert solver() == IVONSolver(lr=0.1, schedule=ConstantLR(), start=RestartAtHessInit())
+    assert solver(cosine_rounds=7, restart_at_q_g=True) == IVONSolver(lr=0.1, schedule=CosineLR(7),
+                                                                        start=RestartAtQg())
+    with pytest.raises(ValueError, match="rounds"):
+        ivon_admm.make(dim=3, rho=1.0, gamma=1.0, delta=1.0, lr=0.1, cosine_rounds=0)
+
+
+def test_a_round_start_of_ones_own_is_called_around_each_solve() -> None:
+    """The solver starts from the state `start.initial_state` returns (told the round and the client's data) and
+    reports the state it ended with to `start.finished`: the hook a start that carries state across rounds needs."""
+    family = DiagonalGaussian(3)
+    X, y = _client(n=40)
+    data = LeastSquares(X, y)
+    lam_g = family.from_moments(torch.tensor([0.2, -0.1, 0.4]), torch.tensor([3.0, 5.0, 4.0]))
+    eta = (torch.zeros(3), torch.zeros(3))
+
+    @dataclass
+    class Recording:
+        calls: list
+
+        def initial_state(self, m_g, hess_init, round_, data):
+            self.calls.append(("start", round_, id(data)))
+            return RestartAtHessInit().initial_state(m_g, hess_init, round_, data)
+
+        def finished(self, data, state):
+            self.calls.append(("finished", state.step, id(data)))
+
+    start = Recording([])
+    solver = IVONSolver(lr=0.05, epochs=1, batch_size=10, hess_init=0.1, start=start)
+    result = solver.solve(family, data, lam_g, eta, 1.0, torch.Generator().manual_seed(0), round_=4)
+    assert start.calls == [("start", 4, id(data)), ("finished", 4, id(data))] and result.iterations == 4
+    # with the default start the numbers are the same
+    plain = IVONSolver(lr=0.05, epochs=1, batch_size=10, hess_init=0.1).solve(
+        family, data, lam_g, eta, 1.0, torch.Generator().manual_seed(0), round_=4)
+    assert all(torch.equal(a, b) for a, b in zip(result.natural, plain.natural, strict=True))
 
 
 def test_ivon_solver_rejects_bad_settings():

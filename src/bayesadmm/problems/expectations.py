@@ -7,24 +7,25 @@ expectation parameters (= the natural gradient, Eq. 11 of the BayesADMM paper) i
     diagonal:  ∇_μ L = (g − h∘m, ½ h)        h = E_q[diag ∇²ℓ]
     isotropic: ∇_μ L = (g,)                  (fixed covariance: μ = m, Bonnet's theorem)
 
-The expectations are taken either with the delta method (E_q[f(θ)] ≈ f(m), "Laplace") or by Monte Carlo with
-samples drawn from q through an explicit generator.
+Each family supplies its own part (`GaussianFamily.loss_hessian`: the Hessian in the form its natural gradient reads;
+`GaussianFamily.natural_gradient`: the formula above); this module takes the expectations, either with the delta method
+(E_q[f(θ)] ≈ f(m), "Laplace") or by Monte Carlo with samples drawn from q through an explicit generator.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from bayesadmm.families import DiagonalGaussian, FullGaussian, IsotropicGaussian
-
 EXPECTATIONS = ("delta", "mc")
 
 
 class Derivatives(NamedTuple):
-    """E_q[∇ℓ] and E_q[∇²ℓ]; `hess` is a (d, d) matrix, or the (d,) diagonal for the diagonal family."""
+    """E_q[∇ℓ] and E_q[∇²ℓ]; `hess` in the form `family.loss_hessian` gives it ((d,) diagonal for the diagonal
+    family, (d, d) otherwise)."""
 
     grad: Tensor
     hess: Tensor
@@ -39,11 +40,10 @@ def check_expectation(expectation: str, mc_samples: int) -> None:
 
 def expected_derivatives(loss, family, lam, expectation: str = "delta", mc_samples: int = 1,
                          generator: torch.Generator | None = None, full_hessian: bool = False) -> Derivatives:
-    """E_q[∇ℓ] and E_q[∇²ℓ] under q = family(lam); for the diagonal family only the Hessian's diagonal, unless
-    `full_hessian` is set."""
+    """E_q[∇ℓ] and E_q[∇²ℓ] under q = family(lam), the Hessian as `family.loss_hessian` gives it (for the diagonal
+    family only its diagonal), or the full (d, d) Hessian whatever the family if `full_hessian` is set."""
     check_expectation(expectation, mc_samples)
-    diagonal = isinstance(family, DiagonalGaussian) and not full_hessian
-    hess_fn = loss.hess_diag if diagonal else loss.hess
+    hess_fn = loss.hess if full_hessian else functools.partial(family.loss_hessian, loss)
     if expectation == "delta":
         mean, _ = family.to_moments(lam)
         return Derivatives(loss.grad(mean), hess_fn(mean))
@@ -56,13 +56,7 @@ def expected_derivatives(loss, family, lam, expectation: str = "delta", mc_sampl
 
 
 def natural_gradient(family, lam, derivs: Derivatives) -> tuple[Tensor, ...]:
-    """∇_μ E_q[ℓ] from the expected derivatives (Khan & Rue 2023, Eqs. 10–11; BayesADMM paper Eqs. 48, 60)."""
-    mean, _ = family.to_moments(lam)
-    g, H = derivs
-    if isinstance(family, FullGaussian):
-        return (g - H @ mean, 0.5 * H)
-    if isinstance(family, DiagonalGaussian):
-        return (g - H * mean, 0.5 * H)
-    if isinstance(family, IsotropicGaussian):
-        return (g,)
-    raise TypeError(f"no natural gradient for family {family!r}")
+    """∇_μ E_q[ℓ] from the expected derivatives (Khan & Rue 2023, Eqs. 10–11; BayesADMM paper Eqs. 48, 60): the
+    family's own formula (`GaussianFamily.natural_gradient`), `derivs` as `expected_derivatives` gives them without
+    `full_hessian`."""
+    return family.natural_gradient(lam, derivs)

@@ -9,14 +9,16 @@ divided by ρ is Alg. 2's objective λ E_q[ℓ̄(θ) + vᵀθ − ½θᵀdiag(u)
 
     λ = N_k/(ρτ),   v = τ v_k / N_k,   u = τ u_k / N_k                                          (Eq. 67)
 
-so IVON's weight decay is the vector δ = s_g/λ. Every round starts from m ← m_g, g ← 0 and, as Alg. 2 writes, h ← h0:
-the client's first posterior is then N(m_g, diag(s_g + λh0)⁻¹), q_g with λh0 of extra precision. With `restart_at_q_g`
-the rounds after the first start at q_g itself (h ← 0, so λ(h + δ) = s_g), which is what the authors' public code does
-(it resets IVON's posterior to q_g after each server step; only round 1, where q_g is the wide prior, uses h0). The
-two differ in the early rounds: λh0 (3000–6000 on average for the FashionMNIST presets) is added to every s_k each
-round (β2^steps of it survives the round), so δ = s_g/λ stays ≳ h0 and caps the step lr/(h + δ) on flat coordinates.
-The optimizer's state is never carried across rounds or shared between clients. IVON returns s = λ(h + δ), which
-already includes the prior's precision s_g.
+so IVON's weight decay is the vector δ = s_g/λ. What a round's IVON state starts from is the solver's `start` object:
+`RestartAtHessInit` (the default) is Alg. 2 as written, m ← m_g, g ← 0, h ← h0, so the client's first posterior is
+N(m_g, diag(s_g + λh0)⁻¹), q_g with λh0 of extra precision. `RestartAtQg` starts the rounds after the first at q_g
+itself (h ← 0, so λ(h + δ) = s_g), which is what the authors' public code does (it resets IVON's posterior to q_g after
+each server step; only round 1, where q_g is the wide prior, uses h0). The two differ in the early rounds: λh0
+(3000–6000 on average for the FashionMNIST presets) is added to every s_k each round (β2^steps of it survives the
+round), so δ = s_g/λ stays ≳ h0 and caps the step lr/(h + δ) on flat coordinates. Neither carries the optimizer's
+state across rounds or shares it between clients; a `RoundStart` of one's own may (it is told each solve's final state).
+The step size is the solver's `schedule` object: `ConstantLR`, `CosineLR(rounds)`, or either wrapped in `RescaledLR`.
+IVON returns s = λ(h + δ), which already includes the prior's precision s_g.
 
 `data` is anything with `num_examples` and `batch_loss(theta, idx)` (the mean loss over examples `idx`): the convex
 per-example losses, or `problems.neural.ClassificationData` for neural networks.
@@ -25,7 +27,8 @@ per-example losses, or `problems.neural.ClassificationData` for neural networks.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -37,14 +40,84 @@ from bayesadmm.optim import ivon
 from bayesadmm.solvers.adam import minibatches
 from bayesadmm.solvers.von import SolveResult, SubproblemError
 
+# --- the step size of a round ---------------------------------------------------------------------------------------
 
-def cosine_lr(lr: float, round_: int, total_rounds: int | None) -> float:
-    """The learning rate for `round_` (1-based): constant, or cosine-decayed to 0 over `total_rounds` rounds, stepped
-    once per round (torch's CosineAnnealingLR with T_max = total_rounds, as the authors used)."""
-    if total_rounds is None:
+
+class LRSchedule(Protocol):
+    def step_size(self, lr: float, round_: int, hess_init: float, delta: Tensor) -> float | Tensor:
+        """IVON's step size α in round `round_` (1-based) for base rate `lr`, initial Hessian h0 = `hess_init` and
+        weight decay δ = `delta` (a scalar, or a per-coordinate tensor)."""
+
+
+@dataclass(frozen=True)
+class ConstantLR:
+    """α = lr in every round (Alg. 2)."""
+
+    def step_size(self, lr: float, round_: int, hess_init: float, delta: Tensor) -> float:
         return lr
-    t = min(max(round_ - 1, 0), total_rounds)
-    return 0.5 * lr * (1.0 + math.cos(math.pi * t / total_rounds))
+
+
+@dataclass(frozen=True)
+class CosineLR:
+    """α = lr cosine-decayed to 0 over `rounds` rounds, stepped once per round (torch's CosineAnnealingLR with
+    T_max = rounds, as the authors used); held at 0 after the last."""
+
+    rounds: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rounds, bool) or not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"CosineLR: rounds must be an integer >= 1, got {self.rounds!r}")
+
+    def step_size(self, lr: float, round_: int, hess_init: float, delta: Tensor) -> float:
+        t = min(max(round_ - 1, 0), self.rounds)
+        return 0.5 * lr * (1.0 + math.cos(math.pi * t / self.rounds))
+
+
+@dataclass(frozen=True)
+class RescaledLR:
+    """α = (the inner schedule's α)·(h0 + δ), per coordinate: the ivon-opt package's `rescale_lr`, which makes the
+    first steps, where h + δ = h0 + δ, plain SGD steps of size lr."""
+
+    inner: LRSchedule = field(default_factory=ConstantLR)
+
+    def step_size(self, lr: float, round_: int, hess_init: float, delta: Tensor) -> float | Tensor:
+        return self.inner.step_size(lr, round_, hess_init, delta) * (hess_init + delta)
+
+
+# --- what a round's IVON state starts from --------------------------------------------------------------------------
+
+
+class RoundStart(Protocol):
+    def initial_state(self, m_g: Tensor, hess_init: float, round_: int, data) -> ivon.IVONState:
+        """The IVON state a client's solve in round `round_` (1-based) starts from, given the broadcast mean `m_g`,
+        h0 = `hess_init` and the client's `data` (the same object each round within a process). Its tensors must be
+        this solve's own: the solve updates them in place."""
+
+    def finished(self, data, state: ivon.IVONState) -> None:
+        """Told the state the solve on `data` ended with (before the posterior is read off it)."""
+
+
+@dataclass(frozen=True)
+class RestartAtHessInit:
+    """Every round starts at m = m_g, h = h0, g = 0, t = 0: Alg. 2 as written."""
+
+    def initial_state(self, m_g: Tensor, hess_init: float, round_: int, data) -> ivon.IVONState:
+        return ivon.init(m_g, hess_init)
+
+    def finished(self, data, state: ivon.IVONState) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class RestartAtQg:
+    """Round 1 starts at h = h0 (q_g is then the wide prior), every later round at h = 0, i.e. at q_g itself
+    (λ(h + δ) = s_g), as the authors' code resets IVON's posterior after each server step; m = m_g, g = 0, t = 0."""
+
+    def initial_state(self, m_g: Tensor, hess_init: float, round_: int, data) -> ivon.IVONState:
+        return ivon.init(m_g, hess_init if round_ <= 1 else 0.0)
+
+    def finished(self, data, state: ivon.IVONState) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -58,9 +131,8 @@ class IVONSolver:
     beta2: float = 0.99999
     mc_samples: int = 1
     clip_radius: float = float("inf")
-    cosine_rounds: int | None = None   # decay the lr over this many rounds (None: constant)
-    rescale_lr: bool = False           # True: step size lr·(h0 + δ) as ivon-opt does (first steps SGD-sized)
-    restart_at_q_g: bool = False       # True: rounds > 1 start at q_g (h ← 0) instead of h ← h0 (module docstring)
+    schedule: LRSchedule = field(default_factory=ConstantLR)         # the step size of each round
+    start: RoundStart = field(default_factory=RestartAtHessInit)     # what each round's IVON state starts from
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be > 0, got {value}" for name, value in
@@ -68,8 +140,6 @@ class IVONSolver:
                      ("mc_samples", self.mc_samples)) if value <= 0]
         if self.hess_init < 0:
             problems.append(f"hess_init must be >= 0, got {self.hess_init}")
-        if self.cosine_rounds is not None and self.cosine_rounds < 1:
-            problems.append(f"cosine_rounds must be >= 1 or None, got {self.cosine_rounds}")
         if problems:
             raise ValueError("IVONSolver: " + "; ".join(problems))
 
@@ -85,11 +155,9 @@ class IVONSolver:
         v = torch.mul(eta[0], self.tau).div_(n)
         u = torch.mul(eta[1], -2.0).mul_(self.tau).div_(n)
         delta = s_g / ess
-        lr = cosine_lr(self.lr, round_, self.cosine_rounds)
-        if self.rescale_lr:
-            lr = lr * (self.hess_init + delta)
+        lr = self.schedule.step_size(self.lr, round_, self.hess_init, delta)
 
-        state = ivon.init(m_g, 0.0 if self.restart_at_q_g and round_ > 1 else self.hess_init)
+        state = self.start.initial_state(m_g, self.hess_init, round_, data)
         ivon.check_noise_scale(state, ess, delta)   # h + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
         # the weight noise: a counter-based stream keyed once per solve (drawn in IVON's fused sampling kernel);
         # the generator also shuffles the minibatches
@@ -107,7 +175,7 @@ class IVONSolver:
                          else torch.stack([_grad(data, theta, idx) for theta in thetas]))
                 # (only the shuffles draw from the generator, so looking one batch ahead changes no number)
                 idx = next(batches, None)
-                # in place: the state is this solve's own (ivon.init copies m_g)
+                # in place: the state is this solve's own (RoundStart's contract; ivon.init copies m_g)
                 if idx is None:   # the last step: no sample after it (its noise is a third of a 2-step client's)
                     state = ivon.update_with(state, grads, eps, terms, inplace=True)
                 else:             # the update and the next step's samples in one pass
@@ -116,6 +184,7 @@ class IVONSolver:
                 steps += 1
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
             raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
+        self.start.finished(data, state)
         mean, precision = ivon.posterior(state, ess, delta)
         if not (all_finite(mean) and all_positive(precision)):
             raise SubproblemError("IVON diverged on this client (non-finite mean or non-positive precision); "
