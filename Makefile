@@ -1,4 +1,5 @@
-# `make demo` and `make test` set everything up themselves (scripts/setup.sh), then run.
+# `make demo` and `make test` set everything up themselves (scripts/setup.sh), then run. `make test` lints and
+# type-checks src/ (ruff, mypy) before the test suite.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs/demo
@@ -12,6 +13,9 @@ demo: setup
 	@VENV=$(VENV) bash scripts/demo.sh $(OUT)
 
 test: setup
+	$(PY) -m ruff check src
+	$(PY) -m ruff format --check src
+	$(PY) -m mypy src/bayesadmm
 	$(PY) -m pytest --durations=15
 
 figures: setup
