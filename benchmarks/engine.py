@@ -29,12 +29,12 @@ the same run on one thread (2048 × 2048 float32 products); the limit with N wor
 products, workers idle), and the median over the rounds: this VM's speed drifts by tens of percent within minutes
 (the one throughput at the start measured 65 to 93 GFLOP/s in runs of one session), and the per-round limit drifts
 with it, so this column is the one to compare across runs.
-With more than one worker count, each speed-up is printed beside what the machine leaves room for: workers ×
-balance / contention (an estimate: both timings vary by ±15 % from run to run on this VM). `balance` is how evenly the pool's static assignment spreads the round's local steps (total / (workers ×
-the busiest worker's steps); unequal clients cannot always be split evenly). `contention` is measured in the same
-run: the largest client's update timed in one process alone, then in as many processes at once as there are workers
-(the same update in each); the ratio is what the machine's shared caches and memory bandwidth take from each worker,
-which no scheduling of ours can win back.
+With more than one worker count, each speed-up is printed beside what the machine leaves room for: workers × balance /
+contention (an estimate: both timings vary by ±15 % from run to run on this VM). `balance` is how evenly the pool's
+static assignment spreads the round's local steps (total / (workers × the busiest worker's steps); unequal clients
+cannot always be split evenly). `contention` is measured in the same run: the largest client's update timed in one
+process alone, then in as many processes at once as there are workers (the same update in each); the ratio is what the
+machine's shared caches and memory bandwidth take from each worker, which no scheduling of ours can win back.
 `state MB`: the size of that checkpoint on disk (server and client states). `peak MB`: the peak resident memory of the
 process plus that of each worker (each counts the shared training set).
 """
@@ -139,7 +139,7 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     timed = times[3:] or times[-1:]   # steady state (see the module docstring)
     first = len(times) - len(timed)
     # each timed round against the limit at the throughput measured right after it; the median of those ratios
-    ratios = [t * workers * g * 1e9 / flops for t, g in zip(timed, round_gflops[first:])]
+    ratios = [t * workers * g * 1e9 / flops for t, g in zip(timed, round_gflops[first:], strict=True)]
     return {"scenario": scenario, "method": method, "clients": config.clients, "workers": workers,
             "seconds_per_round": sum(timed) / len(timed), "rounds_timed": len(timed), "round_seconds": times,
             "round_gflops": round_gflops, "round_ratios": ratios, "median_round_ratio": statistics.median(ratios),
@@ -228,7 +228,7 @@ def interleaved_cell(scenario: str, methods: list[str], workers: int, rounds: in
                 runs[method][3], _ = algorithm.server_update(server, replies)
                 times[method].append(time.perf_counter() - began)
     finally:
-        for config, algorithm, clients, server in runs.values():
+        for _config, _algorithm, clients, _server in runs.values():
             clients.close()
     return {"scenario": scenario, "workers": workers, "methods": methods, "round_seconds": times}
 
@@ -242,7 +242,7 @@ def print_interleaved(result: dict) -> None:
         print(f"  {method:<10} median {statistics.median(seconds):.2f} s/round "
               f"(min {min(seconds):.2f}, max {max(seconds):.2f})")
     for method in others:
-        ratios = [a / b for a, b in zip(times[method], times[reference])]
+        ratios = [a / b for a, b in zip(times[method], times[reference], strict=True)]
         print(f"  {method}/{reference} per round: {' '.join(f'{r:.2f}' for r in ratios)}; "
               f"median {statistics.median(ratios):.2f}x", flush=True)
 
@@ -323,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         peak = row["peak_mb_parent"] + sum(row["peak_mb_workers"])
         print(f"{scenario:<18} {method:<10} {row['clients']:>7} {w:>7} {row['seconds_per_round']:>8.2f} "
               f"{row['local_steps']:>7} {row['gflop_per_round']:>7.1f} {row['limit_seconds']:>8.3f} "
-              f"{row['ratio']:>6.1f} {row['median_round_ratio']:>8.1f} {row['state_mb']:>9.1f} {peak:>8.0f} {row['checkpoint_seconds']:>7.2f}",
+              f"{row['ratio']:>6.1f} {row['median_round_ratio']:>8.1f} {row['state_mb']:>9.1f} {peak:>8.0f} "
+              f"{row['checkpoint_seconds']:>7.2f}",
               flush=True)
     by_key = {(r["scenario"], r["method"], r["clients"], r["workers"]): r for r in rows}
     if len(workers) > 1:

@@ -59,7 +59,7 @@ def main() -> None:
             t0 = time.perf_counter()
             form(model, start, dual_sum, 0.01, memory, args.steps, 1e-3)
             times[name].append((time.perf_counter() - t0) / args.steps * 1e3)
-    ratio = statistics.median(p / l for p, l in zip(times["previous"], times["library"]))
+    ratio = statistics.median(p / q for p, q in zip(times["previous"], times["library"], strict=True))
     print(f"FedLap-Func server step, MLP d={model.dim}, {args.memory} memory points, {args.threads} thread(s)")
     for name, values in times.items():
         print(f"  {name:9s} {statistics.median(values):.2f} ms/step (median of {args.repeats})")

@@ -41,7 +41,7 @@ def _time_pair(a, b, steps: int, repeats: int) -> tuple[float, float, float]:
             for _ in range(steps):
                 f()
             runs.append((time.perf_counter() - start) / steps)
-    ratios = [tb / ta for ta, tb in zip(runs_a, runs_b)]
+    ratios = [tb / ta for ta, tb in zip(runs_a, runs_b, strict=True)]
     return statistics.median(runs_a), statistics.median(runs_b), statistics.median(ratios)
 
 
@@ -137,7 +137,7 @@ def main() -> None:
     start_flat_ivon()   # both from the same state, so that they take the same steps
     t_new, t_inplace, inplace_ratio = _time_pair(lambda: flat_ivon_step(False), flat_ivon_step, args.steps,
                                                  args.repeats)
-    same = all(torch.equal(a, b) for a, b in zip(states[True]["ivon"][:3], states[False]["ivon"][:3]))
+    same = all(torch.equal(a, b) for a, b in zip(states[True]["ivon"][:3], states[False]["ivon"][:3], strict=True))
     print(f"flat IVON step writing the state in place: {1e3 * t_inplace:.3f} ms, returning new tensors: "
           f"{1e3 * t_new:.3f} ms (in place / new: {inplace_ratio:.2f}; the same states after the same steps: {same})")
     t_adam, t_noise, share = _time_pair(flat_adam_step, noise_only, args.steps, args.repeats)

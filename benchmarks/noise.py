@@ -77,7 +77,7 @@ def main() -> None:
     print("| draw | ms per call | ratio to rng.counter_normal |")
     print("|---|---|---|")
     for name, runs in times.items():
-        ratio = statistics.median(t / r for t, r in zip(runs, reference))
+        ratio = statistics.median(t / r for t, r in zip(runs, reference, strict=True))
         print(f"| {name} | {1e3 * statistics.median(runs):.3f} | {ratio:.2f} |")
 
 

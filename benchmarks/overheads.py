@@ -89,7 +89,8 @@ def main() -> None:
         precompiled.disable_guard_check()
         copies = [[t.clone() if torch.is_tensor(t) else t for t in kernel_args] for _ in range(2)]
         outputs = (precompiled(*copies[0]), kernels.update_and_sample_step_(*copies[1]))
-        same = all(torch.equal(a, b) for a, b in zip((*copies[0][:3], *outputs[0]), (*copies[1][:3], *outputs[1])))
+        compiled_out, library_out = (*copies[0][:3], *outputs[0]), (*copies[1][:3], *outputs[1])
+        same = all(torch.equal(a, b) for a, b in zip(compiled_out, library_out, strict=True))
         calls["IVON kernel call on 8 parameters, aot_compile without guard check"] = lambda: precompiled(*kernel_args)
         note = f"aot_compile took {seconds:.1f} s; its outputs equal the library kernel's: {same}"
     rows.update(_alternate(calls, args.calls, args.repeats))
@@ -106,7 +107,9 @@ def main() -> None:
         new_dual = nat.add(dual, nat.scale(nat.sub(lam_k, lam_g), gamma))
         return new_dual, nat.add(new_dual, nat.scale(lam_k, gamma))
 
-    same_bits = all(torch.equal(a, b) for x, y in zip(library(), pairwise()) for a, b in zip(x, y))
+    same_bits = all(
+        torch.equal(a, b) for x, y in zip(library(), pairwise(), strict=True) for a, b in zip(x, y, strict=True)
+    )
     rows.update(_alternate({"client dual step + reply, MLP, nat.add_scaled (library)": library,
                             "client dual step + reply, MLP, add(a, scale(b, c))": pairwise},
                            max(args.calls // 10, 10), args.repeats))

@@ -2,9 +2,17 @@
 
     python benchmarks/profile_round.py CLIENTS METHOD [WORKERS [SCENARIO]]     # e.g. 1000 ivon-admm 1
 
-SCENARIO (default fmnist-heterog100) split iid into CLIENTS clients, one local epoch; rounds 1-4 untimed by the profiler, round 5 under cProfile (top 25 by own time).
+SCENARIO (default fmnist-heterog100) split iid into CLIENTS clients, one local epoch; rounds 1-4 untimed by the
+profiler, round 5 under cProfile (top 25 by own time).
 """
-import cProfile, pstats, sys, time, torch
+
+import cProfile
+import pstats
+import sys
+import time
+
+import torch
+
 from bayesadmm.engine.loop import participants
 from bayesadmm.engine.workers import client_runner
 from bayesadmm.experiments.build import build
@@ -13,10 +21,14 @@ from bayesadmm.experiments.config import resolve
 
 def main():
     torch.set_num_threads(1)
-    clients_n = int(sys.argv[1]); method = sys.argv[2]; workers = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+    clients_n, method = int(sys.argv[1]), sys.argv[2]
+    workers = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     scenario = sys.argv[4] if len(sys.argv) > 4 else "fmnist-heterog100"
-    config, _ = resolve(scenario, [f"method={method}", f"workers={workers}", "rounds=8", f"clients={clients_n}", "partition=iid", "epochs=1"])
-    fed = build(config).federation; alg = fed.make_algorithm()
+    overrides = [f"method={method}", f"workers={workers}", "rounds=8", f"clients={clients_n}", "partition=iid"]
+    overrides.append("epochs=1")
+    config, _ = resolve(scenario, overrides)
+    fed = build(config).federation
+    alg = fed.make_algorithm()
     server = alg.init_server(fed.theta0.to(config.device))
     clients = client_runner(fed.make_algorithm, fed.clients, config.seed, workers, alg)
     ids = sorted(fed.clients.sizes)
@@ -34,7 +46,8 @@ def main():
         clients.start(server)
         for r in range(1, 5):
             one(r)
-        pr = cProfile.Profile(); pr.enable()
+        pr = cProfile.Profile()
+        pr.enable()
         one(5)
         pr.disable()
     finally:

@@ -3,12 +3,12 @@
 The public API:
 
     bayesadmm.run(model, clients, test, algorithm=..., hparams=..., likelihood=..., rounds=..., ...)  -> Result
-    bayesadmm.Classification(), GaussianRegression(noise), NegLogLikelihood(fn)                       likelihoods
-    bayesadmm.algorithms.REGISTRY, bayesadmm.algorithms.make(name, **hparams), bayesadmm.Algorithm    algorithms
-    bayesadmm.ClientData, SupervisedData                                                              client data
-    bayesadmm.FlatModel                                                                               a module as f(θ, x)
-    bayesadmm.optim.IVON                                                                              a torch optimizer
-    bayesadmm.Federation, Settings, run_federation                                                    the engine's loop
+    bayesadmm.Classification(), GaussianRegression(noise), NegLogLikelihood(fn)                      likelihoods
+    bayesadmm.algorithms.REGISTRY, bayesadmm.algorithms.make(name, **hparams), bayesadmm.Algorithm   algorithms
+    bayesadmm.ClientData, SupervisedData                                                             client data
+    bayesadmm.FlatModel                                                                              a module as f(θ, x)
+    bayesadmm.optim.IVON                                                                             a torch optimizer
+    bayesadmm.Federation, Settings, run_federation                                                   the engine's loop
 """
 
 from bayesadmm import algorithms
@@ -23,6 +23,25 @@ from bayesadmm.models import FlatModel
 
 __version__ = "0.1.0"
 
-__all__ = ["run", "Result", "algorithm_factory", "algorithms", "Algorithm", "DivergenceError", "PointEstimate",
-           "ClientData", "SupervisedData", "TensorClients", "Likelihood", "Classification", "GaussianRegression",
-           "NegLogLikelihood", "FlatModel", "Federation", "Settings", "run_federation", "generator_for", "evaluate"]
+__all__ = [
+    "run",
+    "Result",
+    "algorithm_factory",
+    "algorithms",
+    "Algorithm",
+    "DivergenceError",
+    "PointEstimate",
+    "ClientData",
+    "SupervisedData",
+    "TensorClients",
+    "Likelihood",
+    "Classification",
+    "GaussianRegression",
+    "NegLogLikelihood",
+    "FlatModel",
+    "Federation",
+    "Settings",
+    "run_federation",
+    "generator_for",
+    "evaluate",
+]

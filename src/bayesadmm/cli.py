@@ -21,12 +21,18 @@ PAPER_EXPERIMENTS = {
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bayesadmm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run a federated experiment: a scenario preset or a JSON config file",
-                              description="KEY=VALUE overrides: general keys (method, rounds, seed, clients, out, "
-                                          "participation, ...) and the method's hyperparameters; an unknown key "
-                                          "lists the valid ones.")
-    run.add_argument("scenario", help="a preset (fmnist-heterog10, fmnist-homog10, fmnist-heterog100, "
-                                      "mnist-heterog100, cifar10-zenke, cifar10-acar, cifar100-resnet20) or a file")
+    run = commands.add_parser(
+        "run",
+        help="run a federated experiment: a scenario preset or a JSON config file",
+        description="KEY=VALUE overrides: general keys (method, rounds, seed, clients, out, "
+        "participation, ...) and the method's hyperparameters; an unknown key "
+        "lists the valid ones.",
+    )
+    run.add_argument(
+        "scenario",
+        help="a preset (fmnist-heterog10, fmnist-homog10, fmnist-heterog100, "
+        "mnist-heterog100, cifar10-zenke, cifar10-acar, cifar100-resnet20) or a file",
+    )
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     run.add_argument("--data-dir", default=None, help="folder with the dataset's files (same as data_dir=...)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -34,40 +40,63 @@ def _parser() -> argparse.ArgumentParser:
     flower = commands.add_parser("flower", help="run on Flower (needs the flower extra: pip install -e '.[flower]')")
     flower_commands = flower.add_subparsers(dest="flower_command", required=True)
     demo = flower_commands.add_parser(
-        "demo", help="a loopback Flower deployment with TLS: one SuperLink, N SuperNodes, `flwr run`",
+        "demo",
+        help="a loopback Flower deployment with TLS: one SuperLink, N SuperNodes, `flwr run`",
         description="Starts flower-superlink and N flower-supernode processes on this machine (TLS with throw-away "
-                    "certificates), runs the scenario with `flwr run`, prints the final metrics and stops every "
-                    "process. docs/deploy.md does the same on separate machines.")
+        "certificates), runs the scenario with `flwr run`, prints the final metrics and stops every "
+        "process. docs/deploy.md does the same on separate machines.",
+    )
     demo.add_argument("scenario", nargs="?", default="fmnist-heterog10", help="a preset or a JSON config file")
     demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="as for `bayesadmm run`")
     demo.add_argument("--supernodes", type=int, default=3, help="SuperNodes = clients (default 3)")
     demo.add_argument("--rounds", type=int, default=3, help="communication rounds (default 3)")
     demo.add_argument("--out", type=Path, default=None, help="run directory (default: in the work directory)")
     demo.add_argument("--workdir", type=Path, default=None, help="certificates and logs (default: a new temp dir)")
-    demo.add_argument("--kill-after-round", type=int, default=None, metavar="R",
-                      help="kill the last SuperNode after round R, to see the run finish without it")
+    demo.add_argument(
+        "--kill-after-round",
+        type=int,
+        default=None,
+        metavar="R",
+        help="kill the last SuperNode after round R, to see the run finish without it",
+    )
     demo.add_argument("--round-timeout", type=float, default=120.0, help="seconds to wait for a round's replies")
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--quiet", action="store_true")
-    resume.add_argument("--stop-at", type=int, default=0, metavar="ROUND",
-                        help="stop again after this round (default: run to the end)")
-    compare = commands.add_parser("compare", help="Table-1-style comparison of finished runs (accuracy, NLL and ECE "
-                                                  "at the given rounds, and seconds per round)")
+    resume.add_argument(
+        "--stop-at", type=int, default=0, metavar="ROUND", help="stop again after this round (default: run to the end)"
+    )
+    compare = commands.add_parser(
+        "compare",
+        help="Table-1-style comparison of finished runs (accuracy, NLL and ECE "
+        "at the given rounds, and seconds per round)",
+    )
     compare.add_argument("run_dirs", nargs="+", type=Path)
     compare.add_argument("--rounds", default="10,25,50", help="comma-separated rounds (default 10,25,50)")
     compare.add_argument("--out", type=Path, default=None, help="write table.md, table.tex and curves.png here")
-    compare.add_argument("--paper", default=None, metavar="SCENARIO",
-                         help="also set accuracy and NLL beside the papers' published numbers for this scenario "
-                              "(written to paper.md with --out)")
+    compare.add_argument(
+        "--paper",
+        default=None,
+        metavar="SCENARIO",
+        help="also set accuracy and NLL beside the papers' published numbers for this scenario "
+        "(written to paper.md with --out)",
+    )
     paper = commands.add_parser("paper", help="reproduce one of the papers' illustrative experiments")
-    paper.add_argument("experiment", choices=sorted(PAPER_EXPERIMENTS),
-                       help="; ".join(f"{k}: {v[1]}" for k, v in PAPER_EXPERIMENTS.items()))
+    paper.add_argument(
+        "experiment",
+        choices=sorted(PAPER_EXPERIMENTS),
+        help="; ".join(f"{k}: {v[1]}" for k, v in PAPER_EXPERIMENTS.items()),
+    )
     paper.add_argument("--out", type=Path, default=Path("runs/paper"), help="directory for the JSON and PNG files")
     paper.add_argument("--rounds", type=int, default=None, help="communication rounds (default: the experiment's)")
     paper.add_argument("--data-dir", default=None, help="directory with the FashionMNIST IDX files")
-    paper.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override one of the experiment's numeric settings (see its `run` signature)")
+    paper.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one of the experiment's numeric settings (see its `run` signature)",
+    )
     return parser
 
 
@@ -76,8 +105,11 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
     its default; unknown keys and values of the wrong type are errors that name the valid keys."""
     import inspect
 
-    defaults = {name: p.default for name, p in inspect.signature(run).parameters.items()
-                if name not in ("out", "rounds", "data_dir") and isinstance(p.default, (int, float))}
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(run).parameters.items()
+        if name not in ("out", "rounds", "data_dir") and isinstance(p.default, (int, float))
+    }
     result = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -87,8 +119,9 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
         try:
             result[key] = kind(value)
         except ValueError:
-            raise ValueError(f"setting {key} needs {'an integer' if kind is int else 'a number'}, "
-                             f"got {value!r}") from None
+            raise ValueError(
+                f"setting {key} needs {'an integer' if kind is int else 'a number'}, got {value!r}"
+            ) from None
     return result
 
 
@@ -142,7 +175,7 @@ def _compare(args) -> int:
 def _flower_demo(args) -> int:
     from bayesadmm.experiments.config import ConfigError, resolve
 
-    if "=" in args.scenario:   # `bayesadmm flower demo method=fedavg`: no scenario given, only overrides
+    if "=" in args.scenario:  # `bayesadmm flower demo method=fedavg`: no scenario given, only overrides
         args.overrides, args.scenario = [args.scenario, *args.overrides], "fmnist-heterog10"
     if args.supernodes < 1 or args.rounds < 1:
         print("bayesadmm: --supernodes and --rounds must be at least 1", file=sys.stderr)
@@ -152,22 +185,31 @@ def _flower_demo(args) -> int:
     except ImportError as exc:
         print(f"bayesadmm: Flower is not installed ({exc}); pip install -e '.[flower]'", file=sys.stderr)
         return 2
-    try:   # the same checks as `bayesadmm run`, before any process starts
+    try:  # the same checks as `bayesadmm run`, before any process starts
         resolve(args.scenario, [*args.overrides, f"clients={args.supernodes}", f"rounds={args.rounds}"])
     except (ConfigError, FileNotFoundError) as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
     start = time.perf_counter()
     try:
-        result = run_demo(args.scenario, tuple(args.overrides), args.supernodes, args.rounds, out=args.out,
-                          workdir=args.workdir, kill_after_round=args.kill_after_round,
-                          round_timeout=args.round_timeout)
+        result = run_demo(
+            args.scenario,
+            tuple(args.overrides),
+            args.supernodes,
+            args.rounds,
+            out=args.out,
+            workdir=args.workdir,
+            kill_after_round=args.kill_after_round,
+            round_timeout=args.round_timeout,
+        )
     except DeploymentError as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 1
     status = result["status"]
-    print(f"run {status['status']} after round {status['round']} in {time.perf_counter() - start:.1f} s"
-          + (f": {status['message']}" if "message" in status else ""))
+    print(
+        f"run {status['status']} after round {status['round']} in {time.perf_counter() - start:.1f} s"
+        + (f": {status['message']}" if "message" in status else "")
+    )
     print("final metrics: " + json.dumps(result["metrics"]))
     print(f"run directory: {result['run_dir']} (flower.log says which node did what); logs: {result['workdir']}")
     return 0 if status["status"] == "completed" else 1

@@ -11,8 +11,9 @@ instead of two per client.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -93,21 +94,28 @@ class TensorClients:
         return SupervisedData(self.model, self.X[a:b].to(self.device), self.y[a:b].to(self.device), self.likelihood)
 
     @classmethod
-    def from_parts(cls, model: FlatModel, parts: Mapping[int, tuple[Tensor, Tensor]],
-                   likelihood: Likelihood | None = None, device: str = "cpu") -> TensorClients:
+    def from_parts(
+        cls,
+        model: FlatModel,
+        parts: Mapping[int, tuple[Tensor, Tensor]],
+        likelihood: Likelihood | None = None,
+        device: str = "cpu",
+    ) -> TensorClients:
         """Clients given as (X_k, y_k) pairs by id, concatenated in id order."""
         ids = sorted(parts)
         if not ids:
             raise ValueError("there are no clients")
         xs, ys = [parts[k][0] for k in ids], [parts[k][1] for k in ids]
-        for k, x, y in zip(ids, xs, ys):
+        for k, x, y in zip(ids, xs, ys, strict=True):
             if x.shape[0] != y.shape[0]:
                 raise ValueError(f"client {k}: X has {x.shape[0]} examples but y has {y.shape[0]}")
             if x.shape[0] == 0:
                 raise ValueError(f"client {k} has no examples")
             if x.shape[1:] != xs[0].shape[1:] or y.shape[1:] != ys[0].shape[1:]:
-                raise ValueError(f"client {k}'s examples have shape {tuple(x.shape[1:])} → {tuple(y.shape[1:])}, "
-                                 f"client {ids[0]}'s {tuple(xs[0].shape[1:])} → {tuple(ys[0].shape[1:])}")
+                raise ValueError(
+                    f"client {k}'s examples have shape {tuple(x.shape[1:])} → {tuple(y.shape[1:])}, "
+                    f"client {ids[0]}'s {tuple(xs[0].shape[1:])} → {tuple(ys[0].shape[1:])}"
+                )
         bounds = torch.tensor([0] + [x.shape[0] for x in xs]).cumsum(0).tolist()
         slices = {k: (bounds[i], bounds[i + 1]) for i, k in enumerate(ids)}
         return cls(model, torch.cat(xs), torch.cat(ys), slices, likelihood or Classification(), device)
@@ -140,8 +148,7 @@ def as_tensors(data: Any, what: str) -> tuple[Tensor, Tensor]:
         xs = [torch.as_tensor(item[0]) for item in items]
         ys = [torch.as_tensor(item[1]) for item in items]
         return torch.stack(xs), torch.stack(ys)
-    raise TypeError(f"{what} must be an (X, y) pair of tensors or a Dataset of (x, y) pairs, "
-                    f"got {type(data).__name__}")
+    raise TypeError(f"{what} must be an (X, y) pair of tensors or a Dataset of (x, y) pairs, got {type(data).__name__}")
 
 
 def client_ids(clients: Iterable) -> list[int]:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -35,8 +36,12 @@ __all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
 ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes")
 
 
-def algorithm_factory(algorithm: str | Algorithm | Callable[..., Algorithm], hparams: Mapping[str, Any],
-                      model: FlatModel, client_sizes: Mapping[int, int]) -> Callable[[], Algorithm]:
+def algorithm_factory(
+    algorithm: str | Algorithm | Callable[..., Algorithm],
+    hparams: Mapping[str, Any],
+    model: FlatModel,
+    client_sizes: Mapping[int, int],
+) -> Callable[[], Algorithm]:
     """A zero-argument callable that builds the algorithm, picklable when `algorithm` is (worker processes get it).
 
     `algorithm`: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory (any callable returning an Algorithm:
@@ -87,13 +92,28 @@ def _client_source(clients: Any, model: FlatModel, likelihood: Likelihood, devic
     return TensorClients.from_parts(model, parts, likelihood, device)
 
 
-def run(model: nn.Module | FlatModel, clients: Sequence[Any] | Mapping[int, Any], test: Any, *,
-        algorithm: str | Algorithm | Callable[..., Algorithm] = "ivon-admm", hparams: Mapping[str, Any] | None = None,
-        likelihood: Likelihood | None = None, metrics: Mapping[str, Callable[[Tensor, Tensor], float]] | None = None,
-        rounds: int = 10, seed: int = 0, participation: float = 1.0, eval_samples: int = 32, workers: int = 1,
-        device: str = "cpu", checkpoint_every: int = 1, stop_at: int = 0, out: str | Path | None = None,
-        resume: bool = False, progress: bool = True,
-        on_round: Callable[[dict], None] | None = None) -> Result:
+def run(
+    model: nn.Module | FlatModel,
+    clients: Sequence[Any] | Mapping[int, Any],
+    test: Any,
+    *,
+    algorithm: str | Algorithm | Callable[..., Algorithm] = "ivon-admm",
+    hparams: Mapping[str, Any] | None = None,
+    likelihood: Likelihood | None = None,
+    metrics: Mapping[str, Callable[[Tensor, Tensor], float]] | None = None,
+    rounds: int = 10,
+    seed: int = 0,
+    participation: float = 1.0,
+    eval_samples: int = 32,
+    workers: int = 1,
+    device: str = "cpu",
+    checkpoint_every: int = 1,
+    stop_at: int = 0,
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    on_round: Callable[[dict], None] | None = None,
+) -> Result:
     """Run a federated experiment; returns a `Result` (status, history of per-round metrics, final server state,
     `result.posterior`, the run directory).
 
@@ -112,31 +132,68 @@ def run(model: nn.Module | FlatModel, clients: Sequence[Any] | Mapping[int, Any]
         with the same arguments, giving the numbers an uninterrupted run would have.
     on_round: called with each round's metrics line (a dict).
     """
-    settings = Settings(rounds=rounds, seed=seed, participation=participation, eval_samples=eval_samples,
-                        device=device, workers=workers, checkpoint_every=checkpoint_every, stop_at=stop_at)
+    settings = Settings(
+        rounds=rounds,
+        seed=seed,
+        participation=participation,
+        eval_samples=eval_samples,
+        device=device,
+        workers=workers,
+        checkpoint_every=checkpoint_every,
+        stop_at=stop_at,
+    )
     likelihood = likelihood or Classification()
     if not isinstance(likelihood, Likelihood):
-        raise TypeError(f"likelihood must implement bayesadmm.Likelihood (mean_nll, predictive, metrics), "
-                        f"got {type(likelihood).__name__}")
+        raise TypeError(
+            f"likelihood must implement bayesadmm.Likelihood (mean_nll, predictive, metrics), "
+            f"got {type(likelihood).__name__}"
+        )
     flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
-    theta0 = (flat.initial_params(torch.Generator()) if isinstance(model, FlatModel)
-              else flat.flatten(dict(model.named_parameters())).detach().clone())
+    theta0 = (
+        flat.initial_params(torch.Generator())
+        if isinstance(model, FlatModel)
+        else flat.flatten(dict(model.named_parameters())).detach().clone()
+    )
     source = _client_source(clients, flat, likelihood, device)
     X_test, y_test = as_tensors(test, "test")
     make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes)
-    federation = Federation(flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood,
-                            dict(metrics or {}))
+    federation = Federation(
+        flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {})
+    )
     run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
-    config = {"settings": {k: getattr(settings, k) for k in ("rounds", "seed", "participation", "eval_samples",
-                                                             "device", "workers", "checkpoint_every", "stop_at")},
-              "algorithm": algorithm if isinstance(algorithm, str) else _name(algorithm),
-              "hparams": {k: _jsonable(v) for k, v in (hparams or {}).items()},
-              "likelihood": repr(likelihood), "model": repr(model) if isinstance(model, nn.Module) else repr(flat),
-              "parameters": flat.dim, "clients": {str(k): n for k, n in source.sizes.items()}}
+    config = {
+        "settings": {
+            k: getattr(settings, k)
+            for k in (
+                "rounds",
+                "seed",
+                "participation",
+                "eval_samples",
+                "device",
+                "workers",
+                "checkpoint_every",
+                "stop_at",
+            )
+        },
+        "algorithm": algorithm if isinstance(algorithm, str) else _name(algorithm),
+        "hparams": {k: _jsonable(v) for k, v in (hparams or {}).items()},
+        "likelihood": repr(likelihood),
+        "model": repr(model) if isinstance(model, nn.Module) else repr(flat),
+        "parameters": flat.dim,
+        "clients": {str(k): n for k, n in source.sizes.items()},
+    }
     if resume:
         _check_same_run(run_dir, config)
-    return run_federation(federation, settings, run_dir, config=config, resume=resume, progress=progress,
-                          title=algorithm if isinstance(algorithm, str) else "", on_round=on_round)
+    return run_federation(
+        federation,
+        settings,
+        run_dir,
+        config=config,
+        resume=resume,
+        progress=progress,
+        title=algorithm if isinstance(algorithm, str) else "",
+        on_round=on_round,
+    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -159,5 +216,7 @@ def _check_same_run(run_dir: Path, config: Mapping[str, Any]) -> None:
         mine["settings"].pop(key, None)
     differ = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
     if differ:
-        raise ValueError(f"{run_dir} holds a different run (it differs in {', '.join(differ)}); "
-                         f"resume with the same arguments, or choose another out=")
+        raise ValueError(
+            f"{run_dir} holds a different run (it differs in {', '.join(differ)}); "
+            f"resume with the same arguments, or choose another out="
+        )

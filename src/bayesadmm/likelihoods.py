@@ -107,7 +107,9 @@ class GaussianRegression:
     def __post_init__(self) -> None:
         noise = self.noise
         if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not math.isfinite(noise) or noise <= 0:
-            raise ValueError(f"noise must be a finite positive float (the observation standard deviation), got {noise!r}")
+            raise ValueError(
+                f"noise must be a finite positive float (the observation standard deviation), got {noise!r}"
+            )
 
     def mean_nll(self, outputs: Tensor, targets: Tensor) -> Tensor:
         """``(1/N) Σ_i Σ_d [½ log(2π noise²) + (y_id − f_id)² / (2 noise²)]``."""
@@ -127,7 +129,7 @@ class GaussianRegression:
         targets = targets.to(draws.dtype)
         n, s = draws.shape[:2]
         residual = (targets.unsqueeze(1) - draws) / self.noise
-        log_density = -(0.5 * residual.square() + self._log_norm()).reshape(n, s, -1).sum(dim=2)   # (N, S)
+        log_density = -(0.5 * residual.square() + self._log_norm()).reshape(n, s, -1).sum(dim=2)  # (N, S)
         nll = -(torch.logsumexp(log_density, dim=1) - math.log(s)).mean()
 
         mean = draws.mean(dim=1)
@@ -182,7 +184,7 @@ class NegLogLikelihood:
                 f"summary must have shape (N, S, ...) with N = {targets.shape[0]} targets, got {tuple(summary.shape)}"
             )
         s = summary.shape[1]
-        nll = torch.stack([self._per_example(summary[:, k], targets) for k in range(s)])   # (S, N)
+        nll = torch.stack([self._per_example(summary[:, k], targets) for k in range(s)])  # (S, N)
         return {"nll": -(torch.logsumexp(-nll, dim=0) - math.log(s)).mean().item()}
 
     def _per_example(self, outputs: Tensor, targets: Tensor) -> Tensor:
@@ -191,7 +193,8 @@ class NegLogLikelihood:
         if not isinstance(value, Tensor) or tuple(value.shape) != (n,):
             shape = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
             raise ValueError(
-                f"fn must return the per-example negative log-likelihood, a tensor of shape (N,) = ({n},), got {shape}; "
+                f"fn must return the per-example negative log-likelihood, a tensor of shape (N,) = ({n},), "
+                f"got {shape}; "
                 "sum over the output dimensions inside fn and do not average over the examples"
             )
         return value
@@ -221,8 +224,10 @@ def _match_targets(outputs: Tensor, targets: Tensor, draws: bool) -> Tensor:
     lead = 2 if draws else 1
     expected = "(N, S, ...)" if draws else "(N, ...)"
     outputs = _squeeze_singleton(outputs, targets, lead)
-    if outputs.dim() != targets.dim() + lead - 1 or outputs.shape[:1] != targets.shape[:1] or (
-        outputs.shape[lead:] != targets.shape[1:]
+    if (
+        outputs.dim() != targets.dim() + lead - 1
+        or outputs.shape[:1] != targets.shape[:1]
+        or (outputs.shape[lead:] != targets.shape[1:])
     ):
         raise ValueError(
             f"outputs must have shape {expected} matching targets (N, ...) = {tuple(targets.shape)} (one extra "

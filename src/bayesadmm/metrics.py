@@ -47,7 +47,7 @@ from bayesadmm.models import FlatModel
 
 __all__ = ["classification_metrics", "evaluate"]
 
-_CLASSIFICATION = Classification()   # the default likelihood (frozen, so one shared instance is safe)
+_CLASSIFICATION = Classification()  # the default likelihood (frozen, so one shared instance is safe)
 
 
 def classification_metrics(probs: Tensor, y: Tensor, bins: int = 15) -> dict[str, float]:
@@ -121,7 +121,8 @@ def evaluate(
         raise ValueError(f"X must have N ≥ 1 rows and y shape (N, ...), got {tuple(X.shape)} and {tuple(y.shape)}")
     if not isinstance(likelihood, Likelihood):
         raise TypeError(
-            f"likelihood must implement mean_nll, predictive and metrics (see bayesadmm.likelihoods), got {likelihood!r}"
+            "likelihood must implement mean_nll, predictive and metrics (see bayesadmm.likelihoods), "
+            f"got {likelihood!r}"
         )
     extra = dict(extra or {})
     for name, fn in extra.items():

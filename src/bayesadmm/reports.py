@@ -13,12 +13,16 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))          # plotted
+METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))  # plotted
 # what a run's plot shows: the first two of these its metrics have (classification: accuracy and NLL; regression:
 # RMSE and NLL; a user-written likelihood: NLL)
-PLOTTABLE = (("acc", "accuracy (%)", 100.0), ("rmse", "RMSE", 1.0), ("nll", "NLL", 1.0),
-             ("calibration_error", "interval calibration error", 1.0))
-TABLE_METRICS = METRICS + (("ece", "ECE", 1.0),)                            # tabulated
+PLOTTABLE = (
+    ("acc", "accuracy (%)", 100.0),
+    ("rmse", "RMSE", 1.0),
+    ("nll", "NLL", 1.0),
+    ("calibration_error", "interval calibration error", 1.0),
+)
+TABLE_METRICS = METRICS + (("ece", "ECE", 1.0),)  # tabulated
 
 
 def read_run(run_dir: Path) -> tuple[dict, list[dict]]:
@@ -27,8 +31,11 @@ def read_run(run_dir: Path) -> tuple[dict, list[dict]]:
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
     config = json.loads((run_dir / "config.json").read_text())
     metrics_file = run_dir / "metrics.jsonl"
-    lines = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()] \
-        if metrics_file.exists() else []
+    lines = (
+        [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+        if metrics_file.exists()
+        else []
+    )
     return config, lines
 
 
@@ -39,13 +46,16 @@ def _last3(history: list[dict], key: str, round_: int) -> float | None:
 
 def _matplotlib():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
 def eval_set(history: list[dict]) -> str:
-    """"test", or "val" for a run evaluated on a held-out part of the training set (`validation` > 0)."""
+    """The split a run is evaluated on: "test", or "val" for a run evaluated on a held-out part of the training set
+    (`validation` > 0)."""
     return "val" if history and any(key.startswith("val_") for key in history[0]) else "test"
 
 
@@ -59,11 +69,15 @@ def plot_run(history: list[dict], path: Path, title: str = "") -> None:
     if not shown:
         return
     fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.8), squeeze=False)
-    for ax, (metric, label, scale) in zip(axes[0], shown):
+    for ax, (metric, label, scale) in zip(axes[0], shown, strict=True):
         ax.plot(rounds, [scale * line[f"{where}_{metric}"] for line in history], marker=".", label="at mean")
         if f"ens_{where}_{metric}" in history[0]:
-            ax.plot(rounds, [scale * line[f"ens_{where}_{metric}"] for line in history], marker=".",
-                    label="posterior predictive")
+            ax.plot(
+                rounds,
+                [scale * line[f"ens_{where}_{metric}"] for line in history],
+                marker=".",
+                label="posterior predictive",
+            )
         ax.set_xlabel("round")
         ax.set_ylabel(f"{'validation' if where == 'val' else 'test'} {label}")
         ax.grid(alpha=0.3)
@@ -86,7 +100,7 @@ def method_label(config: dict) -> str:
     """The row name of a run: its method, plus the local inference where a method has several (FedEP's I, L, M, V),
     so that runs differing in it are not averaged as if they were seeds."""
     inference = config.get("hparams", {}).get("inference")
-    method = config.get("method") or config["algorithm"]   # a preset run's method, or bayesadmm.run's algorithm
+    method = config.get("method") or config["algorithm"]  # a preset run's method, or bayesadmm.run's algorithm
     return f"{method}-{inference}" if inference else method
 
 
@@ -97,9 +111,12 @@ def setting_labels(configs: list[dict]) -> list[str]:
     by_method: dict[str, list[dict]] = defaultdict(list)
     for config in configs:
         by_method[method_label(config)].append(config.get("hparams", {}))
-    varying = {method: sorted(key for key in set().union(*hparams)
-                              if len({json.dumps(h.get(key), sort_keys=True) for h in hparams}) > 1)
-               for method, hparams in by_method.items()}
+    varying = {
+        method: sorted(
+            key for key in set().union(*hparams) if len({json.dumps(h.get(key), sort_keys=True) for h in hparams}) > 1
+        )
+        for method, hparams in by_method.items()
+    }
     labels = []
     for config in configs:
         method, hparams = method_label(config), config.get("hparams", {})
@@ -125,7 +142,7 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
     header = ["method", "runs"] + [f"{label} @{r}: ours / paper" for _, label, _ in METRICS for r in rounds]
     rows = []
     for (method, where), histories in sorted(groups.items()):
-        base = method.split(" [")[0]     # a row of non-default settings is set beside the method's published numbers
+        base = method.split(" [")[0]  # a row of non-default settings is set beside the method's published numbers
         published = paper.get(base if where == "m_g" else f"{base}+predictive")
         if published is None:
             continue
@@ -133,20 +150,23 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
         cells = [f"{method} ({where})", str(len(histories))]
         for metric, _, scale in METRICS:
             digits = 1 if metric == "acc" else 3
-            published_digits = 1 if metric == "acc" else 2     # as the papers print them
+            published_digits = 1 if metric == "acc" else 2  # as the papers print them
             for r in rounds:
                 values = [v for h in histories if (v := _last3(h, prefix + metric, r)) is not None]
                 theirs = published.get(metric, {}).get(str(r))
                 ours = scale * statistics.fmean(values) if values else None
-                shown = ("—" if ours is None else f"{ours:.{digits}f}",
-                         "—" if theirs is None else f"{theirs:.{published_digits}f}")
+                shown = (
+                    "—" if ours is None else f"{ours:.{digits}f}",
+                    "—" if theirs is None else f"{theirs:.{published_digits}f}",
+                )
                 difference = "" if ours is None or theirs is None else f" ({ours - theirs:+.{digits}f})"
                 cells.append(f"{shown[0]} / {shown[1]}{difference}")
         rows.append(cells)
     if not rows:
         return f"(none of these methods has published numbers for {scenario})"
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                     + ["| " + " | ".join(row) + " |" for row in rows])
+    return "\n".join(
+        ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
+    )
 
 
 def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None, paper: str | None = None) -> str:
@@ -157,7 +177,7 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
     scenarios, sets = set(), set()
     runs = [run for run in map(read_run, run_dirs) if run[1]]
     labels = setting_labels([config for config, _ in runs])
-    for (config, history), label in zip(runs, labels):
+    for (config, history), label in zip(runs, labels, strict=True):
         scenarios.add(config.get("scenario", "?"))
         sets.add(eval_set(history))
         groups[(label, "m_g")].append(history)
@@ -166,12 +186,12 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
     if not groups:
         raise ValueError("none of the runs has finished a round")
     if len(sets) > 1:
-        raise ValueError("some runs were evaluated on a validation split and some on the test set; compare them "
-                         "separately")
+        raise ValueError(
+            "some runs were evaluated on a validation split and some on the test set; compare them separately"
+        )
     split = sets.pop()
 
-    header = (["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in TABLE_METRICS]
-              + ["s/round"])
+    header = ["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in TABLE_METRICS] + ["s/round"]
     rows = []
     for (method, where), histories in sorted(groups.items()):
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
@@ -189,8 +209,9 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
         cells.append(_seconds_per_round(histories))
         rows.append(cells)
 
-    markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-                         + ["| " + " | ".join(row) + " |" for row in rows])
+    markdown = "\n".join(
+        ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
+    )
     beside = _paper_table(groups, rounds, split, paper) if paper else None
     if out_dir is not None:
         out_dir = Path(out_dir)
@@ -207,16 +228,24 @@ def _seconds_per_round(histories: list[list[dict]]) -> str:
     """The wall-clock seconds of a round as the runs measured it (client updates and server update, no evaluation):
     the median over runs of each run's median round after the first (which starts workers and compiles kernels).
     It depends on the machine's load and the run's `workers` when it ran; benchmarks/engine.py times it cleanly."""
-    per_run = [statistics.median(seconds) for h in histories
-               if (seconds := [row["seconds"] for row in h[1:] if "seconds" in row])]
+    per_run = [
+        statistics.median(seconds)
+        for h in histories
+        if (seconds := [row["seconds"] for row in h[1:] if "seconds" in row])
+    ]
     return f"{statistics.median(per_run):.1f}" if per_run else "—"
 
 
 def _latex(header: list[str], rows: list[list[str]]) -> str:
     def esc(text: str) -> str:
         return text.replace("±", r"$\pm$").replace("%", r"\%").replace("_", r"\_").replace("@", "")
-    lines = [r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\toprule",
-             " & ".join(esc(h) for h in header) + r" \\", r"\midrule"]
+
+    lines = [
+        r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}",
+        r"\toprule",
+        " & ".join(esc(h) for h in header) + r" \\",
+        r"\midrule",
+    ]
     lines += [" & ".join(esc(c) for c in row) + r" \\" for row in rows]
     lines += [r"\bottomrule", r"\end{tabular}", ""]
     return "\n".join(lines)
@@ -229,14 +258,18 @@ def _plot_overlay(groups, path: Path, title: str, split: str = "test") -> None:
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
         length = min(len(h) for h in histories)
         rounds = [line["round"] for line in histories[0][:length]]
-        for ax, (metric, label, scale) in zip(axes, METRICS):
+        for ax, (metric, label, scale) in zip(axes, METRICS, strict=True):
             series = [[scale * h[i][prefix + metric] for h in histories] for i in range(length)]
             mean = [statistics.fmean(s) for s in series]
             ax.plot(rounds, mean, label=f"{method} ({where})", linestyle="-" if where == "predictive" else "--")
             if len(histories) > 1:
                 std = [statistics.stdev(s) for s in series]
-                ax.fill_between(rounds, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                                alpha=0.15)
+                ax.fill_between(
+                    rounds,
+                    [m - s for m, s in zip(mean, std, strict=True)],
+                    [m + s for m, s in zip(mean, std, strict=True)],
+                    alpha=0.15,
+                )
             ax.set_xlabel("round")
             ax.set_ylabel(f"{'validation' if split == 'val' else 'test'} {label}")
             ax.grid(alpha=0.3)

@@ -60,7 +60,7 @@ _GAMMA = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
 _MASK64 = (1 << 64) - 1
-_PHI32 = 0x9E3779B9 - (1 << 32)   # as int32
+_PHI32 = 0x9E3779B9 - (1 << 32)  # as int32
 _HASH1 = 0x7FEB352D
 _HASH2 = 0x846CA68B - (1 << 32)
 _LOW24 = (1 << 24) - 1
@@ -87,8 +87,9 @@ def _hash32(x: Tensor) -> Tensor:
 
 def stream_key(generator: torch.Generator | None) -> Tensor:
     """A key for `block_key` (a 0-d int64 tensor on the CPU), drawn from the generator: one draw per stream."""
-    return torch.randint(-(1 << 63), (1 << 63) - 1, (), generator=generator, dtype=torch.int64,
-                         device=_source(generator)).cpu()
+    return torch.randint(
+        -(1 << 63), (1 << 63) - 1, (), generator=generator, dtype=torch.int64, device=_source(generator)
+    ).cpu()
 
 
 def block_key(key: Tensor | int, block: int) -> Tensor:
@@ -108,11 +109,11 @@ def counter_normal(key: Tensor, n: int, dtype: torch.dtype, device) -> Tensor:
     """
     pairs = (n + 1) // 2
     key = key.to(device)
-    k_lo, k_hi = key.to(torch.int32), (key >> 32).to(torch.int32)   # int64 → int32 keeps the low 32 bits
+    k_lo, k_hi = key.to(torch.int32), (key >> 32).to(torch.int32)  # int64 → int32 keeps the low 32 bits
     j = torch.arange(pairs, dtype=torch.int32, device=device)
     a = _hash32(_hash32(j * _PHI32 + k_lo) ^ k_hi)
     b = _hash32(a + _PHI32)
-    scale = 2.0 ** -24
+    scale = 2.0**-24
     u1 = (_shift_right(a, 8).to(dtype) + 0.5) * scale
     radius = torch.sqrt(-2.0 * torch.log(u1))
     y = ((b & _LOW24).to(dtype) * scale - 0.5) * (math.pi / 2)

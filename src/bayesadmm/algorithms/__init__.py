@@ -8,12 +8,17 @@ module's factory takes objects for its variants, the registry's entry is a wrapp
 names and flags onto them.
 """
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
-from bayesadmm.algorithms import (admm, bayes_admm, bregman_admm, ep_registry, fedavg, feddyn, fedlap, fedlap_cov,
-                                  fedlap_func, fedprox, ivon_admm, pvi, smoothing_admm)
-from bayesadmm.algorithms import registry
+from bayesadmm.algorithms import (
+    admm,
+    ep_registry,
+    feddyn,
+    ivon_admm,
+    registry,
+    smoothing_admm,
+)
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate
 
 REGISTRY: dict[str, Callable[..., Algorithm]] = {

@@ -53,29 +53,35 @@ from bayesadmm.solvers.newton import ProxNewton
 
 
 class ServerState(NamedTuple):
-    theta: Tensor                       # θ_g
+    theta: Tensor  # θ_g
     replies: Mapping[int, Message]
 
 
 class ClientState(NamedTuple):
-    dual: Tensor                        # v_k
-    theta: Tensor | None                # θ_k from the last local solve
+    dual: Tensor  # v_k
+    theta: Tensor | None  # θ_k from the last local solve
 
 
 _NEWTON = ProxNewton()
 
 
-def make(rho: float, delta: float, solver=_NEWTON, server_rho: float | None = None,
-         name: str = "admm") -> Algorithm:
+def make(rho: float, delta: float, solver=_NEWTON, server_rho: float | None = None, name: str = "admm") -> Algorithm:
     """Federated ADMM with client proximal weight ρ, prior precision δ and server proximal weight ρ_s (default ρ).
 
     δ = 0 (no prior) needs ρ_s > 0. `solver.minimize(loss, v, ρ, θ_g, generator=...)` solves Eq. 5.
     """
     server_rho = rho if server_rho is None else server_rho
-    if (not all(math.isfinite(x) for x in (rho, delta, server_rho)) or rho <= 0 or delta < 0 or server_rho < 0
-            or (delta == 0 and server_rho == 0)):
-        raise ValueError(f"need finite rho > 0, delta >= 0, server_rho >= 0, and delta > 0 or server_rho > 0; "
-                         f"got rho={rho}, delta={delta}, server_rho={server_rho}")
+    if (
+        not all(math.isfinite(x) for x in (rho, delta, server_rho))
+        or rho <= 0
+        or delta < 0
+        or server_rho < 0
+        or (delta == 0 and server_rho == 0)
+    ):
+        raise ValueError(
+            f"need finite rho > 0, delta >= 0, server_rho >= 0, and delta > 0 or server_rho > 0; "
+            f"got rho={rho}, delta={delta}, server_rho={server_rho}"
+        )
 
     def init_server(theta0: Tensor) -> ServerState:
         return ServerState(theta0, {})
@@ -108,8 +114,16 @@ def make(rho: float, delta: float, solver=_NEWTON, server_rho: float | None = No
     return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
 
 
-def make_nn(*, rho: float, delta: float = 0.0, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32,
-            server_rho: float | None = None, name: str = "fedadmm") -> Algorithm:
+def make_nn(
+    *,
+    rho: float,
+    delta: float = 0.0,
+    lr: float = 1e-3,
+    epochs: int = 1,
+    batch_size: int = 32,
+    server_rho: float | None = None,
+    name: str = "fedadmm",
+) -> Algorithm:
     """Federated ADMM for neural networks: mean-loss client problems solved by `epochs` epochs of Adam.
 
     rho: ρ > 0 (the FedLap paper's α), on the mean-loss scale. delta: prior precision δ ≥ 0 on the same scale;

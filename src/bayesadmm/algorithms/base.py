@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 Message = dict[str, Tensor]
-Info = tuple   # an info record: a NamedTuple of scalars
+Info = tuple  # an info record: a NamedTuple of scalars
 
 
 class Algorithm(NamedTuple):
@@ -48,18 +48,18 @@ class NoInfo(NamedTuple):
 class SolveInfo(NamedTuple):
     """A client's local solve by a solver object (`SolveResult`, `PointResult`)."""
 
-    iterations: int                     # iterations (or optimizer steps) taken
-    converged: bool                     # tolerance met; fixed-budget solvers (IVON, Adam) report True
+    iterations: int  # iterations (or optimizer steps) taken
+    converged: bool  # tolerance met; fixed-budget solvers (IVON, Adam) report True
 
 
 class TrainingInfo(NamedTuple):
     """A client's local training with a fixed budget of epochs (Adam)."""
 
-    iterations: int                     # optimizer steps taken
+    iterations: int  # optimizer steps taken
 
 
 class ServerInfo(NamedTuple):
-    clients: int                        # clients whose replies the server update counted
+    clients: int  # clients whose replies the server update counted
 
 
 @dataclass(frozen=True)
@@ -102,8 +102,6 @@ def merge_replies(previous: Mapping[int, Any], replies: Mapping[int, Any]) -> di
     return {k: merged[k] for k in sorted(merged)}
 
 
-
-
 class StackBuffer:
     """`torch.stack(vectors)`, written into a buffer that this object reuses for the next stack of the same shape:
     reduce the result (or change it in place) but do not keep it. A server makes its own in its factory, so the
@@ -117,7 +115,7 @@ class StackBuffer:
 
     def __init__(self) -> None:
         self._key: tuple | None = None
-        self._buffer: Tensor | None = None     # one buffer at a time: the shape is fixed within a run
+        self._buffer: Tensor | None = None  # one buffer at a time: the shape is fixed within a run
 
     def __call__(self, vectors: Sequence[Tensor]) -> Tensor:
         if not vectors:
@@ -128,7 +126,7 @@ class StackBuffer:
             return torch.stack(list(vectors))
         key = (len(vectors), tuple(first.shape), first.dtype, first.device)
         if key != self._key:
-            self._buffer = None                 # free the old one before allocating its successor
+            self._buffer = None  # free the old one before allocating its successor
             self._buffer = torch.empty((len(vectors), *first.shape), dtype=first.dtype, device=first.device)
             self._key = key
         return torch.stack(list(vectors), out=self._buffer)

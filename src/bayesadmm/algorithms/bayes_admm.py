@@ -49,17 +49,17 @@ Natural = tuple[Tensor, ...]
 
 
 class ServerState(NamedTuple):
-    natural: Natural                    # λ_g
+    natural: Natural  # λ_g
     # η_k + ρ_s λ_k of every client that has replied (its reply, `client_contribution`): all the server update reads
     # of a client (it sums them), kept so that absent clients still count under partial participation. 2 vectors per
     # client for the diagonal family.
     replies: Mapping[int, Natural]
-    round: int = 0                      # completed rounds (local solvers may schedule on it, e.g. cosine lr)
+    round: int = 0  # completed rounds (local solvers may schedule on it, e.g. cosine lr)
 
 
 class ClientState(NamedTuple):
-    dual: Natural                       # η_k
-    natural: Natural | None             # λ_k from the last local solve (None before the first)
+    dual: Natural  # η_k
+    natural: Natural | None  # λ_k from the last local solve (None before the first)
 
 
 def natural_dual_step(family, dual: Natural, lam_k: Natural, lam_g: Natural, gamma: float) -> Natural:
@@ -80,9 +80,16 @@ def server_natural(family, delta: float, server_rho: float, contributions: Mappi
     return nat.scale(nat.add(b, total), 1.0 / (c + server_rho * len(contributions)))
 
 
-def make(family: GaussianFamily, solver, rho: float, delta: float, gamma: float | None = None,
-         server_rho: float | None = None, dual_step: Callable = natural_dual_step,
-         name: str = "bayes-admm") -> Algorithm:
+def make(
+    family: GaussianFamily,
+    solver,
+    rho: float,
+    delta: float,
+    gamma: float | None = None,
+    server_rho: float | None = None,
+    dual_step: Callable = natural_dual_step,
+    name: str = "bayes-admm",
+) -> Algorithm:
     """BayesADMM over `family` with local `solver` (ExactQuadratic, VON, ...).
 
     rho: ρ > 0, client proximal weight (the KL term in Eq. 15). delta: prior precision δ.
@@ -92,8 +99,10 @@ def make(family: GaussianFamily, solver, rho: float, delta: float, gamma: float 
     gamma = rho if gamma is None else gamma
     server_rho = rho if server_rho is None else server_rho
     if rho <= 0 or gamma <= 0 or server_rho < 0 or delta <= 0:
-        raise ValueError(f"need rho > 0, gamma > 0, server_rho >= 0, delta > 0; got rho={rho}, gamma={gamma}, "
-                         f"server_rho={server_rho}, delta={delta}")
+        raise ValueError(
+            f"need rho > 0, gamma > 0, server_rho >= 0, delta > 0; got rho={rho}, gamma={gamma}, "
+            f"server_rho={server_rho}, delta={delta}"
+        )
 
     def init_server(theta0: Tensor) -> ServerState:
         # mean θ_0 and the prior's precision δ (the isotropic family keeps its own)

@@ -21,7 +21,15 @@ def expectation_dual_step(family, dual, lam_k, lam_g, gamma: float):
     return nat.add_scaled(dual, gamma, nat.sub(family.to_expectation(lam_k), family.to_expectation(lam_g)))
 
 
-def make(family, solver, rho: float, delta: float, gamma: float | None = None, server_rho: float | None = None,
-         name: str = "bregman-admm") -> Algorithm:
-    return bayes_admm.make(family, solver, rho, delta, gamma=gamma, server_rho=server_rho,
-                           dual_step=expectation_dual_step, name=name)
+def make(
+    family,
+    solver,
+    rho: float,
+    delta: float,
+    gamma: float | None = None,
+    server_rho: float | None = None,
+    name: str = "bregman-admm",
+) -> Algorithm:
+    return bayes_admm.make(
+        family, solver, rho, delta, gamma=gamma, server_rho=server_rho, dual_step=expectation_dual_step, name=name
+    )

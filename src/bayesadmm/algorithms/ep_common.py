@@ -21,7 +21,7 @@ from bayesadmm.families import DiagonalGaussian, FullGaussian, Natural, Posterio
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.natural_optimizers import Identity, NaturalOptimizer
 
-IDENTITY = Identity()                   # the default ClientOptim / ServerOptim: plain damped EP
+IDENTITY = Identity()  # the default ClientOptim / ServerOptim: plain damped EP
 
 # ---------------------------------------------------------------------------
 # sites
@@ -44,8 +44,11 @@ def prior_natural(family, precision: float | None, like: Tensor) -> Natural:
 
 def site_natural(family, mean: Tensor, precision: float) -> Natural:
     """A site N(mean, (precision·I)⁻¹) in the family's layout (precision = 0 gives (0, 0), the uniform site)."""
-    eye = torch.ones_like(mean) if isinstance(family, DiagonalGaussian) else torch.eye(
-        family.dim, dtype=mean.dtype, device=mean.device)
+    eye = (
+        torch.ones_like(mean)
+        if isinstance(family, DiagonalGaussian)
+        else torch.eye(family.dim, dtype=mean.dtype, device=mean.device)
+    )
     return (precision * mean, -0.5 * precision * eye)
 
 
@@ -63,9 +66,9 @@ def clip_delta(delta: Natural, clip_norm: float | None) -> Natural:
 
 
 class ServerState(NamedTuple):
-    natural: Natural                    # λ_g (may be improper before the first round from a uniform start)
-    optimizer: Any                      # ServerOptim state
-    anchor: Tensor                      # θ_0, the mean of the initial sites (init_site_precision > 0)
+    natural: Natural  # λ_g (may be improper before the first round from a uniform start)
+    optimizer: Any  # ServerOptim state
+    anchor: Tensor  # θ_0, the mean of the initial sites (init_site_precision > 0)
     round: int = 0
 
 
@@ -106,14 +109,23 @@ class DampedServer:
 
     def posterior(self, server: ServerState) -> Posterior:
         if not self.family.is_valid(server.natural):
-            raise DivergenceError(f"{self.name}: q_g is not a valid Gaussian (improper start before any round, "
-                                  f"or EP produced a negative precision)")
+            raise DivergenceError(
+                f"{self.name}: q_g is not a valid Gaussian (improper start before any round, "
+                f"or EP produced a negative precision)"
+            )
         return Posterior(self.family, server.natural)
 
 
-def damped_server(family, num_clients: int | None, client_sizes: Sequence[int] | None, damping: float | None,
-                  prior_precision: float | None, init_site_precision: float, optimizer: NaturalOptimizer,
-                  name: str) -> DampedServer:
+def damped_server(
+    family,
+    num_clients: int | None,
+    client_sizes: Sequence[int] | None,
+    damping: float | None,
+    prior_precision: float | None,
+    init_site_precision: float,
+    optimizer: NaturalOptimizer,
+    name: str,
+) -> DampedServer:
     """The server of FedEP / FedSEP from their factories' arguments, validated: damping δ ∈ (0, 1] with default 1/K
     ([CODE]; K = num_clients, default len(client_sizes)); initial sites of total precision α Σ_k n_k (n_k = 1
     without client_sizes)."""

@@ -55,11 +55,24 @@ def _local_adam(settings: InferenceSettings):
 INFERENCE: dict[str, Callable[[InferenceSettings], TiltedInference]] = {
     "identity": lambda s: ScaledIdentity(alpha=s.alpha, solver=_local_adam(s)),
     "laplace": lambda s: Laplace(alpha=s.alpha, fisher_samples=s.fisher_samples, solver=_local_adam(s)),
-    "mcmc": lambda s: SGMCMC(alpha=s.alpha, shrinkage=s.shrinkage, lr=s.mcmc_lr, momentum=s.mcmc_momentum,
-                             epochs=s.epochs, batch_size=s.batch_size),
-    "ngvi": lambda s: NGVI(alpha=s.alpha, beta=s.ngvi_beta, epochs=s.ngvi_epochs, samples=s.ngvi_samples,
-                           batch_size=s.batch_size, fisher_samples=s.fisher_samples, debias=s.ngvi_debias,
-                           solver=_local_adam(s)),
+    "mcmc": lambda s: SGMCMC(
+        alpha=s.alpha,
+        shrinkage=s.shrinkage,
+        lr=s.mcmc_lr,
+        momentum=s.mcmc_momentum,
+        epochs=s.epochs,
+        batch_size=s.batch_size,
+    ),
+    "ngvi": lambda s: NGVI(
+        alpha=s.alpha,
+        beta=s.ngvi_beta,
+        epochs=s.ngvi_epochs,
+        samples=s.ngvi_samples,
+        batch_size=s.batch_size,
+        fisher_samples=s.fisher_samples,
+        debias=s.ngvi_debias,
+        solver=_local_adam(s),
+    ),
 }
 
 
@@ -72,20 +85,48 @@ def tilted_inference(inference: str, settings: InferenceSettings) -> TiltedInfer
     return build(settings)
 
 
-def _ep_sites(num_clients: int, client_sizes: Mapping[int, int], alpha: float, damping: float | None,
-              prior_precision: float | None, init_site_precision: float | None) -> dict:
+def _ep_sites(
+    num_clients: int,
+    client_sizes: Mapping[int, int],
+    alpha: float,
+    damping: float | None,
+    prior_precision: float | None,
+    init_site_precision: float | None,
+) -> dict:
     """The keywords FedEP and FedSEP share: n_k in client order, initial sites of precision α n_k by default."""
-    return {"num_clients": num_clients, "damping": damping, "prior_precision": prior_precision,
-            "client_sizes": [client_sizes[k] for k in sorted(client_sizes)],
-            "init_site_precision": alpha if init_site_precision is None else init_site_precision}
+    return {
+        "num_clients": num_clients,
+        "damping": damping,
+        "prior_precision": prior_precision,
+        "client_sizes": [client_sizes[k] for k in sorted(client_sizes)],
+        "init_site_precision": alpha if init_site_precision is None else init_site_precision,
+    }
 
 
-def make_fedep(*, dim: int, num_clients: int, client_sizes: Mapping[int, int], inference: str = "identity",
-               alpha: float = 1e-2, fisher_samples: int = 1, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32,
-               shrinkage: float = 1e-4, mcmc_lr: float = 1e-2, mcmc_momentum: float = 0.9, ngvi_beta: float = 0.99,
-               ngvi_epochs: int = 1, ngvi_samples: int = 1, ngvi_debias: bool = True, damping: float | None = None,
-               prior_precision: float | None = None, init_site_precision: float | None = None,
-               stateless: bool = False, name: str | None = None) -> Algorithm:
+def make_fedep(
+    *,
+    dim: int,
+    num_clients: int,
+    client_sizes: Mapping[int, int],
+    inference: str = "identity",
+    alpha: float = 1e-2,
+    fisher_samples: int = 1,
+    lr: float = 1e-3,
+    epochs: int = 1,
+    batch_size: int = 32,
+    shrinkage: float = 1e-4,
+    mcmc_lr: float = 1e-2,
+    mcmc_momentum: float = 0.9,
+    ngvi_beta: float = 0.99,
+    ngvi_epochs: int = 1,
+    ngvi_samples: int = 1,
+    ngvi_debias: bool = True,
+    damping: float | None = None,
+    prior_precision: float | None = None,
+    init_site_precision: float | None = None,
+    stateless: bool = False,
+    name: str | None = None,
+) -> Algorithm:
     """FedEP (`fedep.make`) with the diagonal family; `stateless=True` builds FedSEP (`fedsep.make`), as
     `method=fedsep` does.
 
@@ -105,36 +146,118 @@ def make_fedep(*, dim: int, num_clients: int, client_sizes: Mapping[int, int], i
         ngvi_debias: Adam's bias correction of s.
     init_site_precision: the initial sites' α (default: alpha)."""
     factory, name = (fedsep.make, name or "fedsep") if stateless else (fedep.make, name or "fedep")
-    local = tilted_inference(inference, InferenceSettings(
-        name, alpha, fisher_samples, lr, epochs, batch_size, shrinkage, mcmc_lr, mcmc_momentum, ngvi_beta,
-        ngvi_epochs, ngvi_samples, ngvi_debias))
-    return factory(DiagonalGaussian(dim), local, name=name,
-                   **_ep_sites(num_clients, client_sizes, alpha, damping, prior_precision, init_site_precision))
+    local = tilted_inference(
+        inference,
+        InferenceSettings(
+            name,
+            alpha,
+            fisher_samples,
+            lr,
+            epochs,
+            batch_size,
+            shrinkage,
+            mcmc_lr,
+            mcmc_momentum,
+            ngvi_beta,
+            ngvi_epochs,
+            ngvi_samples,
+            ngvi_debias,
+        ),
+    )
+    return factory(
+        DiagonalGaussian(dim),
+        local,
+        name=name,
+        **_ep_sites(num_clients, client_sizes, alpha, damping, prior_precision, init_site_precision),
+    )
 
 
-def make_fedsep(*, dim: int, num_clients: int, client_sizes: Mapping[int, int], inference: str = "identity",
-                alpha: float = 1e-2, fisher_samples: int = 1, lr: float = 1e-3, epochs: int = 1,
-                batch_size: int = 32, shrinkage: float = 1e-4, mcmc_lr: float = 1e-2, mcmc_momentum: float = 0.9,
-                ngvi_beta: float = 0.99, ngvi_epochs: int = 1, ngvi_samples: int = 1, ngvi_debias: bool = True,
-                damping: float | None = None, prior_precision: float | None = None,
-                init_site_precision: float | None = None) -> Algorithm:
+def make_fedsep(
+    *,
+    dim: int,
+    num_clients: int,
+    client_sizes: Mapping[int, int],
+    inference: str = "identity",
+    alpha: float = 1e-2,
+    fisher_samples: int = 1,
+    lr: float = 1e-3,
+    epochs: int = 1,
+    batch_size: int = 32,
+    shrinkage: float = 1e-4,
+    mcmc_lr: float = 1e-2,
+    mcmc_momentum: float = 0.9,
+    ngvi_beta: float = 0.99,
+    ngvi_epochs: int = 1,
+    ngvi_samples: int = 1,
+    ngvi_debias: bool = True,
+    damping: float | None = None,
+    prior_precision: float | None = None,
+    init_site_precision: float | None = None,
+) -> Algorithm:
     """FedSEP (`fedsep.make`): stateless clients with the shared-factor cavity; settings as `make_fedep`."""
-    local = tilted_inference(inference, InferenceSettings(
-        "fedsep", alpha, fisher_samples, lr, epochs, batch_size, shrinkage, mcmc_lr, mcmc_momentum, ngvi_beta,
-        ngvi_epochs, ngvi_samples, ngvi_debias))
-    return fedsep.make(DiagonalGaussian(dim), local,
-                       **_ep_sites(num_clients, client_sizes, alpha, damping, prior_precision, init_site_precision))
+    local = tilted_inference(
+        inference,
+        InferenceSettings(
+            "fedsep",
+            alpha,
+            fisher_samples,
+            lr,
+            epochs,
+            batch_size,
+            shrinkage,
+            mcmc_lr,
+            mcmc_momentum,
+            ngvi_beta,
+            ngvi_epochs,
+            ngvi_samples,
+            ngvi_debias,
+        ),
+    )
+    return fedsep.make(
+        DiagonalGaussian(dim),
+        local,
+        **_ep_sites(num_clients, client_sizes, alpha, damping, prior_precision, init_site_precision),
+    )
 
 
-def make_fedpa(*, dim: int, inference: str = "mcmc", alpha: float = 1e-2, fisher_samples: int = 1,
-               lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, shrinkage: float = 1e-4,
-               mcmc_lr: float = 1e-2, mcmc_momentum: float = 0.9, ngvi_beta: float = 0.99, ngvi_epochs: int = 5,
-               ngvi_samples: int = 5, ngvi_debias: bool = True, prior_precision: float | None = None) -> Algorithm:
+def make_fedpa(
+    *,
+    dim: int,
+    inference: str = "mcmc",
+    alpha: float = 1e-2,
+    fisher_samples: int = 1,
+    lr: float = 1e-3,
+    epochs: int = 1,
+    batch_size: int = 32,
+    shrinkage: float = 1e-4,
+    mcmc_lr: float = 1e-2,
+    mcmc_momentum: float = 0.9,
+    ngvi_beta: float = 0.99,
+    ngvi_epochs: int = 5,
+    ngvi_samples: int = 5,
+    ngvi_debias: bool = True,
+    prior_precision: float | None = None,
+) -> Algorithm:
     """FedPA (`fedpa.make`): each client approximates its own posterior (uniform cavity) with `inference` (default
     "mcmc", FedPA's SG-MCMC), starting from the global mean (θ_0 in round 1); the server multiplies the latest
     approximations with the prior N(0, δ_0⁻¹ I) (prior_precision; None: uniform). Other settings as `make_fedep`;
     alpha is the per-example site precision of I, the floor of L and V, and the norm M's precision is rescaled to."""
-    local = tilted_inference(inference, InferenceSettings(
-        "fedpa", alpha, fisher_samples, lr, epochs, batch_size, shrinkage, mcmc_lr, mcmc_momentum, ngvi_beta,
-        ngvi_epochs, ngvi_samples, ngvi_debias))
+    local = tilted_inference(
+        inference,
+        InferenceSettings(
+            "fedpa",
+            alpha,
+            fisher_samples,
+            lr,
+            epochs,
+            batch_size,
+            shrinkage,
+            mcmc_lr,
+            mcmc_momentum,
+            ngvi_beta,
+            ngvi_epochs,
+            ngvi_samples,
+            ngvi_debias,
+        ),
+    )
     return fedpa.make(DiagonalGaussian(dim), local, prior_precision=prior_precision)

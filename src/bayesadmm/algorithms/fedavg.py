@@ -42,9 +42,9 @@ Average = Callable[[Mapping[int, Message]], Tensor]
 
 
 class ServerState(NamedTuple):
-    theta: Tensor                       # θ_g
-    clients: tuple[int, ...]            # ids of the clients that have replied so far
-    round: int = 0                      # completed rounds
+    theta: Tensor  # θ_g
+    clients: tuple[int, ...]  # ids of the clients that have replied so far
+    round: int = 0  # completed rounds
 
 
 class ClientState(NamedTuple):
@@ -70,11 +70,11 @@ class WeightedMean:
         self.stack = StackBuffer()
 
     def __call__(self, replies: Mapping[int, Message]) -> Tensor:
-        thetas = self.stack(thetas_of(replies))   # a reused buffer: reduced below (in place), not kept
+        thetas = self.stack(thetas_of(replies))  # a reused buffer: reduced below (in place), not kept
         counts = torch.stack([replies[k]["num-examples"] for k in sorted(replies)]).to(thetas.dtype)
         if not bool((counts > 0).all()):
             raise ValueError(f"weighted averaging needs positive num-examples, got {counts.tolist()}")
-        return thetas.mul_(counts[:, None]).sum(dim=0) / counts.sum()   # in place: (N_k θ_k) with no second matrix
+        return thetas.mul_(counts[:, None]).sum(dim=0) / counts.sum()  # in place: (N_k θ_k) with no second matrix
 
 
 def thetas_of(replies: Mapping[int, Message]) -> list[Tensor]:
@@ -85,8 +85,10 @@ def thetas_of(replies: Mapping[int, Message]) -> list[Tensor]:
 
 
 def reply_for(theta: Tensor, data) -> Message:
-    return {"theta": theta, "num-examples": torch.tensor(float(data.num_examples), dtype=theta.dtype,
-                                                         device=theta.device)}
+    return {
+        "theta": theta,
+        "num-examples": torch.tensor(float(data.num_examples), dtype=theta.dtype, device=theta.device),
+    }
 
 
 def require_generator(name: str, generator) -> None:
@@ -117,8 +119,9 @@ def averaging_server(name: str, average: Average):
     return init_server, broadcast, server_update, posterior
 
 
-def make(*, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, average: Average | None = None,
-         name: str = "fedavg") -> Algorithm:
+def make(
+    *, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, average: Average | None = None, name: str = "fedavg"
+) -> Algorithm:
     """FedAvg: `epochs` epochs of Adam (learning rate `lr`, minibatches of `batch_size`) on each client's mean loss,
     then `average` of the participants' parameters (default: a new `UnweightedMean`)."""
     adam = local_adam(name, lr, epochs, batch_size)

@@ -73,18 +73,26 @@ from bayesadmm.solvers.adam import local_adam
 
 
 class ServerState(NamedTuple):
-    theta: Tensor                       # θ_g
-    h: Tensor                           # h (Acar's server state; = (1/K) Σ_k g_k)
-    clients: tuple[int, ...]            # ids of the clients that have replied so far (at most num_clients)
-    round: int = 0                      # completed rounds
+    theta: Tensor  # θ_g
+    h: Tensor  # h (Acar's server state; = (1/K) Σ_k g_k)
+    clients: tuple[int, ...]  # ids of the clients that have replied so far (at most num_clients)
+    round: int = 0  # completed rounds
 
 
 class ClientState(NamedTuple):
-    grad: Tensor                        # g_k (Acar's ∇L_k(θ_k^{t−1})): all a FedDyn client carries over
+    grad: Tensor  # g_k (Acar's ∇L_k(θ_k^{t−1})): all a FedDyn client carries over
 
 
-def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32,
-         weight_decay: float = 0.0, name: str = "feddyn") -> Algorithm:
+def make(
+    *,
+    alpha: float,
+    num_clients: int,
+    lr: float = 1e-3,
+    epochs: int = 1,
+    batch_size: int = 32,
+    weight_decay: float = 0.0,
+    name: str = "feddyn",
+) -> Algorithm:
     """FedDyn with penalty α > 0 (mean-loss units), K = `num_clients` clients in total and local weight decay wd ≥ 0;
     the local solve is `epochs` epochs of Adam (learning rate `lr`, minibatches of `batch_size`)."""
     adam = local_adam(name, lr, epochs, batch_size, weight_decay)
@@ -96,7 +104,7 @@ def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, b
     if problems:
         raise ValueError(f"{name}: " + "; ".join(problems))
     alpha, num_clients = float(alpha), int(num_clients)
-    stack = StackBuffer()   # the server's, reused every round
+    stack = StackBuffer()  # the server's, reused every round
 
     def init_server(theta0: Tensor) -> ServerState:
         return ServerState(theta0, torch.zeros_like(theta0), (), 0)
@@ -111,8 +119,7 @@ def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, b
         if generator is None:
             raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
         theta_g = message["theta"]
-        theta, steps = adam.train(data, theta_g, generator, linear=-state.grad, prox_weight=alpha,
-                                  prox_center=theta_g)
+        theta, steps = adam.train(data, theta_g, generator, linear=-state.grad, prox_weight=alpha, prox_center=theta_g)
         grad = state.grad - alpha * (theta - theta_g)
         return ClientState(grad), {"theta": theta}, TrainingInfo(steps)
 
@@ -122,9 +129,9 @@ def make(*, alpha: float, num_clients: int, lr: float = 1e-3, epochs: int = 1, b
         last = seen_clients(server.clients, replies)
         if len(last) > num_clients:
             raise ValueError(f"{name}: {len(last)} distinct clients have replied but num_clients={num_clients}")
-        thetas = stack([replies[k]["theta"] for k in sorted(replies)])   # a reused buffer, changed in place below
+        thetas = stack([replies[k]["theta"] for k in sorted(replies)])  # a reused buffer, changed in place below
         mean = thetas.mean(dim=0)
-        drift = thetas.sub_(server.theta).sum(dim=0)   # Σ_k (θ_k − θ_g) without a second K × P matrix
+        drift = thetas.sub_(server.theta).sum(dim=0)  # Σ_k (θ_k − θ_g) without a second K × P matrix
         h = server.h - (alpha / num_clients) * drift
         theta = mean - h / alpha
         if not bool(torch.isfinite(theta).all()):

@@ -42,14 +42,23 @@ from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
 
 
 class ClientState(NamedTuple):
-    site: Natural                       # λ_k
-    optimizer: Any                      # ClientOptim state
+    site: Natural  # λ_k
+    optimizer: Any  # ClientOptim state
 
 
-def make(family, inference: TiltedInference, num_clients: int | None = None, damping: float | None = None,
-         prior_precision: float | None = None, client_sizes: Sequence[int] | None = None,
-         server_optimizer: NaturalOptimizer = IDENTITY, client_optimizer: NaturalOptimizer = IDENTITY,
-         init_site_precision: float = 0.0, clip_norm: float | None = None, name: str = "fedep") -> Algorithm:
+def make(
+    family,
+    inference: TiltedInference,
+    num_clients: int | None = None,
+    damping: float | None = None,
+    prior_precision: float | None = None,
+    client_sizes: Sequence[int] | None = None,
+    server_optimizer: NaturalOptimizer = IDENTITY,
+    client_optimizer: NaturalOptimizer = IDENTITY,
+    init_site_precision: float = 0.0,
+    clip_norm: float | None = None,
+    name: str = "fedep",
+) -> Algorithm:
     """FedEP over `family` with tilted `inference`.
 
     num_clients: K (default len(client_sizes)). damping: δ in (0, 1]; default 1/K ([CODE]: 1/clients per round);
@@ -62,8 +71,9 @@ def make(family, inference: TiltedInference, num_clients: int | None = None, dam
         (θ_0 = its model); 0 = uniform sites.
     clip_norm: clip each client's Δ_k by its global L2 norm before damping ([CODE]); None = no clipping.
     """
-    server = damped_server(family, num_clients, client_sizes, damping, prior_precision, init_site_precision,
-                           server_optimizer, name)
+    server = damped_server(
+        family, num_clients, client_sizes, damping, prior_precision, init_site_precision, server_optimizer, name
+    )
     size = (lambda k: float(client_sizes[k])) if client_sizes is not None else (lambda k: 1.0)
 
     def init_client(server_state: ServerState, client_id: int) -> ClientState:
@@ -73,16 +83,15 @@ def make(family, inference: TiltedInference, num_clients: int | None = None, dam
             site = nat.zeros_like(server_state.natural)
         return ClientState(site, client_optimizer.init(site))
 
-    def client_update(state: ClientState, message: Message, data,
-                      generator: torch.Generator) -> tuple[ClientState, Message, NoInfo]:
+    def client_update(
+        state: ClientState, message: Message, data, generator: torch.Generator
+    ) -> tuple[ClientState, Message, NoInfo]:
         lam_g = unpack("lam", message)
-        cavity = nat.sub(lam_g, state.site)                                        # (2)
-        tilted = inference(family, data, cavity, generator)                        # (3)
-        delta = clip_delta(nat.sub(tilted, lam_g), clip_norm)                      # (4)
+        cavity = nat.sub(lam_g, state.site)  # (2)
+        tilted = inference(family, data, cavity, generator)  # (3)
+        delta = clip_delta(nat.sub(tilted, lam_g), clip_norm)  # (4)
         step, optimizer = client_optimizer.step(delta, state.optimizer)
-        site = nat.add(state.site, nat.scale(step, server.damping))                # (5)
+        site = nat.add(state.site, nat.scale(step, server.damping))  # (5)
         return ClientState(site, optimizer), pack("delta", delta), NoInfo()
 
-    return Algorithm(name, server.init, init_client, server.broadcast, client_update, server.update,
-                     server.posterior)
-
+    return Algorithm(name, server.init, init_client, server.broadcast, client_update, server.update, server.posterior)

@@ -66,15 +66,15 @@ from bayesadmm.solvers.adam import local_adam
 
 
 class ServerState(NamedTuple):
-    theta: Tensor                       # w_g
-    theta0: Tensor                      # θ_0: the initial sites of clients that have not replied yet
-    replies: Mapping[int, Message]      # last reply of every client that has replied
+    theta: Tensor  # w_g
+    theta0: Tensor  # θ_0: the initial sites of clients that have not replied yet
+    replies: Mapping[int, Message]  # last reply of every client that has replied
 
 
 class ClientState(NamedTuple):
     client_id: int
-    dual: Tensor                        # ṽ_k = δ v_k / N_k (mean-loss units)
-    theta: Tensor | None                # w_k from the last local solve
+    dual: Tensor  # ṽ_k = δ v_k / N_k (mean-loss units)
+    theta: Tensor | None  # w_k from the last local solve
 
 
 # --- damping: every client's ρ_k ----------------------------------------------------------------------------------
@@ -141,9 +141,9 @@ def site_sum(sizes: Mapping[int, int], delta: float, theta0: Tensor, last: Mappi
     theta = torch.zeros_like(theta0)
     for k in sorted(sizes):
         if k in last:
-            theta = theta + (sizes[k] / delta) * last[k]["dual"]        # (N_k/δ) ṽ_k = v_k
+            theta = theta + (sizes[k] / delta) * last[k]["dual"]  # (N_k/δ) ṽ_k = v_k
         else:
-            theta = theta + (sizes[k] / total) * theta0                 # its initial site
+            theta = theta + (sizes[k] / total) * theta0  # its initial site
     return theta
 
 
@@ -162,8 +162,16 @@ def check_known(name: str, sizes: Mapping[int, int], replies: Mapping[int, Messa
 # --- the algorithm ------------------------------------------------------------------------------------------------
 
 
-def make(*, delta: float, lr: float, client_sizes: Mapping[int, int], rho: Damping = SizeDamping(), epochs: int = 1,
-         batch_size: int = 32, name: str = "fedlap") -> Algorithm:
+def make(
+    *,
+    delta: float,
+    lr: float,
+    client_sizes: Mapping[int, int],
+    rho: Damping = SizeDamping(),
+    epochs: int = 1,
+    batch_size: int = 32,
+    name: str = "fedlap",
+) -> Algorithm:
     """FedLap with prior precision (global weight decay) δ, damping ρ (`SizeDamping()`: ρ_k = N_k/N, or
     `ConstantDamping(ρ)`), and local Adam (lr, epochs, batch_size)."""
     sizes = client_sizes_of(client_sizes, name)
@@ -179,7 +187,7 @@ def make(*, delta: float, lr: float, client_sizes: Mapping[int, int], rho: Dampi
     def init_client(server: ServerState, client_id: int) -> ClientState:
         if client_id not in sizes:
             raise KeyError(f"{name}: client {client_id} is not in client_sizes {sorted(sizes)}")
-        return ClientState(client_id, delta * server.theta0 / total, None)     # ṽ_k⁽⁰⁾ = δθ_0/N
+        return ClientState(client_id, delta * server.theta0 / total, None)  # ṽ_k⁽⁰⁾ = δθ_0/N
 
     def broadcast(server: ServerState) -> Message:
         return {"theta": server.theta}
@@ -190,8 +198,7 @@ def make(*, delta: float, lr: float, client_sizes: Mapping[int, int], rho: Dampi
         check_client(name, sizes, state.client_id, data)
         theta_g = message["theta"]
         prox = delta / data.num_examples
-        theta, steps = solver.train(data, theta_g, generator, linear=state.dual, prox_weight=prox,
-                                    prox_center=theta_g)
+        theta, steps = solver.train(data, theta_g, generator, linear=state.dual, prox_weight=prox, prox_center=theta_g)
         dual = state.dual + rhos[state.client_id] * prox * (theta - theta_g)
         reply = {"theta": theta, "dual": dual}
         return ClientState(state.client_id, dual, theta), reply, TrainingInfo(steps)

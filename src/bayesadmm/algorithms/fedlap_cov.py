@@ -52,21 +52,22 @@ from bayesadmm.solvers.von import SubproblemError
 
 
 class ServerState(NamedTuple):
-    mean: Tensor                        # w_g
-    precision: Tensor                   # S_g (diagonal)
-    theta0: Tensor                      # θ_0: the initial sites of clients that have not replied yet
+    mean: Tensor  # w_g
+    precision: Tensor  # S_g (diagonal)
+    theta0: Tensor  # θ_0: the initial sites of clients that have not replied yet
     replies: Mapping[int, Message]
 
 
 class ClientState(NamedTuple):
-    v: Tensor                           # v_k
-    V: Tensor                           # V_k (diagonal)
-    mean: Tensor | None                 # w_k from the last local solve
-    precision: Tensor | None            # S_k
+    v: Tensor  # v_k
+    V: Tensor  # V_k (diagonal)
+    mean: Tensor | None  # w_k from the last local solve
+    precision: Tensor | None  # S_k
 
 
-def cavity_problem(v: Tensor, V: Tensor, mean_g: Tensor, precision_g: Tensor,
-                   num_examples: int) -> tuple[Tensor, Tensor, Tensor]:
+def cavity_problem(
+    v: Tensor, V: Tensor, mean_g: Tensor, precision_g: Tensor, num_examples: int
+) -> tuple[Tensor, Tensor, Tensor]:
     """(a, b, c) with aᵀw + ½Σ b(w − c)² = (1/N_k)[vᵀw − ½ΣV w² + ½ΣS_g(w − w_g)²] + const (see the docstring)."""
     linear = (v - V * mean_g) / num_examples
     weight = (precision_g - V) / num_examples
@@ -84,8 +85,17 @@ def _is_count(x) -> bool:
 _EXACT_GGN = GGN()
 
 
-def make(*, delta: float, lr: float, num_clients: int, rho: float | None = None, epochs: int = 1,
-         batch_size: int = 32, curvature: DiagonalCurvature = _EXACT_GGN, name: str = "fedlap-cov") -> Algorithm:
+def make(
+    *,
+    delta: float,
+    lr: float,
+    num_clients: int,
+    rho: float | None = None,
+    epochs: int = 1,
+    batch_size: int = 32,
+    curvature: DiagonalCurvature = _EXACT_GGN,
+    name: str = "fedlap-cov",
+) -> Algorithm:
     """FedLap-Cov (diagonal) with prior precision δ, damping ρ (default 1/K), local Adam (lr, epochs, batch_size) and
     the curvature estimator `curvature` (`GGN()`, the exact diagonal GGN, or `MonteCarloFisher()`)."""
     solver = local_adam(name, lr, epochs, batch_size)
@@ -102,7 +112,7 @@ def make(*, delta: float, lr: float, num_clients: int, rho: float | None = None,
     rho = float(rho)
 
     def initial_site(theta0: Tensor) -> Tensor:
-        return delta * theta0 / num_clients                                  # v_k⁽⁰⁾, Σ_k v_k⁽⁰⁾ = δθ_0
+        return delta * theta0 / num_clients  # v_k⁽⁰⁾, Σ_k v_k⁽⁰⁾ = δθ_0
 
     def init_server(theta0: Tensor) -> ServerState:
         return ServerState(theta0, torch.full_like(theta0, delta), theta0, {})
@@ -122,8 +132,10 @@ def make(*, delta: float, lr: float, num_clients: int, rho: float | None = None,
         n = data.num_examples
         linear, weight, center = cavity_problem(state.v, state.V, mean_g, precision_g, n)
         if not bool((weight > 0).all()):
-            raise SubproblemError(f"{name}: the cavity precision S_g − V_k is not positive; the broadcast S_g does "
-                                  f"not contain this client's V_k")
+            raise SubproblemError(
+                f"{name}: the cavity precision S_g − V_k is not positive; the broadcast S_g does "
+                f"not contain this client's V_k"
+            )
         mean, steps = solver.train(data, mean_g, generator, linear=linear, prox_weight=weight, prox_center=center)
         H = curvature(data, mean, generator)
         precision = H - state.V + precision_g

@@ -86,35 +86,35 @@ MEMORY_KEYS = ("memory.x", "memory.soft", "memory.tau")
 
 
 class ServerState(NamedTuple):
-    theta: Tensor                       # w_g
-    theta0: Tensor                      # θ_0: the initial sites of clients that have not replied yet
-    replies: Mapping[int, Message]      # last reply of every client: ṽ_k and its memory (inputs, ŷ_i, τ_i)
+    theta: Tensor  # w_g
+    theta0: Tensor  # θ_0: the initial sites of clients that have not replied yet
+    replies: Mapping[int, Message]  # last reply of every client: ṽ_k and its memory (inputs, ŷ_i, τ_i)
 
 
 class ClientState(NamedTuple):
     client_id: int
-    dual: Tensor                        # ṽ_k = δ v_k / N_k (mean-loss units, as in fedlap.py)
-    memory_x: Tensor | None             # inputs of M_k (None until the first update)
-    memory_tau: Tensor | None           # τ_i
-    memory_soft: Tensor | None          # ŷ_i from the latest w_k (what the server holds for this client)
-    theta: Tensor | None                # w_k from the last local training
+    dual: Tensor  # ṽ_k = δ v_k / N_k (mean-loss units, as in fedlap.py)
+    memory_x: Tensor | None  # inputs of M_k (None until the first update)
+    memory_tau: Tensor | None  # τ_i
+    memory_soft: Tensor | None  # ŷ_i from the latest w_k (what the server holds for this client)
+    theta: Tensor | None  # w_k from the last local training
 
 
 class ClientInfo(NamedTuple):
-    iterations: int                     # local Adam steps
-    memory_terms: int                   # function-space terms in the client's objective (0: a FedLap round)
+    iterations: int  # local Adam steps
+    memory_terms: int  # function-space terms in the client's objective (0: a FedLap round)
 
 
 class ServerInfo(NamedTuple):
-    clients: int                        # clients whose last reply the server counted
-    memory: int                         # memory points the server problem fitted (0: FedLap's closed form)
-    grad_norm: float                    # ‖∇‖ of the server objective where its Adam stopped (0.0 for the closed form)
+    clients: int  # clients whose last reply the server counted
+    memory: int  # memory points the server problem fitted (0: FedLap's closed form)
+    grad_norm: float  # ‖∇‖ of the server objective where its Adam stopped (0.0 for the closed form)
 
 
 class Memory(NamedTuple):
-    x: Tensor                           # inputs (M, ...)
-    soft: Tensor                        # soft labels (M, C)
-    weight: Tensor                      # per-point weight (M,), may be negative
+    x: Tensor  # inputs (M, ...)
+    soft: Tensor  # soft labels (M, C)
+    weight: Tensor  # per-point weight (M,), may be negative
 
 
 def soft_label_loss(model, theta: Tensor, memory: Memory) -> Tensor:
@@ -129,8 +129,7 @@ def predict(model, theta: Tensor, x: Tensor) -> Tensor:
         return F.softmax(model.forward(theta, x), dim=-1)
 
 
-def select_memory(y: Tensor, points_per_class: int, tau_f: float,
-                  generator: torch.Generator) -> tuple[Tensor, Tensor]:
+def select_memory(y: Tensor, points_per_class: int, tau_f: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """Indices of `points_per_class` random examples of every class present in y (ascending class order), and their
     weights τ_i = τ_f N_{k,c}/M_{k,c}, with M_{k,c} = min(points_per_class, N_{k,c})."""
     if points_per_class < 1:
@@ -185,8 +184,9 @@ def client_function_terms(state: ClientState, message: Message, n: int) -> Memor
     return Memory(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
 
 
-def minimize_server(model, start: Tensor, dual_sum: Tensor, delta: float, memory: Memory | None,
-                    iterations: int, lr: float) -> tuple[Tensor, Tensor]:
+def minimize_server(
+    model, start: Tensor, dual_sum: Tensor, delta: float, memory: Memory | None, iterations: int, lr: float
+) -> tuple[Tensor, Tensor]:
     """Adam on Σ_i τ_i ℓ(ŷ_i, w) − δ(Σ_k v_k)ᵀw + ½δ‖w‖² from `start`; returns (w, final gradient).
 
     Without memory the minimiser is Σ_k v_k (FedLap's server), which the tests use to check this solver.
@@ -201,7 +201,7 @@ def minimize_server(model, start: Tensor, dual_sum: Tensor, delta: float, memory
         weight_space = delta * (theta.detach() - dual_sum)
         if memory is None:
             return weight_space
-        memory_grad, = torch.autograd.grad(soft_label_loss(model, theta, memory), theta)
+        (memory_grad,) = torch.autograd.grad(soft_label_loss(model, theta, memory), theta)
         return memory_grad.add_(weight_space)
 
     for _ in range(iterations):
@@ -218,9 +218,21 @@ def _fused_adam_supported(w: Tensor) -> bool:
 _BY_SIZE = SizeDamping()
 
 
-def make(*, model, delta: float, lr: float, client_sizes: Mapping[int, int], tau_f: float = 1.0,
-         rho: Damping = _BY_SIZE, epochs: int = 1, batch_size: int = 32, points_per_class: int = 1,
-         server_iterations: int = 5000, server_lr: float = 1e-3, name: str = "fedlap-func") -> Algorithm:
+def make(
+    *,
+    model,
+    delta: float,
+    lr: float,
+    client_sizes: Mapping[int, int],
+    tau_f: float = 1.0,
+    rho: Damping = _BY_SIZE,
+    epochs: int = 1,
+    batch_size: int = 32,
+    points_per_class: int = 1,
+    server_iterations: int = 5000,
+    server_lr: float = 1e-3,
+    name: str = "fedlap-func",
+) -> Algorithm:
     """FedLap-Func with prior precision δ, function-space weight τ_f, damping ρ (`fedlap.SizeDamping()`: ρ_k = N_k/N,
     or `fedlap.ConstantDamping(ρ)`), local Adam (lr, epochs, batch_size) and a server Adam (server_iterations,
     server_lr).
@@ -249,7 +261,7 @@ def make(*, model, delta: float, lr: float, client_sizes: Mapping[int, int], tau
     def init_client(server: ServerState, client_id: int) -> ClientState:
         if client_id not in sizes:
             raise KeyError(f"{name}: client {client_id} is not in client_sizes {sorted(sizes)}")
-        return ClientState(client_id, delta * server.theta0 / total, None, None, None, None)   # ṽ_k⁽⁰⁾ = δθ_0/N
+        return ClientState(client_id, delta * server.theta0 / total, None, None, None, None)  # ṽ_k⁽⁰⁾ = δθ_0/N
 
     def broadcast(server: ServerState) -> Message:
         message = {"theta": server.theta}
@@ -266,8 +278,9 @@ def make(*, model, delta: float, lr: float, client_sizes: Mapping[int, int], tau
         memory = client_function_terms(state, message, n)
         objective = data if memory is None else WithMemory(data, model, memory)
         prox = delta / n
-        theta, steps = solver.train(objective, theta_g, generator, linear=state.dual, prox_weight=prox,
-                                    prox_center=theta_g)
+        theta, steps = solver.train(
+            objective, theta_g, generator, linear=state.dual, prox_weight=prox, prox_center=theta_g
+        )
         dual = state.dual + rhos[state.client_id] * prox * (theta - theta_g)
         memory_x, memory_tau = state.memory_x, state.memory_tau
         if memory_x is None and points_per_class > 0:
@@ -283,14 +296,15 @@ def make(*, model, delta: float, lr: float, client_sizes: Mapping[int, int], tau
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         check_known(name, sizes, replies)
         last = merge_replies(server.replies, replies)
-        dual_sum = site_sum(sizes, delta, server.theta0, last)              # Σ_k v_k
+        dual_sum = site_sum(sizes, delta, server.theta0, last)  # Σ_k v_k
         memory = server_memory(last)
         if memory is not None and bool((memory[2] != 0).any()):
-            theta, gradient = minimize_server(model, server.theta, dual_sum, delta, Memory(*memory),
-                                              server_iterations, server_lr)
+            theta, gradient = minimize_server(
+                model, server.theta, dual_sum, delta, Memory(*memory), server_iterations, server_lr
+            )
             info = ServerInfo(len(last), len(memory[2]), float(gradient.norm()))
         else:
-            theta = dual_sum                                                # FedLap's closed form
+            theta = dual_sum  # FedLap's closed form
             info = ServerInfo(len(last), 0, 0.0)
         if not torch.isfinite(theta).all():
             raise DivergenceError(f"{name}: the server parameters are not finite")

@@ -39,18 +39,17 @@ from bayesadmm.solvers.ep_inference import TiltedInference
 
 
 class ServerState(NamedTuple):
-    natural: Natural                    # λ_g = λ_0 + Σ_k λ̂_k
-    replies: Mapping[int, Message]      # last local approximation of every client
+    natural: Natural  # λ_g = λ_0 + Σ_k λ̂_k
+    replies: Mapping[int, Message]  # last local approximation of every client
     round: int = 0
-    anchor: Tensor | None = None        # θ_0, where local searches start before the first server update
+    anchor: Tensor | None = None  # θ_0, where local searches start before the first server update
 
 
 class ClientState(NamedTuple):
     pass
 
 
-def make(family, inference: TiltedInference, prior_precision: float | None = None,
-         name: str = "fedpa") -> Algorithm:
+def make(family, inference: TiltedInference, prior_precision: float | None = None, name: str = "fedpa") -> Algorithm:
     """FedPA over `family` with local `inference`, under the prior N(0, δ_0⁻¹ I) (prior_precision; None: uniform).
 
     The server keeps each client's last approximation (`merge_replies`), so absent clients still count.
@@ -72,8 +71,9 @@ def make(family, inference: TiltedInference, prior_precision: float | None = Non
             start = family.to_moments(server.natural)[0]
         return {**pack("lam", server.natural), "round": torch.tensor(server.round + 1), "start": start}
 
-    def client_update(state: ClientState, message: Message, data,
-                      generator: torch.Generator) -> tuple[ClientState, Message, NoInfo]:
+    def client_update(
+        state: ClientState, message: Message, data, generator: torch.Generator
+    ) -> tuple[ClientState, Message, NoInfo]:
         uniform = nat.zeros_like(unpack("lam", message))
         local = inference(family, data, uniform, generator, start=message["start"])
         return state, pack("local", local), NoInfo()
@@ -84,7 +84,9 @@ def make(family, inference: TiltedInference, prior_precision: float | None = Non
         lam_g = nat.add(lam0, nat.total([unpack("local", r) for r in last.values()]))
         if not family.is_valid(lam_g):
             raise DivergenceError(f"{name}: the product of the local approximations is not a valid Gaussian")
-        return ServerState(lam_g, last, server.round + 1, server.anchor), ServerInfo(len(last))   # the absent clients too
+        return ServerState(lam_g, last, server.round + 1, server.anchor), ServerInfo(
+            len(last)
+        )  # the absent clients too
 
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)

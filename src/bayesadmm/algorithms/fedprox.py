@@ -33,8 +33,15 @@ from bayesadmm.solvers.adam import local_adam
 __all__ = ["ClientState", "ServerState", "make"]
 
 
-def make(*, mu: float, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, average: Average | None = None,
-         name: str = "fedprox") -> Algorithm:
+def make(
+    *,
+    mu: float,
+    lr: float = 1e-3,
+    epochs: int = 1,
+    batch_size: int = 32,
+    average: Average | None = None,
+    name: str = "fedprox",
+) -> Algorithm:
     """FedProx with proximal weight μ ≥ 0 (the FedLap paper's α) on the mean loss; the rest as `fedavg.make`."""
     adam = local_adam(name, lr, epochs, batch_size)
     if isinstance(mu, bool) or not isinstance(mu, numbers.Real) or not math.isfinite(mu) or mu < 0:

@@ -24,7 +24,7 @@ from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
 
 
 class ClientState(NamedTuple):
-    fraction: float                     # n_k / N, the exponent of the cavity (configuration, not learnt)
+    fraction: float  # n_k / N, the exponent of the cavity (configuration, not learnt)
 
 
 def cavity_fractions(num_clients: int | None, client_sizes: Sequence[int] | None) -> Callable[[int], float]:
@@ -37,27 +37,36 @@ def cavity_fractions(num_clients: int | None, client_sizes: Sequence[int] | None
     return lambda k: 1.0 / num_clients
 
 
-def make(family, inference: TiltedInference, num_clients: int | None = None, damping: float | None = None,
-         prior_precision: float | None = None, client_sizes: Sequence[int] | None = None,
-         server_optimizer: NaturalOptimizer = IDENTITY, init_site_precision: float = 0.0,
-         clip_norm: float | None = None, name: str = "fedsep") -> Algorithm:
+def make(
+    family,
+    inference: TiltedInference,
+    num_clients: int | None = None,
+    damping: float | None = None,
+    prior_precision: float | None = None,
+    client_sizes: Sequence[int] | None = None,
+    server_optimizer: NaturalOptimizer = IDENTITY,
+    init_site_precision: float = 0.0,
+    clip_norm: float | None = None,
+    name: str = "fedsep",
+) -> Algorithm:
     """FedSEP over `family` with tilted `inference`; the arguments are `fedep.make`'s (there is no client optimizer:
     there is no client state). client_sizes: n_k, for the cavity exponent n_k/N and the initial global precision
     α Σ_k n_k (`init_site_precision` = α)."""
-    server = damped_server(family, num_clients, client_sizes, damping, prior_precision, init_site_precision,
-                           server_optimizer, name)
+    server = damped_server(
+        family, num_clients, client_sizes, damping, prior_precision, init_site_precision, server_optimizer, name
+    )
     fraction = cavity_fractions(num_clients, client_sizes)
 
     def init_client(server_state: ServerState, client_id: int) -> ClientState:
         return ClientState(fraction(client_id))
 
-    def client_update(state: ClientState, message: Message, data,
-                      generator: torch.Generator) -> tuple[ClientState, Message, NoInfo]:
+    def client_update(
+        state: ClientState, message: Message, data, generator: torch.Generator
+    ) -> tuple[ClientState, Message, NoInfo]:
         lam_g = unpack("lam", message)
         cavity = nat.scale(lam_g, 1.0 - state.fraction)
         tilted = inference(family, data, cavity, generator)
         delta = clip_delta(nat.sub(tilted, lam_g), clip_norm)
         return state, pack("delta", delta), NoInfo()
 
-    return Algorithm(name, server.init, init_client, server.broadcast, client_update, server.update,
-                     server.posterior)
+    return Algorithm(name, server.init, init_client, server.broadcast, client_update, server.update, server.posterior)

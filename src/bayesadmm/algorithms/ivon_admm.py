@@ -25,35 +25,110 @@ from bayesadmm.families import DiagonalGaussian
 from bayesadmm.solvers.ivon import ConstantLR, CosineLR, IVONSolver, RestartAtHessInit, RestartAtQg
 
 
-def make_solver(lr: float, tau: float = 1.0, epochs: int = 1, batch_size: int = 32, hess_init: float = 1e-3,
-                beta1: float = 0.9, beta2: float = 0.99999, mc_samples: int = 1, clip_radius: float = float("inf"),
-                cosine_rounds: int | None = None, restart_at_q_g: bool = False) -> IVONSolver:
+def make_solver(
+    lr: float,
+    tau: float = 1.0,
+    epochs: int = 1,
+    batch_size: int = 32,
+    hess_init: float = 1e-3,
+    beta1: float = 0.9,
+    beta2: float = 0.99999,
+    mc_samples: int = 1,
+    clip_radius: float = float("inf"),
+    cosine_rounds: int | None = None,
+    restart_at_q_g: bool = False,
+) -> IVONSolver:
     """The IVON client solver `make` uses: cosine decay over `cosine_rounds` rounds (None: constant lr), and rounds
     after the first starting at q_g with `restart_at_q_g` (else at h0 every round, Alg. 2)."""
     schedule = ConstantLR() if cosine_rounds is None else CosineLR(cosine_rounds)
     start = RestartAtQg() if restart_at_q_g else RestartAtHessInit()
-    return IVONSolver(lr=lr, epochs=epochs, batch_size=batch_size, tau=tau, hess_init=hess_init, beta1=beta1,
-                      beta2=beta2, mc_samples=mc_samples, clip_radius=clip_radius, schedule=schedule, start=start)
+    return IVONSolver(
+        lr=lr,
+        epochs=epochs,
+        batch_size=batch_size,
+        tau=tau,
+        hess_init=hess_init,
+        beta1=beta1,
+        beta2=beta2,
+        mc_samples=mc_samples,
+        clip_radius=clip_radius,
+        schedule=schedule,
+        start=start,
+    )
 
 
-def make(dim: int, rho: float, gamma: float, delta: float, lr: float, tau: float = 1.0, epochs: int = 1,
-         batch_size: int = 32, hess_init: float = 1e-3, beta1: float = 0.9, beta2: float = 0.99999,
-         mc_samples: int = 1, clip_radius: float = float("inf"), cosine_rounds: int | None = None,
-         restart_at_q_g: bool = False, server_rho: float | None = None, name: str = "ivon-admm") -> Algorithm:
+def make(
+    dim: int,
+    rho: float,
+    gamma: float,
+    delta: float,
+    lr: float,
+    tau: float = 1.0,
+    epochs: int = 1,
+    batch_size: int = 32,
+    hess_init: float = 1e-3,
+    beta1: float = 0.9,
+    beta2: float = 0.99999,
+    mc_samples: int = 1,
+    clip_radius: float = float("inf"),
+    cosine_rounds: int | None = None,
+    restart_at_q_g: bool = False,
+    server_rho: float | None = None,
+    name: str = "ivon-admm",
+) -> Algorithm:
     """IVON-ADMM over `dim` parameters: ρ = `rho`, dual step γ = `gamma`, prior precision δ = `delta`, server
     proximal weight ρ_s = `server_rho` (default ρ); the IVON settings as `make_solver` takes them."""
-    solver = make_solver(lr=lr, tau=tau, epochs=epochs, batch_size=batch_size, hess_init=hess_init, beta1=beta1,
-                         beta2=beta2, mc_samples=mc_samples, clip_radius=clip_radius, cosine_rounds=cosine_rounds,
-                         restart_at_q_g=restart_at_q_g)
-    return bayes_admm.make(DiagonalGaussian(dim), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho,
-                           name=name)
+    solver = make_solver(
+        lr=lr,
+        tau=tau,
+        epochs=epochs,
+        batch_size=batch_size,
+        hess_init=hess_init,
+        beta1=beta1,
+        beta2=beta2,
+        mc_samples=mc_samples,
+        clip_radius=clip_radius,
+        cosine_rounds=cosine_rounds,
+        restart_at_q_g=restart_at_q_g,
+    )
+    return bayes_admm.make(
+        DiagonalGaussian(dim), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name
+    )
 
 
-def make_pvi(dim: int, damping: float, delta: float, lr: float, tau: float = 1.0, epochs: int = 1,
-             batch_size: int = 32, hess_init: float = 1e-3, beta1: float = 0.9, beta2: float = 0.99999,
-             mc_samples: int = 1, clip_radius: float = float("inf"), cosine_rounds: int | None = None,
-             restart_at_q_g: bool = False) -> Algorithm:
+def make_pvi(
+    dim: int,
+    damping: float,
+    delta: float,
+    lr: float,
+    tau: float = 1.0,
+    epochs: int = 1,
+    batch_size: int = 32,
+    hess_init: float = 1e-3,
+    beta1: float = 0.9,
+    beta2: float = 0.99999,
+    mc_samples: int = 1,
+    clip_radius: float = float("inf"),
+    cosine_rounds: int | None = None,
+    restart_at_q_g: bool = False,
+) -> Algorithm:
     """IVON-PVI: ρ = 1, α = 1 (no server proximal term), dual step γ = `damping`; IVON settings as in `make`."""
-    return make(dim, rho=1.0, gamma=damping, delta=delta, lr=lr, tau=tau, epochs=epochs, batch_size=batch_size,
-                hess_init=hess_init, beta1=beta1, beta2=beta2, mc_samples=mc_samples, clip_radius=clip_radius,
-                cosine_rounds=cosine_rounds, restart_at_q_g=restart_at_q_g, server_rho=0.0, name="ivon-pvi")
+    return make(
+        dim,
+        rho=1.0,
+        gamma=damping,
+        delta=delta,
+        lr=lr,
+        tau=tau,
+        epochs=epochs,
+        batch_size=batch_size,
+        hess_init=hess_init,
+        beta1=beta1,
+        beta2=beta2,
+        mc_samples=mc_samples,
+        clip_radius=clip_radius,
+        cosine_rounds=cosine_rounds,
+        restart_at_q_g=restart_at_q_g,
+        server_rho=0.0,
+        name="ivon-pvi",
+    )

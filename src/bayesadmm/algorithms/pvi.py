@@ -26,11 +26,11 @@ Natural = tuple[Tensor, ...]
 
 
 class ServerState(NamedTuple):
-    natural: Natural                    # λ_g
+    natural: Natural  # λ_g
 
 
 class ClientState(NamedTuple):
-    site: Natural                       # η_k
+    site: Natural  # η_k
 
 
 def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") -> Algorithm:
@@ -39,8 +39,10 @@ def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") 
         raise ValueError(f"PVI damping must be in (0, 1], got {damping}")
     c, prior = family.prior_terms(delta)
     if c != 1.0:
-        raise ValueError(f"PVI starts q_g at the prior N(0, {delta}⁻¹ I), which the {family.name} family does not "
-                         f"contain; use a family with a free covariance")
+        raise ValueError(
+            f"PVI starts q_g at the prior N(0, {delta}⁻¹ I), which the {family.name} family does not "
+            f"contain; use a family with a free covariance"
+        )
 
     def init_server(theta0: Tensor) -> ServerState:
         # Ashman et al. start at the prior; theta0 only fixes shape, dtype and device.
@@ -56,8 +58,11 @@ def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") 
         lam_g = unpack("lam", message)
         result = solver.solve(family, loss, lam_g, state.site, 1.0, generator)
         change = nat.scale(nat.sub(result.natural, lam_g), damping)
-        return (ClientState(nat.add(state.site, change)), pack("site_change", change),
-                SolveInfo(result.iterations, result.converged))
+        return (
+            ClientState(nat.add(state.site, change)),
+            pack("site_change", change),
+            SolveInfo(result.iterations, result.converged),
+        )
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         changes = [unpack("site_change", replies[k]) for k in sorted(replies)]

@@ -42,40 +42,97 @@ def damping_for(rho: float | str, name: str) -> _fedlap.Damping:
     raise ValueError(f"{name}: rho must be 'size' or a number in (0, 1], got {rho!r}")
 
 
-def fedavg(*, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, weighted: bool = False,
-           name: str = "fedavg") -> Algorithm:
+def fedavg(
+    *, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, weighted: bool = False, name: str = "fedavg"
+) -> Algorithm:
     """`fedavg.make`, the server's mean unweighted or (`weighted`) weighted by the clients' sizes."""
     return _fedavg.make(lr=lr, epochs=epochs, batch_size=batch_size, average=average_for(weighted, name), name=name)
 
 
-def fedprox(*, mu: float, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, weighted: bool = False,
-            name: str = "fedprox") -> Algorithm:
+def fedprox(
+    *, mu: float, lr: float = 1e-3, epochs: int = 1, batch_size: int = 32, weighted: bool = False, name: str = "fedprox"
+) -> Algorithm:
     """`fedprox.make`, the server's mean as in `fedavg`."""
-    return _fedprox.make(mu=mu, lr=lr, epochs=epochs, batch_size=batch_size, average=average_for(weighted, name),
-                         name=name)
+    return _fedprox.make(
+        mu=mu, lr=lr, epochs=epochs, batch_size=batch_size, average=average_for(weighted, name), name=name
+    )
 
 
-def fedlap(*, delta: float, lr: float, client_sizes: Mapping[int, int], rho: float | str = "size", epochs: int = 1,
-           batch_size: int = 32, name: str = "fedlap") -> Algorithm:
+def fedlap(
+    *,
+    delta: float,
+    lr: float,
+    client_sizes: Mapping[int, int],
+    rho: float | str = "size",
+    epochs: int = 1,
+    batch_size: int = 32,
+    name: str = "fedlap",
+) -> Algorithm:
     """`fedlap.make` with rho "size" (ρ_k = N_k/N) or one number in (0, 1]."""
-    return _fedlap.make(delta=delta, lr=lr, client_sizes=client_sizes, rho=damping_for(rho, name), epochs=epochs,
-                        batch_size=batch_size, name=name)
+    return _fedlap.make(
+        delta=delta,
+        lr=lr,
+        client_sizes=client_sizes,
+        rho=damping_for(rho, name),
+        epochs=epochs,
+        batch_size=batch_size,
+        name=name,
+    )
 
 
-def fedlap_cov(*, delta: float, lr: float, num_clients: int, rho: float | None = None, epochs: int = 1,
-               batch_size: int = 32, curvature: str = "ggn", name: str = "fedlap-cov") -> Algorithm:
+def fedlap_cov(
+    *,
+    delta: float,
+    lr: float,
+    num_clients: int,
+    rho: float | None = None,
+    epochs: int = 1,
+    batch_size: int = 32,
+    curvature: str = "ggn",
+    name: str = "fedlap-cov",
+) -> Algorithm:
     """`fedlap_cov.make` with the curvature estimator by name: "ggn" (exact) or "mc-fisher"."""
     if not (isinstance(curvature, str) and curvature in CURVATURES):
         raise ValueError(f"{name}: curvature must be one of {', '.join(CURVATURES)}, got {curvature!r}")
-    return _fedlap_cov.make(delta=delta, lr=lr, num_clients=num_clients, rho=rho, epochs=epochs,
-                            batch_size=batch_size, curvature=CURVATURES[curvature](), name=name)
+    return _fedlap_cov.make(
+        delta=delta,
+        lr=lr,
+        num_clients=num_clients,
+        rho=rho,
+        epochs=epochs,
+        batch_size=batch_size,
+        curvature=CURVATURES[curvature](),
+        name=name,
+    )
 
 
-def fedlap_func(*, model, delta: float, lr: float, client_sizes: Mapping[int, int], tau_f: float = 1.0,
-                rho: float | str = "size", epochs: int = 1, batch_size: int = 32, points_per_class: int = 1,
-                server_iterations: int = 5000, server_lr: float = 1e-3, name: str = "fedlap-func") -> Algorithm:
+def fedlap_func(
+    *,
+    model,
+    delta: float,
+    lr: float,
+    client_sizes: Mapping[int, int],
+    tau_f: float = 1.0,
+    rho: float | str = "size",
+    epochs: int = 1,
+    batch_size: int = 32,
+    points_per_class: int = 1,
+    server_iterations: int = 5000,
+    server_lr: float = 1e-3,
+    name: str = "fedlap-func",
+) -> Algorithm:
     """`fedlap_func.make` with rho "size" (ρ_k = N_k/N) or one number in (0, 1]."""
-    return _fedlap_func.make(model=model, delta=delta, lr=lr, client_sizes=client_sizes, tau_f=tau_f,
-                             rho=damping_for(rho, name), epochs=epochs, batch_size=batch_size,
-                             points_per_class=points_per_class, server_iterations=server_iterations,
-                             server_lr=server_lr, name=name)
+    return _fedlap_func.make(
+        model=model,
+        delta=delta,
+        lr=lr,
+        client_sizes=client_sizes,
+        tau_f=tau_f,
+        rho=damping_for(rho, name),
+        epochs=epochs,
+        batch_size=batch_size,
+        points_per_class=points_per_class,
+        server_iterations=server_iterations,
+        server_lr=server_lr,
+        name=name,
+    )

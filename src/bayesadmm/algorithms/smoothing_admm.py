@@ -18,9 +18,20 @@ from bayesadmm.families import IsotropicGaussian
 from bayesadmm.solvers.smoothing import GaussianSmoothingAdam
 
 
-def make(dim: int, rho: float, delta: float, precision: float, lr: float, epochs: int = 1, batch_size: int = 32,
-         mc_samples: int = 1, gamma: float | None = None, server_rho: float | None = None,
-         name: str = "bayes-admm-iso") -> Algorithm:
+def make(
+    dim: int,
+    rho: float,
+    delta: float,
+    precision: float,
+    lr: float,
+    epochs: int = 1,
+    batch_size: int = 32,
+    mc_samples: int = 1,
+    gamma: float | None = None,
+    server_rho: float | None = None,
+    name: str = "bayes-admm-iso",
+) -> Algorithm:
     solver = GaussianSmoothingAdam(lr=lr, epochs=epochs, batch_size=batch_size, mc_samples=mc_samples)
-    return bayes_admm.make(IsotropicGaussian(dim, precision), solver, rho=rho, delta=delta, gamma=gamma,
-                           server_rho=server_rho, name=name)
+    return bayes_admm.make(
+        IsotropicGaussian(dim, precision), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name
+    )

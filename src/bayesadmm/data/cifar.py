@@ -209,9 +209,7 @@ def _read_archive(path: Path, layout: ArchiveLayout, split: str) -> tuple[torch.
 
 
 def _read_folder(folder: Path, layout: ArchiveLayout, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-    parts = [
-        _parse_member((folder / m).read_bytes(), layout.label_key, str(folder / m)) for m in layout.members[split]
-    ]
+    parts = [_parse_member((folder / m).read_bytes(), layout.label_key, str(folder / m)) for m in layout.members[split]]
     return _combine(parts, layout.num_classes, str(folder))
 
 

@@ -464,8 +464,8 @@ def classes_per_client(
         raise ValueError(
             f"not enough examples: {num_clients} clients x {m} distinct classes need {needed} blocks of "
             f"{per_class} examples of one class (each class on at most one block per client), but the class "
-            f"sizes {dict(zip(present.tolist(), sizes.tolist()))} give only {int(capacity.sum())} such blocks; "
-            f"{hint}"
+            f"sizes {dict(zip(present.tolist(), sizes.tolist(), strict=True))} give only {int(capacity.sum())} "
+            f"such blocks; {hint}"
         )
 
     open_slots = _class_slots(capacity, needed, generator)
@@ -510,11 +510,13 @@ def shards(
     count = num_clients * _check_positive_int(classes, "classes")
     per_class = _check_positive_int(per_class, "per_class")
     if count * per_class > labels.numel():
-        raise ValueError(f"{num_clients} clients x {classes} shards x {per_class} examples need "
-                         f"{count * per_class} examples, but there are {labels.numel()}")
+        raise ValueError(
+            f"{num_clients} clients x {classes} shards x {per_class} examples need "
+            f"{count * per_class} examples, but there are {labels.numel()}"
+        )
     shuffled = torch.randperm(labels.numel(), generator=generator)
-    by_label = shuffled[torch.argsort(labels[shuffled], stable=True)]   # sorted by label, random within a label
-    pieces = by_label[:count * per_class].reshape(count, per_class)
+    by_label = shuffled[torch.argsort(labels[shuffled], stable=True)]  # sorted by label, random within a label
+    pieces = by_label[: count * per_class].reshape(count, per_class)
     order = torch.randperm(count, generator=generator).reshape(num_clients, classes)
     return [torch.sort(pieces[row].reshape(-1)).values for row in order]
 
@@ -608,8 +610,7 @@ def heterogeneity(labels, parts: Sequence[torch.Tensor], num_classes: int, top: 
 def _spread(values: Sequence[float], fmt: str) -> str:
     t = torch.tensor(values, dtype=_F64)
     return (
-        f"min {format(float(t.min()), fmt)}, median {format(float(t.median()), fmt)}, "
-        f"max {format(float(t.max()), fmt)}"
+        f"min {format(float(t.min()), fmt)}, median {format(float(t.median()), fmt)}, max {format(float(t.max()), fmt)}"
     )
 
 
@@ -677,7 +678,7 @@ def plot_label_distribution(
         bottom = [0] * num_clients
         for c in range(num_classes):
             ax.bar(clients, counts[:, c], bottom=bottom, color=cmap(c), label=str(c), width=0.8)
-            bottom = [b + v for b, v in zip(bottom, counts[:, c])]
+            bottom = [b + v for b, v in zip(bottom, counts[:, c], strict=True)]
         ax.set_xticks(clients)
         ax.set_xlabel("client")
         ax.set_ylabel("examples")

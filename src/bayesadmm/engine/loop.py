@@ -32,9 +32,10 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,8 +50,18 @@ from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
 from bayesadmm.solvers.von import SubproblemError
 
-__all__ = ["Settings", "Federation", "Result", "run_federation", "participants", "check_device", "EXIT_OK",
-           "EXIT_FAILED", "EXIT_DIVERGED", "BREAKDOWNS"]
+__all__ = [
+    "Settings",
+    "Federation",
+    "Result",
+    "run_federation",
+    "participants",
+    "check_device",
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_DIVERGED",
+    "BREAKDOWNS",
+]
 
 # The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5 are the config layer's set-up
 # streams (subsample, partition, initial weights, validation split).
@@ -107,8 +118,10 @@ def check_device(device: str) -> str | None:
         return f"device must be a torch device such as cpu, cuda or cuda:1, got {device!r}"
     if parsed.type == "cuda":
         if not torch.cuda.is_available():
-            return (f"device={device} but torch {torch.__version__} sees no CUDA device on this machine "
-                    f"(torch.cuda.is_available() is False)")
+            return (
+                f"device={device} but torch {torch.__version__} sees no CUDA device on this machine "
+                f"(torch.cuda.is_available() is False)"
+            )
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             return f"device={device} but this machine has {torch.cuda.device_count()} CUDA device(s)"
     elif parsed.type == "mps" and not torch.backends.mps.is_available():
@@ -132,7 +145,7 @@ class Federation:
     eval_y: Tensor
     likelihood: Likelihood
     metrics: Mapping[str, Callable[[Tensor, Tensor], float]] = field(default_factory=dict)
-    eval_set: str = "test"     # the metrics' prefix: test_*, or val_* for a held-out part of the training set
+    eval_set: str = "test"  # the metrics' prefix: test_*, or val_* for a held-out part of the training set
 
 
 @dataclass
@@ -190,8 +203,9 @@ def write_json(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
-def metrics_line(round_: int, results: Mapping[str, float], seconds: float, eval_seconds: float, count: int,
-                 eval_set: str = "test") -> dict:
+def metrics_line(
+    round_: int, results: Mapping[str, float], seconds: float, eval_seconds: float, count: int, eval_set: str = "test"
+) -> dict:
     """One line of metrics.jsonl: `acc` → `test_acc`, `ens_acc` → `ens_test_acc`, then timings and participants."""
     line: dict[str, Any] = {"round": round_}
     for key, value in results.items():
@@ -218,9 +232,17 @@ def _read_metrics(path: Path, up_to: int) -> list[dict]:
     return [line for line in lines if line["round"] <= up_to]
 
 
-def run_federation(federation: Federation, settings: Settings, run_dir: Path | str, *, config: Mapping | None = None,
-                   resume: bool = False, progress: bool = True, title: str = "",
-                   on_round: Callable[[dict], None] | None = None) -> Result:
+def run_federation(
+    federation: Federation,
+    settings: Settings,
+    run_dir: Path | str,
+    *,
+    config: Mapping | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    title: str = "",
+    on_round: Callable[[dict], None] | None = None,
+) -> Result:
     """Run (or, with `resume`, continue from run_dir's checkpoint) the federation; returns how it ended.
 
     `config` is written to run_dir/config.json on a fresh start (what the run is, for people and for `resume`);
@@ -232,8 +254,11 @@ def run_federation(federation: Federation, settings: Settings, run_dir: Path | s
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    status_path, metrics_path, checkpoint_path = (run_dir / "status.json", run_dir / "metrics.jsonl",
-                                                  run_dir / "checkpoint.pt")
+    status_path, metrics_path, checkpoint_path = (
+        run_dir / "status.json",
+        run_dir / "metrics.jsonl",
+        run_dir / "checkpoint.pt",
+    )
     algorithm = federation.make_algorithm()
     checkpoint = torch.load(checkpoint_path, weights_only=False) if resume and checkpoint_path.exists() else None
     start = checkpoint["round"] if checkpoint is not None else 0
@@ -251,10 +276,9 @@ def run_federation(federation: Federation, settings: Settings, run_dir: Path | s
     workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
     ids = sorted(federation.clients.sizes)
     most = len(participants(ids, settings.participation, settings.seed, 1))
-    checkpointed = [start]   # the round of the last checkpoint written, kept up to date by _rounds
-    clients = client_runner(federation.make_algorithm, federation.clients, settings.seed, min(workers, most),
-                            algorithm)
-    with _sigterm_as_interrupt():   # from here on a kill is reported as an interruption
+    checkpointed = [start]  # the round of the last checkpoint written, kept up to date by _rounds
+    clients = client_runner(federation.make_algorithm, federation.clients, settings.seed, min(workers, most), algorithm)
+    with _sigterm_as_interrupt():  # from here on a kill is reported as an interruption
         try:
             if checkpoint is None:
                 server = algorithm.init_server(federation.theta0.to(settings.device))
@@ -263,16 +287,32 @@ def run_federation(federation: Federation, settings: Settings, run_dir: Path | s
             else:
                 server = checkpoint["server"]
                 clients.restore(checkpoint, run_dir)
-                remove_stale_shards(run_dir, checkpoint)   # those of a checkpoint the kill did not let finish
-                del checkpoint   # the states now live in `clients`
-            code, status, server = _rounds(federation, settings, algorithm, clients, ids, start, server, history,
-                                           bar, run_dir, checkpointed, on_round)
-        except KeyboardInterrupt:   # Ctrl-C, or a SIGTERM: say so, so that a watcher does not wait for a dead run
+                remove_stale_shards(run_dir, checkpoint)  # those of a checkpoint the kill did not let finish
+                del checkpoint  # the states now live in `clients`
+            code, status, server = _rounds(
+                federation,
+                settings,
+                algorithm,
+                clients,
+                ids,
+                start,
+                server,
+                history,
+                bar,
+                run_dir,
+                checkpointed,
+                on_round,
+            )
+        except KeyboardInterrupt:  # Ctrl-C, or a SIGTERM: say so, so that a watcher does not wait for a dead run
             bar.close()
-            then = (f"resume goes on from the checkpoint of round {checkpointed[0]}"
-                    if checkpoint_path.exists() else "no checkpoint was written yet: run it again")
-            write_json(status_path, {"status": "interrupted", "round": checkpointed[0],
-                                     "message": f"interrupted; {then}"})
+            then = (
+                f"resume goes on from the checkpoint of round {checkpointed[0]}"
+                if checkpoint_path.exists()
+                else "no checkpoint was written yet: run it again"
+            )
+            write_json(
+                status_path, {"status": "interrupted", "round": checkpointed[0], "message": f"interrupted; {then}"}
+            )
             raise
         finally:
             clients.close()
@@ -280,13 +320,24 @@ def run_federation(federation: Federation, settings: Settings, run_dir: Path | s
     if code == EXIT_OK and settings.last_round == settings.rounds:
         status = {"status": "completed", "round": settings.rounds}
     elif code == EXIT_OK:
-        status = {"status": "stopped", "round": settings.last_round,
-                  "message": f"stopped after round {settings.stop_at} as asked (stop_at); resume goes on"}
-    if history:   # before the final status, which tells a watcher the run directory is complete
+        status = {
+            "status": "stopped",
+            "round": settings.last_round,
+            "message": f"stopped after round {settings.stop_at} as asked (stop_at); resume goes on",
+        }
+    if history:  # before the final status, which tells a watcher the run directory is complete
         try_plot_run(history, run_dir / "curves.png", title=title)
     write_json(status_path, status)
-    return Result(status["status"], code, checkpointed[0] if code != EXIT_OK else status["round"], history, server,
-                  algorithm, run_dir, status.get("message", ""))
+    return Result(
+        status["status"],
+        code,
+        checkpointed[0] if code != EXIT_OK else status["round"],
+        history,
+        server,
+        algorithm,
+        run_dir,
+        status.get("message", ""),
+    )
 
 
 @contextlib.contextmanager
@@ -307,26 +358,48 @@ def _sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _rounds(federation: Federation, settings: Settings, algorithm: Algorithm, clients: Any, ids: list[int],
-            start: int, server: Any, history: list, bar: Any, run_dir: Path, checkpointed: list[int],
-            on_round: Callable[[dict], None] | None) -> tuple[int, dict, Any]:
+def _clients_done_callback(bar: Any, total: int, began: float) -> Callable[[int], None]:
+    """A round's client-done callback: shows "client i/total" on the bar, at most every 0.2 s (not a terminal write
+    per client: there may be thousands)."""
+    finished, shown = 0, began
+
+    def on_done(k: int) -> None:
+        nonlocal finished, shown
+        finished += 1
+        if time.perf_counter() - shown > 0.2:
+            bar.set_postfix_str(f"client {finished}/{total}")
+            shown = time.perf_counter()
+
+    return on_done
+
+
+def _rounds(
+    federation: Federation,
+    settings: Settings,
+    algorithm: Algorithm,
+    clients: Any,
+    ids: list[int],
+    start: int,
+    server: Any,
+    history: list,
+    bar: Any,
+    run_dir: Path,
+    checkpointed: list[int],
+    on_round: Callable[[dict], None] | None,
+) -> tuple[int, dict, Any]:
     """Rounds start+1 … settings.last_round; returns (exit code, last status, server state of the last good round)
     and keeps the round of the last checkpoint written in checkpointed[0] (for the messages of a failure or an
     interruption)."""
-    metrics_path, checkpoint_path, status_path = (run_dir / "metrics.jsonl", run_dir / "checkpoint.pt",
-                                                  run_dir / "status.json")
+    metrics_path, checkpoint_path, status_path = (
+        run_dir / "metrics.jsonl",
+        run_dir / "checkpoint.pt",
+        run_dir / "status.json",
+    )
     status: dict[str, Any] = {"status": "running", "round": start}
     for round_ in range(start + 1, settings.last_round + 1):
         began = time.perf_counter()
         chosen = participants(ids, settings.participation, settings.seed, round_)
-        finished, shown = [], [began]
-
-        def on_done(k: int) -> None:
-            finished.append(k)
-            if time.perf_counter() - shown[0] > 0.2:   # not a terminal write per client: there may be thousands
-                bar.set_postfix_str(f"client {len(finished)}/{len(chosen)}")
-                shown[0] = time.perf_counter()
-
+        on_done = _clients_done_callback(bar, len(chosen), began)
         try:
             replies = clients.train(round_, algorithm.broadcast(server), chosen, on_done)
             new_server, server_info = algorithm.server_update(server, replies)
@@ -334,9 +407,16 @@ def _rounds(federation: Federation, settings: Settings, algorithm: Algorithm, cl
             return EXIT_DIVERGED, _diverged(round_, str(exc)), server
         seconds = time.perf_counter() - began
         began = time.perf_counter()
-        results = evaluate(federation.model, algorithm.posterior(new_server), federation.eval_X, federation.eval_y,
-                           likelihood=federation.likelihood, samples=settings.eval_samples,
-                           generator=generator_for(settings.seed, round_, EVALUATION), extra=federation.metrics)
+        results = evaluate(
+            federation.model,
+            algorithm.posterior(new_server),
+            federation.eval_X,
+            federation.eval_y,
+            likelihood=federation.likelihood,
+            samples=settings.eval_samples,
+            generator=generator_for(settings.seed, round_, EVALUATION),
+            extra=federation.metrics,
+        )
         line = metrics_line(round_, results, seconds, time.perf_counter() - began, len(chosen), federation.eval_set)
         if not all(math.isfinite(v) for v in results.values()):
             return EXIT_DIVERGED, _diverged(round_, f"non-finite {federation.eval_set} metrics {results}"), server
@@ -346,7 +426,7 @@ def _rounds(federation: Federation, settings: Settings, algorithm: Algorithm, cl
         with metrics_path.open("a") as f:
             f.write(json.dumps(line) + "\n")
         if round_ % settings.checkpoint_every == 0 or round_ == settings.last_round:
-            _save_checkpoint(checkpoint_path, round_, server, clients)   # a resume redoes the rounds after it
+            _save_checkpoint(checkpoint_path, round_, server, clients)  # a resume redoes the rounds after it
             checkpointed[0] = round_
         history.append(line)
         status = {"status": "running", "round": round_}
@@ -359,8 +439,10 @@ def _rounds(federation: Federation, settings: Settings, algorithm: Algorithm, cl
 
 
 def _diverged(round_: int, reason: str) -> dict:
-    print(f"stopped: round {round_}: {reason} (the state of round {round_ - 1} or earlier is in the checkpoint)",
-          file=sys.stderr)
+    print(
+        f"stopped: round {round_}: {reason} (the state of round {round_ - 1} or earlier is in the checkpoint)",
+        file=sys.stderr,
+    )
     return {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {reason}"}
 
 
@@ -369,7 +451,7 @@ def _mean_client_info(infos: Mapping[int, Mapping[str, float]]) -> dict[str, flo
     if not infos:
         return {}
     keys = set.intersection(*(set(info) for info in infos.values()))
-    ordered = [infos[k] for k in sorted(infos)]   # in id order: the sum must not depend on which worker replied first
+    ordered = [infos[k] for k in sorted(infos)]  # in id order: the sum must not depend on which worker replied first
     return {f"client_{key}": sum(info[key] for info in ordered) / len(ordered) for key in sorted(keys)}
 
 
@@ -383,5 +465,13 @@ def _headline(line: Mapping[str, Any], eval_set: str) -> str:
 
 def _progress(settings: Settings, start: int, enabled: bool, title: str):
     from tqdm import tqdm
-    return tqdm(total=settings.last_round, initial=start, desc=title or "rounds", unit="round",
-                disable=not enabled, dynamic_ncols=True, file=sys.stderr)
+
+    return tqdm(
+        total=settings.last_round,
+        initial=start,
+        desc=title or "rounds",
+        unit="round",
+        disable=not enabled,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )

@@ -25,12 +25,15 @@ def _git_commit(path: Path) -> str | None:
     """The commit of the checkout the package is imported from (with '+dirty' for uncommitted changes), or None
     when it is installed from a wheel or git is missing."""
     try:
-        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no", "--", "."],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", str(path), "status", "--porcelain", "--untracked-files=no", "--", "."],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return None
@@ -87,5 +90,5 @@ def record_environment(run_dir: Path, device: str, from_round: int) -> None:
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(records, indent=1) + "\n")
         os.replace(tmp, path)
-    except (OSError, ValueError) as exc:   # provenance is worth a warning, never a lost run
+    except (OSError, ValueError) as exc:  # provenance is worth a warning, never a lost run
         print(f"warning: could not write {path}: {exc}", file=sys.stderr)

@@ -6,7 +6,8 @@ noise does not depend on which other clients ran, in which order, or in which pr
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,8 +24,14 @@ def generator_for(seed: int, round_: int, client: int, device: str | torch.devic
     return gen
 
 
-def run_rounds(algorithm: Algorithm, client_data: Sequence[Any] | Mapping[int, Any], theta0: Tensor, rounds: int,
-               seed: int = 0, on_round: Callable[[int, Any, dict], None] | None = None) -> tuple[Any, dict]:
+def run_rounds(
+    algorithm: Algorithm,
+    client_data: Sequence[Any] | Mapping[int, Any],
+    theta0: Tensor,
+    rounds: int,
+    seed: int = 0,
+    on_round: Callable[[int, Any, dict], None] | None = None,
+) -> tuple[Any, dict]:
     """Run `rounds` rounds with full participation and return the final (server state, client states).
 
     `on_round(round, server_state, client_states)` is called after every server update (round 0 = initial state).

@@ -38,17 +38,18 @@ import os
 import signal
 import tempfile
 import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, cast
+from typing import Any, cast
 
 import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message
 from bayesadmm.engine.simulate import generator_for
 
-SHARDS = "client-states"   # the run directory's folder of checkpoint shards
+SHARDS = "client-states"  # the run directory's folder of checkpoint shards
 
 
 def default_workers() -> int:
@@ -77,8 +78,9 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
-def train_client(algorithm: Algorithm, state, message: Message, data, seed: int, round_: int,
-                 client: int) -> tuple[Any, Message, Any]:
+def train_client(
+    algorithm: Algorithm, state, message: Message, data, seed: int, round_: int, client: int
+) -> tuple[Any, Message, Any]:
     """One client's update, exactly as every execution path runs it: (new state, reply, info record). The generator
     is a CPU one whatever the device (`bayesadmm.rng` draws on it and moves the numbers), so a GPU run consumes the
     same random numbers."""
@@ -105,7 +107,7 @@ class LocalClients:
     def __init__(self, algorithm: Algorithm, clients: Mapping[int, Any], seed: int):
         self.algorithm, self.clients, self.seed = algorithm, dict(clients), seed
         self._states: dict[int, Any] = {}
-        self.last_info: dict[int, dict[str, float]] = {}   # the scalars of each client's info record, last round
+        self.last_info: dict[int, dict[str, float]] = {}  # the scalars of each client's info record, last round
 
     def start(self, server) -> None:
         """Every client's initial state, from the initial server state."""
@@ -115,8 +117,9 @@ class LocalClients:
         """The client states a checkpoint recorded (`save`'s record in checkpoint.pt: the states, or shards)."""
         self._states = checkpointed_states(checkpoint, run_dir, self.clients)
 
-    def train(self, round_: int, message: Message, chosen: Sequence[int],
-              on_done: Callable[[int], None] | None = None) -> dict[int, Message]:
+    def train(
+        self, round_: int, message: Message, chosen: Sequence[int], on_done: Callable[[int], None] | None = None
+    ) -> dict[int, Message]:
         """Update the `chosen` clients' states; returns their replies in the order of `chosen`. Each state is replaced
         as soon as its client is done (so that old and new states are not all held at once): after an exception the
         states are those of an unfinished round, and the run goes on from its checkpoint."""
@@ -125,8 +128,9 @@ class LocalClients:
         replies, self.last_info = {}, {}
         with one_thread():
             for k in chosen:
-                self._states[k], replies[k], info = train_client(self.algorithm, self._states[k], message,
-                                                                 self.clients[k], self.seed, round_, k)
+                self._states[k], replies[k], info = train_client(
+                    self.algorithm, self._states[k], message, self.clients[k], self.seed, round_, k
+                )
                 self.last_info[k] = info_scalars(info)
                 if on_done is not None:
                     on_done(k)
@@ -213,7 +217,7 @@ def _send_tensors(connection, header: tuple, layout: list, tensors: list[torch.T
     for tensor in tensors:
         view = _raw(tensor)
         while view.nbytes:
-            view = view[os.write(connection.fileno(), view):]
+            view = view[os.write(connection.fileno(), view) :]
 
 
 def _receive_tensors(connection, layout: list) -> Message:
@@ -231,17 +235,17 @@ def _receive_tensors(connection, layout: list) -> Message:
     return message
 
 
-ARENA_BYTES = 64 << 20   # each worker's shared memory for replies in flight (47 IVON-ADMM replies of the MLP)
+ARENA_BYTES = 64 << 20  # each worker's shared memory for replies in flight (47 IVON-ADMM replies of the MLP)
 
 
 def _aligned(nbytes: int) -> int:
-    return -(-nbytes // 64) * 64   # every tensor in an arena starts on a 64-byte boundary (any dtype can view it)
+    return -(-nbytes // 64) * 64  # every tensor in an arena starts on a 64-byte boundary (any dtype can view it)
 
 
 def _write_arena(arena: torch.Tensor, offset: int, tensors: list[torch.Tensor]) -> None:
     for tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
-        arena[offset:offset + nbytes].view(tensor.dtype).copy_(tensor.reshape(-1))
+        arena[offset : offset + nbytes].view(tensor.dtype).copy_(tensor.reshape(-1))
         offset += _aligned(nbytes)
 
 
@@ -250,7 +254,7 @@ def _read_arena(arena: torch.Tensor, offset: int, layout: list) -> Message:
     message = {}
     for key, dtype, shape, device in layout:
         nbytes = math.prod(shape) * dtype.itemsize
-        tensor = arena[offset:offset + nbytes].view(dtype).reshape(shape).clone()
+        tensor = arena[offset : offset + nbytes].view(dtype).reshape(shape).clone()
         message[key] = tensor if device == "cpu" else tensor.to(device)
         offset += _aligned(nbytes)
     return message
@@ -259,26 +263,35 @@ def _read_arena(arena: torch.Tensor, offset: int, layout: list) -> Message:
 # ---- inside a worker process ----------------------------------------------------------------------------------------
 
 
-def _worker(connection, arena: torch.Tensor, make_algorithm: Callable[[], Algorithm], source: Callable[[int], Any],
-            seed: int, group: list[int], default_dtype: torch.dtype) -> None:
+def _worker(
+    connection,
+    arena: torch.Tensor,
+    make_algorithm: Callable[[], Algorithm],
+    source: Callable[[int], Any],
+    seed: int,
+    group: list[int],
+    default_dtype: torch.dtype,
+) -> None:
     """A worker's life: build its clients, then answer the parent's commands until "close" (or the parent is gone)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C reaches the whole process group: the parent handles it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent handles it
     _keep_freed_memory()
     torch.set_num_threads(1)
-    torch.set_default_dtype(default_dtype)   # as in the parent, so that tensors made without a dtype agree
+    torch.set_default_dtype(default_dtype)  # as in the parent, so that tensors made without a dtype agree
     local = LocalClients(make_algorithm(), {k: source(k) for k in group}, seed)
-    commands: dict[str, Callable[..., Any]] = {"start": lambda server: local.start(_loads(server)),
-                "put": lambda states: local.restore({"clients": _loads(states)}, Path(".")),
-                "load": lambda run_dir, shards: local.restore({"shards": shards}, run_dir),
-                "save": local.write_shard}
+    commands: dict[str, Callable[..., Any]] = {
+        "start": lambda server: local.start(_loads(server)),
+        "put": lambda states: local.restore({"clients": _loads(states)}, Path(".")),
+        "load": lambda run_dir, shards: local.restore({"shards": shards}, run_dir),
+        "save": local.write_shard,
+    }
     while True:
         try:
             command, *args = connection.recv()
-        except EOFError:   # the parent is gone
+        except EOFError:  # the parent is gone
             return
         if command == "close":
             return
-        if command == "ack":   # the last acknowledgements of a round's replies, not needed any more
+        if command == "ack":  # the last acknowledgements of a round's replies, not needed any more
             continue
         try:
             if command == "train":
@@ -295,8 +308,9 @@ def _worker(connection, arena: torch.Tensor, make_algorithm: Callable[[], Algori
                 connection.send(("error", RuntimeError(f"{type(exc).__name__}: {exc}"), text))
 
 
-def _train(connection, arena: torch.Tensor, local: LocalClients, round_: int, message: Message,
-           chosen: list[int]) -> None:
+def _train(
+    connection, arena: torch.Tensor, local: LocalClients, round_: int, message: Message, chosen: list[int]
+) -> None:
     """Train the chosen clients in turn and hand over each reply as soon as it is made.
 
     A reply goes into the next slot of the worker's shared arena, and only its layout and offset through the pipe: the
@@ -305,7 +319,7 @@ def _train(connection, arena: torch.Tensor, local: LocalClients, round_: int, me
     reply; a reply that does not fit (or replies larger than the arena) go through the pipe instead.
     """
     slot_bytes = slots = 0
-    sent = acknowledged = 0   # replies through slots, and acknowledgements received, this round
+    sent = acknowledged = 0  # replies through slots, and acknowledgements received, this round
     for k in chosen:
         layout, tensors = _payload(local.train(round_, message, [k])[k])
         info = local.last_info[k]
@@ -315,7 +329,7 @@ def _train(connection, arena: torch.Tensor, local: LocalClients, round_: int, me
         if slots == 0 or nbytes > slot_bytes:
             _send_tensors(connection, ("reply", k, None, info), layout, tensors)
             continue
-        while sent - acknowledged >= slots:   # every slot holds a reply the parent has not copied yet
+        while sent - acknowledged >= slots:  # every slot holds a reply the parent has not copied yet
             answer = connection.recv()
             if answer != ("ack",):
                 raise RuntimeError(f"expected the parent's acknowledgement of a reply, got {answer!r}")
@@ -338,8 +352,8 @@ def _keep_freed_memory() -> None:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return
-    mallopt(-1, 1 << 30)    # M_TRIM_THRESHOLD: trim only above 1 GiB of free memory at the top
-    mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD: blocks below 32 MiB (the maximum) from the heap, where they are reused
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: trim only above 1 GiB of free memory at the top
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks below 32 MiB (the maximum) from the heap, where they are reused
 
 
 # ---- in the parent --------------------------------------------------------------------------------------------------
@@ -357,14 +371,16 @@ class ClientPool:
         self.last_info: dict[int, dict[str, float]] = {}
         context = torch.multiprocessing.get_context("spawn")
         self.connections, self.processes, self.arenas = [], [], []
-        self._in_round = False   # True from sending a round's work until every worker has finished it
+        self._in_round = False  # True from sending a round's work until every worker has finished it
         try:
             for index, group in enumerate(self.groups):
                 parent_end, child_end = context.Pipe()
                 arena = torch.empty(ARENA_BYTES, dtype=torch.uint8).share_memory_()
-                process = context.Process(target=_worker, name=f"bayesadmm-worker-{index}",
-                                          args=(child_end, arena, make_algorithm, source, seed, group,
-                                                torch.get_default_dtype()))
+                process = context.Process(
+                    target=_worker,
+                    name=f"bayesadmm-worker-{index}",
+                    args=(child_end, arena, make_algorithm, source, seed, group, torch.get_default_dtype()),
+                )
                 _start(process)
                 child_end.close()
                 self.connections.append(parent_end)
@@ -386,15 +402,16 @@ class ClientPool:
             states = checkpoint["clients"]
             self._call_all([("put", _dumps({k: states[k] for k in group})) for group in self.groups])
 
-    def train(self, round_: int, message: Message, chosen: Sequence[int],
-              on_done: Callable[[int], None] | None = None) -> dict[int, Message]:
+    def train(
+        self, round_: int, message: Message, chosen: Sequence[int], on_done: Callable[[int], None] | None = None
+    ) -> dict[int, Message]:
         """Update the `chosen` clients' states in their workers; returns their replies in the order of `chosen`."""
         if self._in_round:
             raise RuntimeError("the client pool stopped in the middle of a round (an error); start a new one")
-        layout, tensors = _payload(message)   # made once, sent to each worker
+        layout, tensors = _payload(message)  # made once, sent to each worker
         busy = {}
         self._in_round = True
-        for index, group in enumerate(self.groups):
+        for index in range(len(self.groups)):
             mine = [k for k in chosen if self.owner[k] == index]
             if mine:
                 _send_tensors(self.connections[index], ("train", round_, mine), layout, tensors)
@@ -407,19 +424,19 @@ class ClientPool:
                 try:
                     kind, *rest = self._receive(busy[connection])
                 except Exception as exc:  # noqa: BLE001 — a worker failed (a breakdown) or died: it sends no more
-                    failure = failure or exc   # and the others finish the round, so that the pool closes cleanly
+                    failure = failure or exc  # and the others finish the round, so that the pool closes cleanly
                     del busy[connection]
                     continue
                 if kind == "reply":
                     k, offset, self.last_info[rest[0]], layout = rest
-                    if offset is None:   # too large for the worker's arena: the bytes follow in the pipe
+                    if offset is None:  # too large for the worker's arena: the bytes follow in the pipe
                         replies[k] = _receive_tensors(connection, layout)
                     else:
                         replies[k] = _read_arena(self.arenas[busy[connection]], offset, layout)
-                        connection.send(("ack",))   # the worker may write that slot again
+                        connection.send(("ack",))  # the worker may write that slot again
                     if on_done is not None:
                         on_done(k)
-                else:   # "done"
+                else:  # "done"
                     del busy[connection]
         self._in_round = False
         if failure is not None:
@@ -447,9 +464,9 @@ class ClientPool:
             if not self._in_round:
                 try:
                     connection.send(("close",))
-                except (OSError, ValueError):   # a worker that is already gone
+                except (OSError, ValueError):  # a worker that is already gone
                     pass
-        for connection, process in zip(self.connections, self.processes):
+        for connection, process in zip(self.connections, self.processes, strict=True):
             process.join(timeout=0 if self._in_round else 60)
             if process.is_alive():
                 process.terminate()
@@ -470,8 +487,9 @@ class ClientPool:
                 self.connections[index].send(request)
                 sent.append(index)
             except OSError:
-                failure = failure or RuntimeError(f"client worker {index} died "
-                                                  f"(exit code {self.processes[index].exitcode})")
+                failure = failure or RuntimeError(
+                    f"client worker {index} died (exit code {self.processes[index].exitcode})"
+                )
         for index in sent:
             try:
                 answers.append(self._receive(index)[1])
@@ -494,8 +512,9 @@ class ClientPool:
         return answer
 
 
-def client_runner(make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int,
-                  algorithm: Algorithm | None = None) -> LocalClients | ClientPool:
+def client_runner(
+    make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int, algorithm: Algorithm | None = None
+) -> LocalClients | ClientPool:
     """The clients of `source` in this process for one worker (or one participant), with `algorithm` (made by
     `make_algorithm` if not given), or in a pool of `workers` processes otherwise."""
     if workers <= 1:
@@ -511,10 +530,22 @@ def _start(process) -> None:
     try:
         process.start()
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise ValueError(f"the algorithm's factory and the clients must pickle to run in worker processes "
-                         f"(workers > 1), and they do not ({exc}): make them module-level functions, "
-                         f"functools.partials of them, or dataclasses of tensors; or use workers=1") from exc
+        raise ValueError(
+            f"the algorithm's factory and the clients must pickle to run in worker processes "
+            f"(workers > 1), and they do not ({exc}): make them module-level functions, "
+            f"functools.partials of them, or dataclasses of tensors; or use workers=1"
+        ) from exc
 
 
-__all__: Sequence[str] = ["LocalClients", "ClientPool", "client_runner", "train_client", "assign", "default_workers",
-                          "one_thread", "checkpointed_states", "remove_stale_shards", "SHARDS"]
+__all__: Sequence[str] = [
+    "LocalClients",
+    "ClientPool",
+    "client_runner",
+    "train_client",
+    "assign",
+    "default_workers",
+    "one_thread",
+    "checkpointed_states",
+    "remove_stale_shards",
+    "SHARDS",
+]

@@ -8,7 +8,6 @@ Everything is deterministic in the config: each set-up step draws from its own g
 
 from __future__ import annotations
 
-import functools
 import sys
 from dataclasses import dataclass
 
@@ -34,7 +33,7 @@ class Built:
 
     federation: Federation
     settings: Settings
-    parts: list[Tensor]          # client k's rows of the (subsampled) training set
+    parts: list[Tensor]  # client k's rows of the (subsampled) training set
     train_labels: Tensor
     num_classes: int
 
@@ -47,11 +46,13 @@ def load_data(config: RunConfig) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     data_dir = config.data_dir or None
     if config.dataset in ("fashion-mnist", "mnist"):
         from bayesadmm.data import load_image_dataset
+
         X, y = load_image_dataset(config.dataset, "train", data_dir=data_dir)
         X_test, y_test = load_image_dataset(config.dataset, "test", data_dir=data_dir)
         num_classes = 10
     elif config.dataset in ("cifar10", "cifar100"):
         from bayesadmm.data import load_cifar
+
         X, y = load_cifar(config.dataset, "train", data_dir=data_dir)
         X_test, y_test = load_cifar(config.dataset, "test", data_dir=data_dir)
         num_classes = 10 if config.dataset == "cifar10" else 100
@@ -62,9 +63,16 @@ def load_data(config: RunConfig) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
 
 
 def settings_of(config: RunConfig) -> Settings:
-    return Settings(rounds=config.rounds, seed=config.seed, participation=config.participation,
-                    eval_samples=config.eval_samples, device=config.device, workers=config.workers,
-                    checkpoint_every=config.checkpoint_every, stop_at=config.stop_at)
+    return Settings(
+        rounds=config.rounds,
+        seed=config.seed,
+        participation=config.participation,
+        eval_samples=config.eval_samples,
+        device=config.device,
+        workers=config.workers,
+        checkpoint_every=config.checkpoint_every,
+        stop_at=config.stop_at,
+    )
 
 
 def make_algorithm_factory(config: RunConfig, model: FlatModel, client_sizes: dict[int, int]):
@@ -97,11 +105,14 @@ def build(config: RunConfig) -> Built:
         "two-level-dirichlet": {"alpha1": config.alpha1, "alpha2": config.alpha2},
         "per-class-dirichlet": {"alpha": config.alpha2},
         "classes-per-client": {"classes": config.classes_per_client, "per_class": config.per_class},
-        "shards": {"classes": config.classes_per_client, "per_class": config.per_class}}
+        "shards": {"classes": config.classes_per_client, "per_class": config.per_class},
+    }
     options = per_partition.get(config.partition, {})
     parts = make_partition(config.partition, y, config.clients, generator_for(config.seed, 0, PARTITION), **options)
-    in_shape: dict[str, dict[str, int]] = {"mlp": {"in_features": int(X[0].numel()), "num_classes": num_classes},
-                "logistic": {"in_features": int(X[0].numel()), "num_classes": num_classes}}
+    in_shape: dict[str, dict[str, int]] = {
+        "mlp": {"in_features": int(X[0].numel()), "num_classes": num_classes},
+        "logistic": {"in_features": int(X[0].numel()), "num_classes": num_classes},
+    }
     model = make_model(config.model, **in_shape.get(config.model, {"num_classes": num_classes}))
     # One client-ordered copy of the training set, each client a view of its rows: parallel workers then share
     # two tensors instead of two per client, and every execution path sees the same memory layout.
@@ -111,8 +122,16 @@ def build(config: RunConfig) -> Built:
     source = TensorClients(model, X[order], y[order], slices, Classification(), config.device)
     theta0 = model.initial_params(generator_for(config.seed, 0, INIT))
     make = make_algorithm_factory(config, model, source.sizes)
-    federation = Federation(model, source, make, theta0, X_test.to(config.device), y_test.to(config.device),
-                            Classification(), eval_set="val" if config.validation > 0 else "test")
+    federation = Federation(
+        model,
+        source,
+        make,
+        theta0,
+        X_test.to(config.device),
+        y_test.to(config.device),
+        Classification(),
+        eval_set="val" if config.validation > 0 else "test",
+    )
     return Built(federation, settings_of(config), parts, y, num_classes)
 
 
@@ -123,8 +142,15 @@ def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
     if not resume or not (run_dir / "checkpoint.pt").exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         _write_split(config, built)
-    result = run_federation(built.federation, built.settings, run_dir, config=config.to_json(), resume=resume,
-                            progress=progress, title=f"{config.scenario} — {config.method} (seed {config.seed})")
+    result = run_federation(
+        built.federation,
+        built.settings,
+        run_dir,
+        config=config.to_json(),
+        resume=resume,
+        progress=progress,
+        title=f"{config.scenario} — {config.method} (seed {config.seed})",
+    )
     return result.exit_code
 
 
@@ -135,11 +161,26 @@ def _write_split(config: RunConfig, built: Built) -> None:
 
     write_json(config.run_dir() / "partition.json", {"clients": [idx.tolist() for idx in built.parts]})
     try:
-        plot_label_distribution(built.train_labels, built.parts, built.num_classes, config.run_dir() / "labels.png",
-                                title=f"{config.scenario}: labels per client")
+        plot_label_distribution(
+            built.train_labels,
+            built.parts,
+            built.num_classes,
+            config.run_dir() / "labels.png",
+            title=f"{config.scenario}: labels per client",
+        )
     except Exception as exc:  # noqa: BLE001 — a plot is never worth losing a run
         print(f"warning: could not plot the label distribution: {exc}", file=sys.stderr)
 
 
-__all__ = ["Built", "build", "run", "load_data", "settings_of", "make_algorithm_factory", "SUBSAMPLE", "PARTITION",
-           "INIT", "VALIDATION"]
+__all__ = [
+    "Built",
+    "build",
+    "run",
+    "load_data",
+    "settings_of",
+    "make_algorithm_factory",
+    "SUBSAMPLE",
+    "PARTITION",
+    "INIT",
+    "VALIDATION",
+]

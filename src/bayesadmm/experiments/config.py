@@ -27,28 +27,28 @@ ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "cosine_rounds
 class RunConfig:
     scenario: str = "custom"
     dataset: str = "fashion-mnist"
-    data_fraction: float = 1.0          # the "10 %" scenarios use 0.1 of the training set, drawn per seed
-    validation: float = 0.0             # > 0: hold out this fraction of it and report val_* metrics on it, not test_*
-    preprocessing: str = "raw"          # raw: pixels 0–255 (as the authors); scaled: [0, 1]
+    data_fraction: float = 1.0  # the "10 %" scenarios use 0.1 of the training set, drawn per seed
+    validation: float = 0.0  # > 0: hold out this fraction of it and report val_* metrics on it, not test_*
+    preprocessing: str = "raw"  # raw: pixels 0–255 (as the authors); scaled: [0, 1]
     partition: str = "two-level-dirichlet"
     clients: int = 10
-    alpha1: float = 1.0                 # two-level Dirichlet: client sizes ~ Dir(alpha1)
-    alpha2: float = 0.5                 # two-level Dirichlet: class mix ~ Dir(alpha2)
+    alpha1: float = 1.0  # two-level Dirichlet: client sizes ~ Dir(alpha1)
+    alpha2: float = 0.5  # two-level Dirichlet: class mix ~ Dir(alpha2)
     classes_per_client: int = 2
     per_class: int = 300
     model: str = "mlp"
     method: str = "ivon-admm"
     rounds: int = 50
-    stop_at: int = 0                    # stop after this round (0: after `rounds`); schedules still span `rounds`
+    stop_at: int = 0  # stop after this round (0: after `rounds`); schedules still span `rounds`
     seed: int = 0
-    participation: float = 1.0          # fraction of clients per round
-    eval_samples: int = 32              # posterior-predictive samples
+    participation: float = 1.0  # fraction of clients per round
+    eval_samples: int = 32  # posterior-predictive samples
     device: str = "cpu"
-    workers: int = 0                    # client updates in parallel processes (0: one per core on the CPU, 1 on a
-                                        # GPU; results identical for any number)
-    checkpoint_every: int = 1           # write checkpoint.pt every this many rounds (and after the last)
+    workers: int = 0  # client updates in parallel processes (0: one per core on the CPU, 1 on a
+    # GPU; results identical for any number)
+    checkpoint_every: int = 1  # write checkpoint.pt every this many rounds (and after the last)
     data_dir: str = ""
-    out: str = ""                       # run directory (default runs/<scenario>-<method>-s<seed>)
+    out: str = ""  # run directory (default runs/<scenario>-<method>-s<seed>)
     hparams: dict = field(default_factory=dict)
 
     def run_dir(self) -> Path:
@@ -77,7 +77,7 @@ def method_parameters(method: str) -> dict[str, inspect.Parameter]:
         raise ConfigError(f"unknown method {method!r}; valid: {', '.join(sorted(REGISTRY))}")
     factory = REGISTRY[method]
     params = dict(inspect.signature(factory).parameters)
-    for name in getattr(factory, "keywords", {}) or {}:   # functools.partial fixes some
+    for name in getattr(factory, "keywords", {}) or {}:  # functools.partial fixes some
         params.pop(name, None)
     user = {k: p for k, p in params.items() if k not in ENGINE_SUPPLIED and p.kind != p.VAR_KEYWORD}
     if "cosine_rounds" in params:
@@ -170,8 +170,10 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
         elif key in hparam_specs:
             hparams[key] = value
         else:
-            raise ConfigError(f"unknown key {key!r}; valid keys: {', '.join(GENERAL_KEYS)}; "
-                              f"{method} hyperparameters: {', '.join(sorted(hparam_specs)) or '(none)'}")
+            raise ConfigError(
+                f"unknown key {key!r}; valid keys: {', '.join(GENERAL_KEYS)}; "
+                f"{method} hyperparameters: {', '.join(sorted(hparam_specs)) or '(none)'}"
+            )
         changed.append(f"{key}={value}")
 
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name != "hparams"}
@@ -181,8 +183,9 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
             hparams[key] = _convert(key, hparams[key], _kinds(spec, hparams[key]))
     unknown = sorted(set(hparams) - set(hparam_specs))
     if unknown:
-        raise ConfigError(f"{method} has no hyperparameters {', '.join(unknown)}; valid: "
-                          f"{', '.join(sorted(hparam_specs))}")
+        raise ConfigError(
+            f"{method} has no hyperparameters {', '.join(unknown)}; valid: {', '.join(sorted(hparam_specs))}"
+        )
     missing = sorted(k for k, p in hparam_specs.items() if p.default is inspect.Parameter.empty and k not in hparams)
     if missing:
         raise ConfigError(f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE)")

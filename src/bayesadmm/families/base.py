@@ -94,9 +94,7 @@ class GaussianFamily(abc.ABC):
     def _check_params(self, params: Natural, what: str) -> None:
         shapes = self._shapes()
         if not isinstance(params, (tuple, list)) or len(params) != len(shapes):
-            raise ValueError(
-                f"{what} of the {self.name} family must be a tuple of {len(shapes)} tensors"
-            )
+            raise ValueError(f"{what} of the {self.name} family must be a tuple of {len(shapes)} tensors")
         for k, (x, shape) in enumerate(zip(params, shapes, strict=True)):
             check_tensor(x, shape, f"{what}[{k}]")
 
@@ -215,8 +213,9 @@ class GaussianFamily(abc.ABC):
         """``∇_μ E_q[ℓ]`` from ``derivs = (E_q[∇ℓ], E_q[∇²ℓ])``, the Hessian as :meth:`loss_hessian` gives it
         (Khan & Rue 2023, Eqs. 10–11; BayesADMM Eqs. 48, 60)."""
 
-    def natural_step(self, lam: Natural, lam_g: Natural, eta: Natural, rho: float, derivs: tuple[Tensor, Tensor],
-                     step: float) -> Natural | None:
+    def natural_step(
+        self, lam: Natural, lam_g: Natural, eta: Natural, rho: float, derivs: tuple[Tensor, Tensor], step: float
+    ) -> Natural | None:
         """One step of the Bayesian learning rule on the client problem (Eq. 15; App. C.1, Eq. 32),
 
             λ ← (1 − β) λ + β [λ_g − (η + ∇_μ E_q[ℓ]) / ρ],
@@ -234,8 +233,7 @@ class GaussianFamily(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def stationary_natural(self, loss, mean: Tensor, precision_g: Tensor, eta: Natural,
-                           rho: float) -> Natural | None:
+    def stationary_natural(self, loss, mean: Tensor, precision_g: Tensor, eta: Natural, rho: float) -> Natural | None:
         """The member with mean ``mean`` whose precision solves the delta-method stationarity of Eq. 15,
         ``S = S_g + (∇²ℓ(m) − V)/ρ`` (Eqs. 49–52), in this family's shape; None if that is not a valid precision."""
 

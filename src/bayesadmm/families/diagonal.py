@@ -111,9 +111,7 @@ class DiagonalGaussian(GaussianFamily):
         self._check_params(mu, "expectation parameter")
         return torch.diagonal_scatter(torch.outer(mu[0], mu[0]), mu[1])
 
-    def prior_terms(
-        self, delta: float, dtype: torch.dtype = torch.float64, device=None
-    ) -> tuple[float, Natural]:
+    def prior_terms(self, delta: float, dtype: torch.dtype = torch.float64, device=None) -> tuple[float, Natural]:
         r"""``(c, b)`` with ``∇_μ KL(q ‖ N(0, δ⁻¹ I)) = c λ − b``.
 
         The prior is in the family and ``h`` is constant, so the Bregman
@@ -146,8 +144,7 @@ class DiagonalGaussian(GaussianFamily):
         g, H = derivs
         return (g - H * mean, 0.5 * H)
 
-    def stationary_natural(self, loss, mean: Tensor, precision_g: Tensor, eta: Natural,
-                           rho: float) -> Natural | None:
+    def stationary_natural(self, loss, mean: Tensor, precision_g: Tensor, eta: Natural, rho: float) -> Natural | None:
         """``s = s_g + (diag ∇²ℓ(m) − u)/ρ``."""
         _, u = self.split_dual(eta)
         precision = precision_g + (loss.hess_diag(mean) - u) / rho

@@ -139,9 +139,7 @@ class FullGaussian(GaussianFamily):
         self._check_params(mu, "expectation parameter")
         return sym(mu[1])
 
-    def prior_terms(
-        self, delta: float, dtype: torch.dtype = torch.float64, device=None
-    ) -> tuple[float, Natural]:
+    def prior_terms(self, delta: float, dtype: torch.dtype = torch.float64, device=None) -> tuple[float, Natural]:
         r"""``(c, b)`` with ``∇_μ KL(q ‖ N(0, δ⁻¹ I)) = c λ − b``.
 
         The prior is in the family and ``h`` is constant, so ``c = 1`` and
@@ -173,8 +171,7 @@ class FullGaussian(GaussianFamily):
         g, H = derivs
         return (g - H @ mean, 0.5 * H)
 
-    def stationary_natural(self, loss, mean: Tensor, precision_g: Tensor, eta: Natural,
-                           rho: float) -> Natural | None:
+    def stationary_natural(self, loss, mean: Tensor, precision_g: Tensor, eta: Natural, rho: float) -> Natural | None:
         """``S = S_g + (∇²ℓ(m) − V)/ρ``, symmetrised."""
         _, V = self.split_dual(eta)
         precision = precision_g + (loss.hess(mean) - V) / rho

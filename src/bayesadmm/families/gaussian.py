@@ -113,7 +113,5 @@ def make_family(name: str, dim: int, **kw) -> GaussianFamily:
     try:
         cls = _FAMILIES[name]
     except KeyError:
-        raise ValueError(
-            f"unknown family {name!r}; valid names: {', '.join(sorted(_FAMILIES))}"
-        ) from None
+        raise ValueError(f"unknown family {name!r}; valid names: {', '.join(sorted(_FAMILIES))}") from None
     return cls(dim, **kw)

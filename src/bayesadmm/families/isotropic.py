@@ -52,9 +52,7 @@ class IsotropicGaussian(GaussianFamily):
             if isinstance(precision, Tensor) and precision.numel() != 1:
                 raise ValueError("precision of the isotropic family must be a scalar")
             if not math.isclose(float(precision), self.precision, rel_tol=1e-9):
-                raise ValueError(
-                    f"the isotropic family has fixed precision {self.precision}, got {float(precision)}"
-                )
+                raise ValueError(f"the isotropic family has fixed precision {self.precision}, got {float(precision)}")
         return (self.precision * mean,)
 
     def to_moments(self, lam: Natural) -> tuple[Tensor, Tensor]:
@@ -115,9 +113,7 @@ class IsotropicGaussian(GaussianFamily):
         eye = torch.eye(self.dim, dtype=m.dtype, device=m.device)
         return torch.outer(m, m) + eye / self.precision
 
-    def prior_terms(
-        self, delta: float, dtype: torch.dtype = torch.float64, device=None
-    ) -> tuple[float, Natural]:
+    def prior_terms(self, delta: float, dtype: torch.dtype = torch.float64, device=None) -> tuple[float, Natural]:
         r"""``(c, b)`` with ``∇_μ KL(q ‖ N(0, δ⁻¹ I)) = c λ − b``.
 
         ``KL(N(m, s⁻¹I) ‖ N(0, δ⁻¹I)) = (δ/2)‖m‖² + const``, whose gradient in
@@ -147,8 +143,9 @@ class IsotropicGaussian(GaussianFamily):
         self._check_params(lam, "natural parameter")
         return (derivs[0],)
 
-    def natural_step(self, lam: Natural, lam_g: Natural, eta: Natural, rho: float, derivs: tuple[Tensor, Tensor],
-                     step: float) -> Natural:
+    def natural_step(
+        self, lam: Natural, lam_g: Natural, eta: Natural, rho: float, derivs: tuple[Tensor, Tensor], step: float
+    ) -> Natural:
         """A damped Newton step of size ``step`` on the mean of the client problem (Eq. 22 in expectation):
         with the covariance fixed the learning-rule step would be plain gradient descent on ``m``.
         ``derivs[1]`` is the full expected Hessian. Always a valid member (for finite inputs)."""

@@ -46,14 +46,10 @@ __all__ = [
 
 def _check_compatible(a: Natural, b: Natural) -> None:
     if len(a) != len(b):
-        raise ValueError(
-            f"parameter tuples have different lengths: {len(a)} and {len(b)}"
-        )
+        raise ValueError(f"parameter tuples have different lengths: {len(a)} and {len(b)}")
     for k, (x, y) in enumerate(zip(a, b, strict=True)):
         if x.shape != y.shape:
-            raise ValueError(
-                f"component {k} has mismatched shapes: {tuple(x.shape)} and {tuple(y.shape)}"
-            )
+            raise ValueError(f"component {k} has mismatched shapes: {tuple(x.shape)} and {tuple(y.shape)}")
 
 
 def _check_scalar(c: float | Tensor) -> None:
@@ -162,7 +158,5 @@ def unflatten(vec: Tensor, like: Sequence[Tensor]) -> Natural:
         raise ValueError(f"expected a 1-D tensor, got shape {tuple(vec.shape)}")
     sizes = [x.numel() for x in like]
     if vec.numel() != sum(sizes):
-        raise ValueError(
-            f"vector has {vec.numel()} entries but the layout needs {sum(sizes)}"
-        )
+        raise ValueError(f"vector has {vec.numel()} entries but the layout needs {sum(sizes)}")
     return tuple(chunk.reshape(x.shape) for chunk, x in zip(torch.split(vec, sizes), like, strict=True))

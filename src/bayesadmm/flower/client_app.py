@@ -41,20 +41,24 @@ PARTITION_ID, NUM_PARTITIONS, DATA_DIR = "partition-id", "num-partitions", "data
 BREAKDOWN = "breakdown"
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-_experiments: dict[tuple[str, str, str], tuple[Built, Algorithm]] = {}   # a process that serves several rounds builds once
+# a process that serves several rounds builds once
+_experiments: dict[tuple[str, str, str], tuple[Built, Algorithm]] = {}
 
 
 def partition_of(context: Context, config: RunConfig) -> int:
     """The client id this node plays, from its node config; a clear error if it is missing or out of range."""
     node_config = context.node_config
     if PARTITION_ID not in node_config:
-        raise ValueError(f"SuperNode {context.node_id} has no '{PARTITION_ID}' in its node config; start it with "
-                         f"--node-config \"{PARTITION_ID}=K {NUM_PARTITIONS}={config.clients}\"")
+        raise ValueError(
+            f"SuperNode {context.node_id} has no '{PARTITION_ID}' in its node config; start it with "
+            f'--node-config "{PARTITION_ID}=K {NUM_PARTITIONS}={config.clients}"'
+        )
     k = int(node_config[PARTITION_ID])
     total = int(node_config.get(NUM_PARTITIONS, config.clients))
     if total != config.clients:
-        raise ValueError(f"SuperNode {context.node_id}: {NUM_PARTITIONS}={total} but the run has "
-                         f"clients={config.clients}")
+        raise ValueError(
+            f"SuperNode {context.node_id}: {NUM_PARTITIONS}={total} but the run has clients={config.clients}"
+        )
     if not 0 <= k < config.clients:
         raise ValueError(f"SuperNode {context.node_id}: {PARTITION_ID}={k} is not in 0..{config.clients - 1}")
     return k
@@ -89,8 +93,8 @@ def default_dtype(name: str):
 def _run_config(message: Message) -> tuple[RunConfig, ConfigRecord]:
     if "config" not in message.content or RUN_CONFIG not in message.content["config"]:
         raise ValueError("message has no 'config' record with the run configuration; is the ServerApp bayesadmm's?")
-    config_record = message.content["config"]
-    return records.config_from_json(str(config_record[RUN_CONFIG])), config_record
+    config_record = records.get_record(message.content, "config", ConfigRecord)
+    return records.config_from_json(records.str_entry(config_record, RUN_CONFIG)), config_record
 
 
 def _data_dir(context: Context) -> str:
@@ -101,31 +105,33 @@ def handle_query(message: Message, context: Context) -> Message:
     """Which client this node is (and that its node config fits the run)."""
     config, _ = _run_config(message)
     k = partition_of(context, config)
-    return Message(RecordDict({"metrics": MetricRecord({PARTITION_ID: k, NUM_PARTITIONS: config.clients})}),
-                   reply_to=message)
+    return Message(
+        RecordDict({"metrics": MetricRecord({PARTITION_ID: k, NUM_PARTITIONS: config.clients})}), reply_to=message
+    )
 
 
 def handle_train(message: Message, context: Context) -> Message:
     """One round of this client: the algorithm's `client_update`, with the state kept in Context.state."""
     config, config_record = _run_config(message)
     k = partition_of(context, config)
-    round_ = int(config_record[ROUND])
+    round_ = records.int_entry(config_record, ROUND)
     dtype = str(config_record.get(DTYPE, "float32"))
     built, algorithm = experiment_for(config, dtype, _data_dir(context))
     data = built.federation.clients(k)
     metrics: dict[str, Any] = {PARTITION_ID: k, "num-examples": int(data.num_examples), "server-round": round_}
     content = RecordDict()
     with default_dtype(dtype):
-        device = torch.device(config.device)   # records hold numpy arrays: back onto the run's device
+        device = torch.device(config.device)  # records hold numpy arrays: back onto the run's device
         theta0 = built.federation.theta0.to(device)
         state = records.load_state(context.state, device)
         if state is None:
             state = algorithm.init_client(algorithm.init_server(theta0), k)
-        broadcast = records.record_to_message(message.content["arrays"], device)
+        broadcast = records.record_to_message(records.get_record(message.content, "arrays", ArrayRecord), device)
         try:
-            with one_thread():   # as the local engine runs every client update, so the numbers are the same
-                state, reply, info = algorithm.client_update(state, broadcast, data,
-                                                             generator_for(config.seed, round_, k))
+            with one_thread():  # as the local engine runs every client update, so the numbers are the same
+                state, reply, info = algorithm.client_update(
+                    state, broadcast, data, generator_for(config.seed, round_, k)
+                )
         except BREAKDOWNS as exc:
             metrics[BREAKDOWN] = 1
             content["config"] = ConfigRecord({"error": f"{type(exc).__name__}: {exc}"})

@@ -48,38 +48,65 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bayesadmm demo CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
 
     key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-             x509.IPAddress(ipaddress.ip_address("::1"))]
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(end)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    names = [
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+    ]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
 
     paths = directory / "ca.crt", directory / "server.pem", directory / "server.key"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     paths[2].chmod(0o600)
     return paths
 
@@ -91,17 +118,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _program(process: subprocess.Popen) -> str:
+    """The program a process runs, for messages (its argv[0], or the command it was given as one string)."""
+    args = process.args
+    return os.fsdecode(args if isinstance(args, (str, bytes, os.PathLike)) else args[0])
+
+
 def _wait_for_port(port: int, process: subprocess.Popen, log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise DeploymentError(f"{process.args[0]} exited with code {process.returncode}; see {log}")
+            raise DeploymentError(f"{_program(process)} exited with code {process.returncode}; see {log}")
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.settimeout(0.5)
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         time.sleep(0.2)
-    raise DeploymentError(f"{process.args[0]} did not listen on port {port} within {timeout:g} s; see {log}")
+    raise DeploymentError(f"{_program(process)} did not listen on port {port} within {timeout:g} s; see {log}")
 
 
 @dataclass
@@ -117,10 +150,14 @@ class Deployment:
     def __post_init__(self):
         self.workdir.mkdir(parents=True, exist_ok=True)
         bin_dir = str(Path(sys.executable).parent)
-        self.env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-                    "FLWR_HOME": str(self.workdir / "flwr-home"), "PYTHONUNBUFFERED": "1",
-                    "FLWR_TELEMETRY_ENABLED": os.environ.get("FLWR_TELEMETRY_ENABLED", "0"),
-                    "FLWR_DISABLE_UPDATE_CHECK": os.environ.get("FLWR_DISABLE_UPDATE_CHECK", "1")}
+        self.env = {
+            **os.environ,
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "FLWR_HOME": str(self.workdir / "flwr-home"),
+            "PYTHONUNBUFFERED": "1",
+            "FLWR_TELEMETRY_ENABLED": os.environ.get("FLWR_TELEMETRY_ENABLED", "0"),
+            "FLWR_DISABLE_UPDATE_CHECK": os.environ.get("FLWR_DISABLE_UPDATE_CHECK", "1"),
+        }
         self.bin = Path(bin_dir)
 
     def _start(self, name: str, argv: list[str]) -> subprocess.Popen:
@@ -128,36 +165,70 @@ class Deployment:
         self.logs[name] = log
         with log.open("ab") as out:
             # a new session per process: killing its group also ends the ServerApp/ClientApp subprocesses it spawns
-            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       env=self.env, cwd=self.workdir, start_new_session=True)
+            process = subprocess.Popen(
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.workdir,
+                start_new_session=True,
+            )
         self.processes[name] = process
         return process
 
-    def start(self, timeout: float = 60.0) -> "Deployment":
+    def start(self, timeout: float = 60.0) -> Deployment:
         self.ca, cert, key = make_certificates(self.workdir / "certificates")
         self.port = free_port()
-        superlink = self._start("superlink", [
-            str(self.bin / "flower-superlink"), "--ssl-ca-certfile", str(self.ca), "--ssl-certfile", str(cert),
-            "--ssl-keyfile", str(key), "--host", "127.0.0.1", "--port", str(self.port),
-            "--disable-runtime-dependency-installation", "--database", str(self.workdir / "superlink.db")])
+        superlink = self._start(
+            "superlink",
+            [
+                str(self.bin / "flower-superlink"),
+                "--ssl-ca-certfile",
+                str(self.ca),
+                "--ssl-certfile",
+                str(cert),
+                "--ssl-keyfile",
+                str(key),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--disable-runtime-dependency-installation",
+                "--database",
+                str(self.workdir / "superlink.db"),
+            ],
+        )
         _wait_for_port(self.port, superlink, self.logs["superlink"], timeout)
         for k in range(self.supernodes):
-            self._start(f"supernode-{k}", [
-                str(self.bin / "flower-supernode"), "--superlink", f"127.0.0.1:{self.port}",
-                "--root-certificates", str(self.ca), "--port", str(free_port()),
-                "--node-config", f"partition-id={k} num-partitions={self.supernodes}"])
+            self._start(
+                f"supernode-{k}",
+                [
+                    str(self.bin / "flower-supernode"),
+                    "--superlink",
+                    f"127.0.0.1:{self.port}",
+                    "--root-certificates",
+                    str(self.ca),
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f"partition-id={k} num-partitions={self.supernodes}",
+                ],
+            )
         home = self.workdir / "flwr-home"
         home.mkdir(exist_ok=True)
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{self.ca}"\n')
+            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{self.ca}"\n'
+        )
         return self
 
     def flwr_run(self, app_dir: Path, run_config: dict) -> subprocess.Popen:
         """`flwr run APP CONNECTION --run-config ... --stream`: starts the run, then streams its log."""
         pairs = " ".join(f"{key}={json.dumps(value)}" for key, value in run_config.items())
-        return self._start("flwr-run", [str(self.bin / "flwr"), "run", str(app_dir), CONNECTION, "--run-config",
-                                        pairs, "--stream"])
+        return self._start(
+            "flwr-run", [str(self.bin / "flwr"), "run", str(app_dir), CONNECTION, "--run-config", pairs, "--stream"]
+        )
 
     def kill(self, name: str) -> None:
         """SIGKILL a process and everything it started (a SuperNode dies with its ClientApps)."""
@@ -169,19 +240,19 @@ class Deployment:
         process.wait(timeout=10)
 
     def stop(self) -> None:
-        for name, process in reversed(list(self.processes.items())):
+        for process in reversed(list(self.processes.values())):
             if process.poll() is None:
                 try:
                     os.killpg(process.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     continue
         deadline = time.monotonic() + 10
-        for name, process in self.processes.items():
+        for process in self.processes.values():
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-            try:   # the group may outlive its leader (a ServerApp or ClientApp subprocess): end it too
+            try:  # the group may outlive its leader (a ServerApp or ClientApp subprocess): end it too
                 os.killpg(process.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
@@ -209,21 +280,36 @@ def _rounds_done(run_dir: Path) -> int:
         return 0
 
 
-def run_demo(scenario: str = "fmnist-heterog10", overrides: tuple[str, ...] = (), supernodes: int = 3,
-             rounds: int = 3, out: Path | None = None, workdir: Path | None = None, kill_after_round: int | None = None,
-             round_timeout: float = 120.0, timeout: float = 900.0, echo=print) -> dict:
+def run_demo(
+    scenario: str = "fmnist-heterog10",
+    overrides: tuple[str, ...] = (),
+    supernodes: int = 3,
+    rounds: int = 3,
+    out: Path | None = None,
+    workdir: Path | None = None,
+    kill_after_round: int | None = None,
+    round_timeout: float = 120.0,
+    timeout: float = 900.0,
+    echo=print,
+) -> dict:
     """Run `scenario` on a loopback deployment; returns {"status", "run_dir", "metrics" (last line), "workdir"}.
 
     `kill_after_round`: SIGKILL the last SuperNode once that round's metrics line is written (the run must then
     complete with the others). `timeout` bounds the whole run."""
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="bayesadmm-flower-"))
     out = Path(out).resolve() if out else (workdir / "run").resolve()
-    run_config = {"scenario": scenario, "out": str(out), "round-timeout": float(round_timeout),
-                  "overrides": " ".join([f"clients={supernodes}", f"rounds={rounds}", *map(shlex.quote, overrides)])}
+    run_config = {
+        "scenario": scenario,
+        "out": str(out),
+        "round-timeout": float(round_timeout),
+        "overrides": " ".join([f"clients={supernodes}", f"rounds={rounds}", *map(shlex.quote, overrides)]),
+    }
     with Deployment(workdir, supernodes) as deployment:
         deployment.start()
-        echo(f"SuperLink on 127.0.0.1:{deployment.port} (TLS, CA {deployment.ca}); {supernodes} SuperNodes; "
-             f"logs in {workdir}")
+        echo(
+            f"SuperLink on 127.0.0.1:{deployment.port} (TLS, CA {deployment.ca}); {supernodes} SuperNodes; "
+            f"logs in {workdir}"
+        )
         runner = deployment.flwr_run(APP_DIR, run_config)
         deadline, killed = time.monotonic() + timeout, False
         while True:
@@ -241,5 +327,10 @@ def run_demo(scenario: str = "fmnist-heterog10", overrides: tuple[str, ...] = ()
                 raise DeploymentError(f"the run did not finish within {timeout:g} s; logs in {workdir}")
             time.sleep(0.5)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"status": status, "run_dir": out, "metrics": lines[-1] if lines else {}, "workdir": workdir,
-            "killed": killed}
+    return {
+        "status": status,
+        "run_dir": out,
+        "metrics": lines[-1] if lines else {},
+        "workdir": workdir,
+        "killed": killed,
+    }

@@ -18,11 +18,12 @@ from __future__ import annotations
 import importlib
 import json
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
 from bayesadmm.experiments.config import RunConfig
@@ -34,6 +35,44 @@ TRUSTED_PACKAGE = "bayesadmm"
 
 class RecordError(ValueError):
     """A value cannot be turned into a record, or a record is not one this module wrote."""
+
+
+# --- reading records -----------------------------------------------------------------------------------------------
+# A RecordDict may hold any kind of record under any key, and a record any of its value types: what the peer wrote is
+# checked here, so that a message from something other than bayesadmm fails with a clear error.
+
+_Record = TypeVar("_Record", ArrayRecord, ConfigRecord, MetricRecord)
+
+
+def get_record(content: RecordDict, key: str, kind: type[_Record]) -> _Record:
+    """content[key], which must be a `kind` record."""
+    value = content[key]
+    if not isinstance(value, kind):
+        raise RecordError(f"record {key!r} is a {type(value).__name__}, expected a {kind.__name__}")
+    return value
+
+
+def int_entry(record: ConfigRecord | MetricRecord, key: str) -> int:
+    """record[key], which must be an int."""
+    value = record[key]
+    if not isinstance(value, int):
+        raise RecordError(f"entry {key!r} is a {type(value).__name__}, expected an int")
+    return value
+
+
+def str_entry(record: ConfigRecord, key: str) -> str:
+    """record[key], which must be a str."""
+    value = record[key]
+    if not isinstance(value, str):
+        raise RecordError(f"entry {key!r} is a {type(value).__name__}, expected a str")
+    return value
+
+
+def number(value: object, key: str) -> int | float:
+    """A record's entry `value` (under `key`), which must be an int or a float."""
+    if not isinstance(value, (int, float)):
+        raise RecordError(f"entry {key!r} is a {type(value).__name__}, expected a number")
+    return value
 
 
 # --- messages ------------------------------------------------------------------------------------------------------
@@ -66,7 +105,7 @@ def _tensor(array: Array, where: str, device: torch.device | str | None = None) 
         ndarray = array.numpy()
     except TypeError as exc:
         raise RecordError(f"{where}: {exc}") from None
-    tensor = torch.from_numpy(np.array(ndarray, copy=True))   # writable and owned, never a view of the record
+    tensor = torch.from_numpy(np.array(ndarray, copy=True))  # writable and owned, never a view of the record
     return tensor if device is None else tensor.to(device)
 
 
@@ -88,15 +127,17 @@ def tree_to_records(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
         if isinstance(node, int):
             return {"int": node}
         if isinstance(node, float):
-            return {"float": node.hex()}   # exact, and JSON has no nan or inf
+            return {"float": node.hex()}  # exact, and JSON has no nan or inf
         if isinstance(node, str):
             return {"str": node}
         if isinstance(node, tuple) and hasattr(node, "_fields"):
             kind = type(node)
             if not kind.__module__.split(".")[0] == TRUSTED_PACKAGE:
                 raise RecordError(f"{path}: NamedTuple {kind.__module__}.{kind.__qualname__} is not a bayesadmm type")
-            return {"namedtuple": f"{kind.__module__}:{kind.__qualname__}",
-                    "items": [encode(v, f"{path}.{f}") for f, v in zip(node._fields, node)]}
+            return {
+                "namedtuple": f"{kind.__module__}:{kind.__qualname__}",
+                "items": [encode(v, f"{path}.{f}") for f, v in zip(node._fields, node, strict=True)],
+            }
         if isinstance(node, tuple):
             return {"tuple": [encode(v, f"{path}[{i}]") for i, v in enumerate(node)]}
         if isinstance(node, list):
@@ -108,8 +149,10 @@ def tree_to_records(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
                     raise RecordError(f"{path}: dict keys must be int or str, got {key!r}")
                 items.append([encode(key, path), encode(value, f"{path}[{key!r}]")])
             return {"dict": items}
-        raise RecordError(f"{path}: cannot store a {type(node).__name__} in a record (tensors, NamedTuples, tuples, "
-                          "lists, dicts, None, bool, int, float and str can be stored)")
+        raise RecordError(
+            f"{path}: cannot store a {type(node).__name__} in a record (tensors, NamedTuples, tuples, "
+            "lists, dicts, None, bool, int, float and str can be stored)"
+        )
 
     structure = encode(tree, "state")
     return ArrayRecord(arrays), ConfigRecord({"tree": json.dumps(structure), "format": 1})
@@ -123,7 +166,7 @@ def records_to_tree(arrays: ArrayRecord, structure: ConfigRecord, device: torch.
     def decode(node):
         if "namedtuple" in node:
             return _namedtuple(node["namedtuple"])(*(decode(v) for v in node["items"]))
-        (kind, value), = node.items()
+        ((kind, value),) = node.items()
         if kind == "tensor":
             return _tensor(arrays[str(value)], f"state tensor {value}", device)
         if kind == "none":
@@ -140,7 +183,7 @@ def records_to_tree(arrays: ArrayRecord, structure: ConfigRecord, device: torch.
             return {decode(k): decode(v) for k, v in value}
         raise RecordError(f"unknown node {kind!r} in a client-state record")
 
-    return decode(json.loads(structure["tree"]))
+    return decode(json.loads(str_entry(structure, "tree")))
 
 
 def _namedtuple(name: str):
@@ -167,7 +210,9 @@ def load_state(state: RecordDict, device: torch.device | str | None = None) -> A
     first round)."""
     if STATE_TREE not in state:
         return None
-    return records_to_tree(state[STATE_ARRAYS], state[STATE_TREE], device)
+    return records_to_tree(
+        get_record(state, STATE_ARRAYS, ArrayRecord), get_record(state, STATE_TREE, ConfigRecord), device
+    )
 
 
 # --- run configuration ----------------------------------------------------------------------------------------------

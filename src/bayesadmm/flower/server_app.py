@@ -33,12 +33,21 @@ from logging import INFO, WARNING
 from pathlib import Path
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
-from bayesadmm.engine.loop import (BREAKDOWNS, EVALUATION, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, _mean_client_info,
-                                   info_scalars, metrics_line, participants)
+from bayesadmm.engine.loop import (
+    BREAKDOWNS,
+    EVALUATION,
+    EXIT_DIVERGED,
+    EXIT_FAILED,
+    EXIT_OK,
+    _mean_client_info,
+    info_scalars,
+    metrics_line,
+    participants,
+)
 from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.build import build
@@ -54,9 +63,9 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 class Timeouts:
     """Bounds on every wait, so a run with dead nodes still ends. Seconds."""
 
-    discovery: float = 120.0     # for all `clients` SuperNodes to connect and say which partition they hold
-    round: float = 600.0         # for the replies of one round
-    poll: float = 0.1            # between two pulls of replies
+    discovery: float = 120.0  # for all `clients` SuperNodes to connect and say which partition they hold
+    round: float = 600.0  # for the replies of one round
+    poll: float = 0.1  # between two pulls of replies
 
 
 def config_from_run_config(run_config: dict) -> tuple[RunConfig, Timeouts]:
@@ -67,8 +76,10 @@ def config_from_run_config(run_config: dict) -> tuple[RunConfig, Timeouts]:
     if run_config.get("out"):
         overrides.append(f"out={run_config['out']}")
     config, _ = resolve(scenario, overrides)
-    timeouts = Timeouts(discovery=float(run_config.get("discovery-timeout", Timeouts.discovery)),
-                        round=float(run_config.get("round-timeout", Timeouts.round)))
+    timeouts = Timeouts(
+        discovery=float(run_config.get("discovery-timeout", Timeouts.discovery)),
+        round=float(run_config.get("round-timeout", Timeouts.round)),
+    )
     return config, timeouts
 
 
@@ -95,12 +106,13 @@ def _config_record(config: RunConfig, round_: int, dtype: str) -> ConfigRecord:
     return ConfigRecord({RUN_CONFIG: records.config_to_json(config), ROUND: round_, DTYPE: dtype})
 
 
-def exchange(grid: Grid, messages: dict[int, Message], wait_for: set[int], timeout: float,
-             poll: float) -> dict[int, Message]:
+def exchange(
+    grid: Grid, messages: dict[int, Message], wait_for: set[int], timeout: float, poll: float
+) -> dict[int, Message]:
     """Push one message per client and pull the replies until every client in `wait_for` has answered (then take
     whatever else has arrived) or `timeout` has passed. Returns {client: reply} for the replies received."""
     keys = list(messages)
-    ids = dict(zip(grid.push_messages([messages[k] for k in keys]), keys))
+    ids = dict(zip(grid.push_messages([messages[k] for k in keys]), keys, strict=True))
     pending = set(ids)
     replies: dict[int, Message] = {}
     deadline = time.monotonic() + timeout
@@ -114,7 +126,7 @@ def exchange(grid: Grid, messages: dict[int, Message], wait_for: set[int], timeo
         if not pending or waited_out or time.monotonic() >= deadline:
             break
         if wait_for <= set(replies):
-            waited_out = True            # one more pull for replies already on their way, then stop
+            waited_out = True  # one more pull for replies already on their way, then stop
             continue
         time.sleep(poll)
     return replies
@@ -139,10 +151,12 @@ def discover(grid: Grid, config: RunConfig, dtype: str, timeouts: Timeouts, log:
             if reply.has_error():
                 log(f"node {node_id} cannot take part: {reply.error.reason}", WARNING)
                 continue
-            k = int(reply.content["metrics"][PARTITION_ID])
+            k = records.int_entry(records.get_record(reply.content, "metrics", MetricRecord), PARTITION_ID)
             if k in nodes:
-                raise RuntimeError(f"nodes {nodes[k]} and {node_id} both hold partition {k}; give each SuperNode "
-                                   f"its own --node-config \"{PARTITION_ID}=K {NUM_PARTITIONS}={config.clients}\"")
+                raise RuntimeError(
+                    f"nodes {nodes[k]} and {node_id} both hold partition {k}; give each SuperNode "
+                    f'its own --node-config "{PARTITION_ID}=K {NUM_PARTITIONS}={config.clients}"'
+                )
             nodes[k] = node_id
     missing = sorted(set(range(config.clients)) - set(nodes))
     if missing:
@@ -166,7 +180,7 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
     theta0 = federation.theta0.to(config.device)
     _write_json(run_dir / "config.json", config.to_json())
     _write_json(run_dir / "partition.json", {"clients": [idx.tolist() for idx in experiment.parts]})
-    record_environment(run_dir, config.device, 0)   # the server's code and processor (nodes may differ)
+    record_environment(run_dir, config.device, 0)  # the server's code and processor (nodes may differ)
     metrics_path, status_path = run_dir / "metrics.jsonl", run_dir / "status.json"
     metrics_path.write_text("")
     _write_json(status_path, {"status": "running", "round": 0})
@@ -175,17 +189,21 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
     nodes = discover(grid, config, dtype, timeouts, log)
     log("clients -> nodes: " + ", ".join(f"{k} -> {n}" for k, n in nodes.items()))
     server = algorithm.init_server(theta0)
-    history, lost = [], set()
+    history: list[dict] = []
+    lost: set[int] = set()
     status, code = {"status": "completed", "round": config.rounds}, EXIT_OK
     for round_ in range(1, config.rounds + 1):
         began = time.perf_counter()
         chosen = participants(list(range(config.clients)), config.participation, config.seed, round_)
         connected = set(grid.get_node_ids())
         reachable = [k for k in chosen if k in nodes and nodes[k] in connected]
-        content = RecordDict({"arrays": records.message_to_record(algorithm.broadcast(server)),
-                              "config": _config_record(config, round_, dtype)})
-        messages = {k: Message(content, nodes[k], MessageType.TRAIN, group_id=str(round_))
-                    for k in reachable}
+        content = RecordDict(
+            {
+                "arrays": records.message_to_record(algorithm.broadcast(server)),
+                "config": _config_record(config, round_, dtype),
+            }
+        )
+        messages = {k: Message(content, nodes[k], MessageType.TRAIN, group_id=str(round_)) for k in reachable}
         wait_for = (set(reachable) - lost) or set(reachable)
         answers = exchange(grid, messages, wait_for, timeouts.round, timeouts.poll)
         replies, client_info, breakdown = {}, {}, None
@@ -194,12 +212,19 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
             if answer.has_error():
                 log(f"round {round_}: client {k} (node {nodes[k]}) failed: {answer.error.reason}", WARNING)
                 continue
-            if answer.content["metrics"].get(BREAKDOWN):
-                breakdown = f"round {round_}: client {k}: {answer.content['config']['error']}"
+            metrics = records.get_record(answer.content, "metrics", MetricRecord)
+            if metrics.get(BREAKDOWN):
+                error = records.str_entry(records.get_record(answer.content, "config", ConfigRecord), "error")
+                breakdown = f"round {round_}: client {k}: {error}"
                 continue
-            replies[k] = records.record_to_message(answer.content["arrays"], theta0.device)
-            client_info[k] = {key: float(value) for key, value in answer.content["metrics"].items()
-                              if key not in (PARTITION_ID, "num-examples", "server-round")}
+            replies[k] = records.record_to_message(
+                records.get_record(answer.content, "arrays", ArrayRecord), theta0.device
+            )
+            client_info[k] = {
+                key: float(records.number(value, key))
+                for key, value in metrics.items()
+                if key not in (PARTITION_ID, "num-examples", "server-round")
+            }
         absent = sorted(set(chosen) - set(replies))
         for k in absent:
             if k not in nodes:
@@ -218,28 +243,45 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
             status, code = {"status": "diverged", "round": round_ - 1, "message": breakdown}, EXIT_DIVERGED
             break
         if not replies:
-            status, code = ({"status": "failed", "round": round_ - 1,
-                             "message": f"round {round_}: no client replied"}, EXIT_FAILED)
+            status, code = (
+                {"status": "failed", "round": round_ - 1, "message": f"round {round_}: no client replied"},
+                EXIT_FAILED,
+            )
             break
         if absent:
             log(f"round {round_}: server update with the {len(replies)} replies of clients {sorted(replies)}")
         try:
             server, server_info = algorithm.server_update(server, replies)
         except BREAKDOWNS as exc:
-            status, code = {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"}, EXIT_DIVERGED
+            status, code = (
+                {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {exc}"},
+                EXIT_DIVERGED,
+            )
             break
         seconds = time.perf_counter() - began
         began = time.perf_counter()
-        results = evaluate(federation.model, algorithm.posterior(server), federation.eval_X, federation.eval_y,
-                           samples=config.eval_samples, generator=generator_for(config.seed, round_, EVALUATION),
-                           likelihood=federation.likelihood, extra=federation.metrics)
+        results = evaluate(
+            federation.model,
+            algorithm.posterior(server),
+            federation.eval_X,
+            federation.eval_y,
+            samples=config.eval_samples,
+            generator=generator_for(config.seed, round_, EVALUATION),
+            likelihood=federation.likelihood,
+            extra=federation.metrics,
+        )
         line = metrics_line(round_, results, seconds, time.perf_counter() - began, len(replies), federation.eval_set)
         if absent:
             line["absent_clients"] = absent
         if not all(math.isfinite(v) for v in results.values()):
-            status, code = ({"status": "diverged", "round": round_ - 1,
-                             "message": f"round {round_}: non-finite {federation.eval_set} metrics {results}"},
-                            EXIT_DIVERGED)
+            status, code = (
+                {
+                    "status": "diverged",
+                    "round": round_ - 1,
+                    "message": f"round {round_}: non-finite {federation.eval_set} metrics {results}",
+                },
+                EXIT_DIVERGED,
+            )
             break
         # the algorithm's info scalars, as the local engine's metrics line carries them
         line.update({f"server_{k}": v for k, v in info_scalars(server_info).items()})
@@ -250,9 +292,10 @@ def run_server(grid: Grid, config: RunConfig, timeouts: Timeouts = Timeouts()) -
         _write_json(status_path, {"status": "running", "round": round_})
         acc = line.get(f"ens_{federation.eval_set}_acc", line[f"{federation.eval_set}_acc"])
         log(f"round {round_}: {len(replies)}/{len(chosen)} clients, {federation.eval_set} acc {100 * acc:.2f}%")
-    if history:   # before the final status: whoever waits for it (run_demo) may stop everything once it is written
-        try_plot_run(history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed "
-                                                            f"{config.seed}, Flower)")
+    if history:  # before the final status: whoever waits for it (run_demo) may stop everything once it is written
+        try_plot_run(
+            history, run_dir / "curves.png", title=f"{config.scenario} — {config.method} (seed {config.seed}, Flower)"
+        )
     _write_json(status_path, status)
     log(f"{status['status']} after round {status['round']}" + (f": {status['message']}" if "message" in status else ""))
     return code

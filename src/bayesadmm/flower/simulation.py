@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from flwr.app import ConfigRecordValues
 
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.flower.client_app import app as client_app
@@ -25,13 +26,17 @@ def run_simulation(config: RunConfig, timeouts: Timeouts | None = None, cpus: in
 
     # on a GPU every ClientApp needs to see it (Ray hides GPUs from actors that ask for none); they share it
     gpus = 1.0 / max(config.clients, 1) if torch.device(config.device).type == "cuda" else 0.0
-    backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": gpus}}
+    backend_config: dict[str, dict[str, ConfigRecordValues]] = {"client_resources": {"num_cpus": 1, "num_gpus": gpus}}
     if cpus is not None:
         backend_config["init_args"] = {"num_cpus": cpus}
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)   # Ray's notice about accelerator variables
-        flower_run_simulation(make_server_app(config, timeouts or Timeouts()), client_app,
-                              num_supernodes=config.clients, backend_config=backend_config)
-    status = (config.run_dir() / "status.json")
+        warnings.simplefilter("ignore", FutureWarning)  # Ray's notice about accelerator variables
+        flower_run_simulation(
+            make_server_app(config, timeouts or Timeouts()),
+            client_app,
+            num_supernodes=config.clients,
+            backend_config=backend_config,
+        )
+    status = config.run_dir() / "status.json"
     if not status.exists():
         raise RuntimeError(f"the simulation wrote no {status}; see Flower's log above")

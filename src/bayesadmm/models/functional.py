@@ -16,10 +16,10 @@ accidentally read its own weights would fail instead of silently using stale val
 
 Why a second route for plain MLPs: ``functional_call`` swaps the module's parameters in and out on every call (named
 member walks, tie checks, a context manager): on this project's 2-core machine the papers' MLP's forward pass at batch
-32 took 0.345 ms that way against 0.246 ms without (`python benchmarks/overheads.py`, docs/performance.md).  A ``Sequential`` made only of
-``Flatten``, ``Linear`` and elementwise activations is therefore run from a plan fixed at construction: the same
-``F.linear``/activation calls the modules make, on views of ``θ``, so the numbers are the same bits
-(tests/models/test_functional.py checks values and gradients against ``functional_call``).  Any other module goes
+32 took 0.345 ms that way against 0.246 ms without (`python benchmarks/overheads.py`, docs/performance.md).  A
+``Sequential`` made only of ``Flatten``, ``Linear`` and elementwise activations is therefore run from a plan fixed at
+construction: the same ``F.linear``/activation calls the modules make, on views of ``θ``, so the numbers are the same
+bits (tests/models/test_functional.py checks values and gradients against ``functional_call``).  Any other module goes
 through ``functional_call``.
 """
 
@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -45,7 +46,11 @@ def _identity(x: Tensor) -> Tensor:
 # the elementwise activations the plan runs as nn.Module.forward does (inplace variants are left to functional_call);
 # module-level functions, so that a FlatModel with its plan still pickles for the worker processes
 _ACTIVATION_FNS: dict[type[nn.Module], Callable[[Tensor], Tensor]] = {
-    nn.Sigmoid: torch.sigmoid, nn.Tanh: torch.tanh, nn.ReLU: F.relu, nn.Identity: _identity}
+    nn.Sigmoid: torch.sigmoid,
+    nn.Tanh: torch.tanh,
+    nn.ReLU: F.relu,
+    nn.Identity: _identity,
+}
 
 
 def _sequential_plan(module: nn.Module, names: list[str]) -> tuple | None:
@@ -96,8 +101,8 @@ class FlatModel:
     module: nn.Module = field(init=False, repr=False)
     dim: int = field(init=False)
     _slots: tuple[_Slot, ...] = field(init=False, repr=False)
-    _plan: tuple | None = field(init=False, repr=False)   # see the module docstring; None: functional_call
-    buffers: dict[str, Tensor] = field(init=False, repr=False)   # carried constants (CPU), by name
+    _plan: tuple | None = field(init=False, repr=False)  # see the module docstring; None: functional_call
+    buffers: dict[str, Tensor] = field(init=False, repr=False)  # carried constants (CPU), by name
 
     @classmethod
     def from_module(cls, module: nn.Module) -> FlatModel:
@@ -106,7 +111,7 @@ class FlatModel:
         generator unused); the module itself is copied, never changed."""
         if not isinstance(module, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(module).__name__}")
-        return cls(functools.partial(copy.deepcopy, copy.deepcopy(module)))   # later changes to `module` do not leak in
+        return cls(functools.partial(copy.deepcopy, copy.deepcopy(module)))  # later changes to `module` do not leak in
 
     def __post_init__(self) -> None:
         module = self.build()
@@ -145,8 +150,7 @@ class FlatModel:
         for slot in self._slots:
             if params[slot.name].shape != slot.shape:
                 raise ValueError(
-                    f"parameter {slot.name!r} must have shape {tuple(slot.shape)}, "
-                    f"got {tuple(params[slot.name].shape)}"
+                    f"parameter {slot.name!r} must have shape {tuple(slot.shape)}, got {tuple(params[slot.name].shape)}"
                 )
         return torch.cat([params[slot.name].reshape(-1) for slot in self._slots])
 
@@ -156,7 +160,7 @@ class FlatModel:
             shape = tuple(theta.shape) if isinstance(theta, Tensor) else type(theta).__name__
             raise ValueError(f"theta must have shape ({self.dim},), got {shape}")
         chunks = theta.split([slot.numel for slot in self._slots])
-        return {slot.name: chunk.view(slot.shape) for slot, chunk in zip(self._slots, chunks)}
+        return {slot.name: chunk.view(slot.shape) for slot, chunk in zip(self._slots, chunks, strict=True)}
 
     def forward(self, theta: Tensor, X: Tensor) -> Tensor:
         """Logits ``f(X; θ)`` of shape ``(N, C)`` for a batch of inputs ``X`` of shape ``(N, ...)``.
@@ -181,8 +185,10 @@ class FlatModel:
 
     def _buffers_like(self, theta: Tensor) -> dict[str, Tensor]:
         """The carried buffers on θ's device, floating ones in θ's dtype (no copies where they already match)."""
-        return {name: b.to(theta.device, theta.dtype) if b.is_floating_point() else b.to(theta.device)
-                for name, b in self.buffers.items()}
+        return {
+            name: b.to(theta.device, theta.dtype) if b.is_floating_point() else b.to(theta.device)
+            for name, b in self.buffers.items()
+        }
 
     def forward_batched(self, thetas: Tensor, X: Tensor) -> Tensor:
         """Logits of shape ``(S, N, C)`` for ``S`` parameter vectors ``thetas`` of shape ``(S, d)`` on the same ``X``.

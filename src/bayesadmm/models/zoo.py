@@ -7,8 +7,8 @@ stay picklable (worker processes receive them).  A new architecture is one build
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 from torch import Tensor, nn
 from torch.nn import functional as F
@@ -23,7 +23,7 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {"sigmoid": nn.Sigmoid, "relu": nn.Re
 def _build_mlp(in_features: int, hidden: tuple[int, ...], num_classes: int, activation: str) -> nn.Module:
     widths = (in_features, *hidden)
     layers: list[nn.Module] = [nn.Flatten()]
-    for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+    for fan_in, fan_out in zip(widths[:-1], widths[1:], strict=True):
         layers += [nn.Linear(fan_in, fan_out), _ACTIVATIONS[activation]()]
     layers.append(nn.Linear(widths[-1], num_classes))
     return nn.Sequential(*layers)

@@ -51,8 +51,9 @@ calls the closure `mc_samples` times (it must enter `sampled_params(train=True)`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import NamedTuple, cast, overload
 
 import torch
 from torch import Tensor
@@ -61,8 +62,21 @@ from bayesadmm import rng
 from bayesadmm.checks import all_positive
 from bayesadmm.optim import kernels
 
-__all__ = ["IVONState", "UpdateTerms", "init", "noise_scale", "check_noise_scale", "sample", "update_terms", "update",
-           "update_with", "update_and_sample", "update_and_sample_with", "posterior", "IVON"]
+__all__ = [
+    "IVONState",
+    "UpdateTerms",
+    "init",
+    "noise_scale",
+    "check_noise_scale",
+    "sample",
+    "update_terms",
+    "update",
+    "update_with",
+    "update_and_sample",
+    "update_and_sample_with",
+    "posterior",
+    "IVON",
+]
 
 
 # --- functional core ---------------------------------------------------------------------------------------------
@@ -107,8 +121,9 @@ def init(mean: Tensor, hess_init: float | Tensor) -> IVONState:
         raise ValueError(f"mean must be a flat 1-D tensor, got shape {tuple(mean.shape)}")
     if torch.is_tensor(hess_init):
         if tuple(hess_init.shape) not in ((), tuple(mean.shape)):
-            raise ValueError(f"hess_init must be a scalar or have shape {tuple(mean.shape)}, got "
-                             f"{tuple(hess_init.shape)}")
+            raise ValueError(
+                f"hess_init must be a scalar or have shape {tuple(mean.shape)}, got {tuple(hess_init.shape)}"
+            )
         if bool((hess_init < 0).any()):
             raise ValueError("hess_init must be >= 0")
         hess = hess_init.to(mean).expand_as(mean).clone()
@@ -143,8 +158,14 @@ def _checked_curvature(state: IVONState, ess: float, delta: Tensor | float, chec
     return curvature
 
 
-def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch.Generator | Tensor | None,
-           mc_samples: int = 1, check: bool = True) -> tuple[Tensor, Tensor]:
+def sample(
+    state: IVONState,
+    ess: float,
+    delta: Tensor | float,
+    generator: torch.Generator | Tensor | None,
+    mc_samples: int = 1,
+    check: bool = True,
+) -> tuple[Tensor, Tensor]:
     """Draw θ_i = m + σ ε_i for i = 1..S: returns (thetas (S, d), eps (S, d)).
 
     The noise comes from `generator`:
@@ -160,10 +181,11 @@ def sample(state: IVONState, ess: float, delta: Tensor | float, generator: torch
         _check_delta(delta, state.mean.numel())
     if torch.is_tensor(generator):
         if check:
-            noise_scale(state, ess, delta, check)   # raises where h + δ ≤ 0
+            noise_scale(state, ess, delta, check)  # raises where h + δ ≤ 0
         mean = state.mean
-        return kernels.sample_step(mean, state.hess, _vector(delta, mean), _scalar(ess, mean),
-                                   rng.block_key(generator, state.step), mc_samples)
+        return kernels.sample_step(
+            mean, state.hess, _vector(delta, mean), _scalar(ess, mean), rng.block_key(generator, state.step), mc_samples
+        )
     sigma = noise_scale(state, ess, delta, check)
     eps = rng.randn((mc_samples, state.mean.numel()), generator, state.mean.dtype, state.mean.device)
     return state.mean + sigma * eps, eps
@@ -203,9 +225,21 @@ class UpdateTerms(NamedTuple):
     debias: bool
 
 
-def update_terms(like: Tensor, *, lr: float | Tensor, ess: float, delta: Tensor | float, beta1: float, beta2: float,
-                 prior_mean: Tensor | None = None, v: Tensor | None = None, u: Tensor | None = None,
-                 clip_radius: float = math.inf, debias: bool = True, check: bool = True) -> UpdateTerms:
+def update_terms(
+    like: Tensor,
+    *,
+    lr: float | Tensor,
+    ess: float,
+    delta: Tensor | float,
+    beta1: float,
+    beta2: float,
+    prior_mean: Tensor | None = None,
+    v: Tensor | None = None,
+    u: Tensor | None = None,
+    clip_radius: float = math.inf,
+    debias: bool = True,
+    check: bool = True,
+) -> UpdateTerms:
     """Validate `update`'s fixed inputs for a mean shaped like `like` and convert them once (`UpdateTerms`).
     check=False skips the elementwise check δ ≥ 0 (see `noise_scale`); the cheap checks always run."""
     d = like.numel()
@@ -220,36 +254,70 @@ def update_terms(like: Tensor, *, lr: float | Tensor, ess: float, delta: Tensor 
     for name, x in (("prior_mean", prior_mean), ("v", v), ("u", u)):
         _check_vector(name, x, d)
     vec, sca = (lambda x: _vector(x, like)), (lambda x: _scalar(x, like))  # noqa: E731
-    return UpdateTerms(vec(delta), vec(prior_mean), vec(v), vec(u),
-                       vec(lr) if torch.is_tensor(lr) and lr.dim() > 0 else sca(lr), sca(ess), sca(beta1),
-                       sca(beta2), sca(clip_radius), float(beta1), bool(debias))
+    return UpdateTerms(
+        vec(delta),
+        vec(prior_mean),
+        vec(v),
+        vec(u),
+        vec(lr) if torch.is_tensor(lr) and lr.dim() > 0 else sca(lr),
+        sca(ess),
+        sca(beta1),
+        sca(beta2),
+        sca(clip_radius),
+        float(beta1),
+        bool(debias),
+    )
 
 
 def _checked_terms(state: IVONState, check: bool, **hyper) -> UpdateTerms:
     """`update_terms` for `state`'s mean, and with check=True also that h + δ > 0 (as `noise_scale` checks)."""
     terms = update_terms(state.mean, check=check, **hyper)
     if check:
-        noise_scale(state, hyper["ess"], hyper["delta"], check)   # raises where h + δ ≤ 0
+        noise_scale(state, hyper["ess"], hyper["delta"], check)  # raises where h + δ ≤ 0
     return terms
 
 
-def update(state: IVONState, grads: Tensor, eps: Tensor, *, lr: float | Tensor, ess: float, delta: Tensor | float,
-           beta1: float, beta2: float, prior_mean: Tensor | None = None, v: Tensor | None = None,
-           u: Tensor | None = None, clip_radius: float = math.inf, debias: bool = True,
-           check: bool = True) -> IVONState:
+def update(
+    state: IVONState,
+    grads: Tensor,
+    eps: Tensor,
+    *,
+    lr: float | Tensor,
+    ess: float,
+    delta: Tensor | float,
+    beta1: float,
+    beta2: float,
+    prior_mean: Tensor | None = None,
+    v: Tensor | None = None,
+    u: Tensor | None = None,
+    clip_radius: float = math.inf,
+    debias: bool = True,
+    check: bool = True,
+) -> IVONState:
     """Steps 2–6 of the module docstring from the gradients ∇ℓ(θ_i) (S, d) at the samples drawn with noise eps (S, d).
 
     lr is the step size α_t itself (a scalar, or per coordinate); `IVON` applies ivon-opt's lr rescaling before
     calling this. σ is recomputed from `state`, which must be the state the samples were drawn from.
     prior_mean=None means m_p = 0; v=None, u=None mean zero dual terms. check=False: see `noise_scale`.
     """
-    terms = _checked_terms(state, check, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2,
-                           prior_mean=prior_mean, v=v, u=u, clip_radius=clip_radius, debias=debias)
+    terms = _checked_terms(
+        state,
+        check,
+        lr=lr,
+        ess=ess,
+        delta=delta,
+        beta1=beta1,
+        beta2=beta2,
+        prior_mean=prior_mean,
+        v=v,
+        u=u,
+        clip_radius=clip_radius,
+        debias=debias,
+    )
     return update_with(state, grads, eps, terms)
 
 
-def update_with(state: IVONState, grads: Tensor, eps: Tensor, terms: UpdateTerms,
-                inplace: bool = False) -> IVONState:
+def update_with(state: IVONState, grads: Tensor, eps: Tensor, terms: UpdateTerms, inplace: bool = False) -> IVONState:
     """`update` with its fixed inputs prepared by `update_terms` (no elementwise checks, as
     `update_and_sample_with`): for the last step of a loop, whose next samples would go unused.
     inplace=True: see `update_and_sample_with`."""
@@ -258,22 +326,55 @@ def update_with(state: IVONState, grads: Tensor, eps: Tensor, terms: UpdateTerms
     return state._replace(step=state.step + 1)
 
 
-def update_and_sample(state: IVONState, grads: Tensor, eps: Tensor, key: Tensor, mc_samples: int = 1, *,
-                      lr: float | Tensor, ess: float, delta: Tensor | float, beta1: float, beta2: float,
-                      prior_mean: Tensor | None = None, v: Tensor | None = None, u: Tensor | None = None,
-                      clip_radius: float = math.inf, debias: bool = True,
-                      check: bool = True) -> tuple[IVONState, Tensor, Tensor]:
+def update_and_sample(
+    state: IVONState,
+    grads: Tensor,
+    eps: Tensor,
+    key: Tensor,
+    mc_samples: int = 1,
+    *,
+    lr: float | Tensor,
+    ess: float,
+    delta: Tensor | float,
+    beta1: float,
+    beta2: float,
+    prior_mean: Tensor | None = None,
+    v: Tensor | None = None,
+    u: Tensor | None = None,
+    clip_radius: float = math.inf,
+    debias: bool = True,
+    check: bool = True,
+) -> tuple[IVONState, Tensor, Tensor]:
     """`update`, then `sample` from the new state with the counter-based stream `key`, in one fused kernel:
     (new state, thetas (S, d), eps (S, d)) for the next step. The same numbers as the two calls (up to rounding);
     the sampling reads m, h and δ while the update has them at hand instead of in a second pass over memory.
     In a loop, prepare the fixed inputs once with `update_terms` and call `update_and_sample_with`."""
-    terms = _checked_terms(state, check, lr=lr, ess=ess, delta=delta, beta1=beta1, beta2=beta2,
-                           prior_mean=prior_mean, v=v, u=u, clip_radius=clip_radius, debias=debias)
+    terms = _checked_terms(
+        state,
+        check,
+        lr=lr,
+        ess=ess,
+        delta=delta,
+        beta1=beta1,
+        beta2=beta2,
+        prior_mean=prior_mean,
+        v=v,
+        u=u,
+        clip_radius=clip_radius,
+        debias=debias,
+    )
     return update_and_sample_with(state, grads, eps, key, mc_samples, terms)
 
 
-def update_and_sample_with(state: IVONState, grads: Tensor, eps: Tensor, key: Tensor, mc_samples: int,
-                           terms: UpdateTerms, inplace: bool = False) -> tuple[IVONState, Tensor, Tensor]:
+def update_and_sample_with(
+    state: IVONState,
+    grads: Tensor,
+    eps: Tensor,
+    key: Tensor,
+    mc_samples: int,
+    terms: UpdateTerms,
+    inplace: bool = False,
+) -> tuple[IVONState, Tensor, Tensor]:
     """`update_and_sample` with its fixed inputs prepared by `update_terms`: the hot loop's call. No elementwise
     checks: the caller checks h + δ > 0 before the loop and the result for non-finite values after it.
 
@@ -297,8 +398,10 @@ def _writable(state: IVONState, grads: Tensor, eps: Tensor, terms: UpdateTerms, 
     written = [t.untyped_storage().data_ptr() for t in state[:3]]
     read = [t.untyped_storage().data_ptr() for t in args[3:] if torch.is_tensor(t) and t.dim() > 0]
     if len(set(written)) < 3 or set(written) & set(read):
-        raise ValueError("an in-place IVON step needs mean, hess and momentum that share memory with no other "
-                         "input (make the state with ivon.init, which copies)")
+        raise ValueError(
+            "an in-place IVON step needs mean, hess and momentum that share memory with no other "
+            "input (make the state with ivon.init, which copies)"
+        )
     return state, args
 
 
@@ -306,11 +409,27 @@ def _kernel_args(state: IVONState, grads: Tensor, eps: Tensor, terms: UpdateTerm
     """kernels.update_step's arguments for one step from `state`."""
     d = state.mean.numel()
     if grads.dim() != 2 or grads.shape[1] != d or grads.shape != eps.shape:
-        raise ValueError(f"grads and eps must both have shape (S, {d}), got {tuple(grads.shape)} and "
-                         f"{tuple(eps.shape)}")
+        raise ValueError(
+            f"grads and eps must both have shape (S, {d}), got {tuple(grads.shape)} and {tuple(eps.shape)}"
+        )
     debias = 1.0 - terms.beta1_value ** (state.step + 1) if terms.debias else 1.0
-    return (state.mean, state.hess, state.momentum, grads, eps, terms.delta, terms.prior_mean, terms.v, terms.u,
-            terms.lr, terms.ess, terms.beta1, terms.beta2, _scalar(debias, state.mean), terms.clip_radius)
+    return (
+        state.mean,
+        state.hess,
+        state.momentum,
+        grads,
+        eps,
+        terms.delta,
+        terms.prior_mean,
+        terms.v,
+        terms.u,
+        terms.lr,
+        terms.ess,
+        terms.beta1,
+        terms.beta2,
+        _scalar(debias, state.mean),
+        terms.clip_radius,
+    )
 
 
 def posterior(state: IVONState, ess: float, delta: Tensor | float) -> tuple[Tensor, Tensor]:
@@ -343,7 +462,7 @@ def _write(params: Sequence[Tensor], flat: Tensor) -> None:
     with torch.no_grad():
         for p in params:
             n = p.numel()
-            p.copy_(flat[offset:offset + n].view_as(p))
+            p.copy_(flat[offset : offset + n].view_as(p))
             offset += n
 
 
@@ -384,11 +503,26 @@ class IVON(torch.optim.Optimizer):
 
     _HYPER = ("lr", "ess", "hess_init", "beta1", "beta2", "weight_decay", "clip_radius", "rescale_lr", "debias")
 
-    def __init__(self, params, lr: float, ess: float, hess_init: float = 1.0, beta1: float = 0.9,
-                 beta2: float = 0.99999, weight_decay: float | None = None, mc_samples: int = 1,
-                 clip_radius: float = math.inf, rescale_lr: bool = True, debias: bool = True,
-                 prior_mean: _Vec = None, prior_precision: _Vec = None, v: _Vec = None, u: _Vec = None,
-                 generator: torch.Generator | None = None, noise: str = "torch"):
+    def __init__(
+        self,
+        params,
+        lr: float,
+        ess: float,
+        hess_init: float = 1.0,
+        beta1: float = 0.9,
+        beta2: float = 0.99999,
+        weight_decay: float | None = None,
+        mc_samples: int = 1,
+        clip_radius: float = math.inf,
+        rescale_lr: bool = True,
+        debias: bool = True,
+        prior_mean: _Vec = None,
+        prior_precision: _Vec = None,
+        v: _Vec = None,
+        u: _Vec = None,
+        generator: torch.Generator | None = None,
+        noise: str = "torch",
+    ):
         if noise not in ("torch", "counter"):
             raise ValueError(f"noise must be 'torch' or 'counter', got {noise!r}")
         if weight_decay is not None and prior_precision is not None:
@@ -401,8 +535,17 @@ class IVON(torch.optim.Optimizer):
         self.generator = generator
         self.noise = noise
         self._sampling = False
-        defaults = dict(lr=lr, ess=ess, hess_init=hess_init, beta1=beta1, beta2=beta2, weight_decay=weight_decay,
-                        clip_radius=clip_radius, rescale_lr=rescale_lr, debias=debias)
+        defaults = dict(
+            lr=lr,
+            ess=ess,
+            hess_init=hess_init,
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=weight_decay,
+            clip_radius=clip_radius,
+            rescale_lr=rescale_lr,
+            debias=debias,
+        )
         super().__init__(params, defaults)
         self.set_prior(prior_mean, prior_precision)
         self.set_duals(v, u)
@@ -457,7 +600,15 @@ class IVON(torch.optim.Optimizer):
     def _state(self, group: dict) -> IVONState:
         return IVONState(_flatten(group["params"]), group["hess"], group["momentum"], group["step"])
 
-    def _split(self, name: str, value: _Vec, allow_scalar: bool = False) -> list[Tensor | None]:
+    @overload
+    def _split(self, name: str, value: None, allow_scalar: bool = False) -> list[None]: ...
+    @overload
+    def _split(
+        self, name: str, value: Tensor | Sequence[Tensor] | float, allow_scalar: bool = False
+    ) -> list[Tensor]: ...
+    @overload
+    def _split(self, name: str, value: _Vec, allow_scalar: bool = False) -> list[Tensor | None]: ...
+    def _split(self, name: str, value: _Vec, allow_scalar: bool = False) -> Sequence[Tensor | None]:
         """A flat vector / per-parameter tensors / (optionally) a float over all groups -> one flat tensor per group."""
         if value is None:
             return [None] * len(self.param_groups)
@@ -470,18 +621,24 @@ class IVON(torch.optim.Optimizer):
             flat = torch.full((total,), float(value), dtype=p0.dtype, device=p0.device)
         elif torch.is_tensor(value):
             if tuple(value.shape) != (total,):
-                raise ValueError(f"{name} as a tensor must be flat with {total} entries, got shape "
-                                 f"{tuple(value.shape)}")
+                raise ValueError(
+                    f"{name} as a tensor must be flat with {total} entries, got shape {tuple(value.shape)}"
+                )
             flat = value.detach().to(dtype=p0.dtype, device=p0.device).clone()
         else:
             value = list(value)
-            if len(value) != len(params) or any(tuple(x.shape) != tuple(p.shape) for x, p in zip(value, params)):
-                raise ValueError(f"{name} as a sequence must hold one tensor shaped like each parameter, got shapes "
-                                 f"{[tuple(x.shape) for x in value]}")
+            if len(value) != len(params) or any(
+                tuple(x.shape) != tuple(p.shape) for x, p in zip(value, params, strict=True)
+            ):
+                raise ValueError(
+                    f"{name} as a sequence must hold one tensor shaped like each parameter, got shapes "
+                    f"{[tuple(x.shape) for x in value]}"
+                )
             flat = _flatten(value).to(dtype=p0.dtype, device=p0.device)
-        parts, offset = [], 0
+        parts: list[Tensor] = []
+        offset = 0
         for g in self.param_groups:
-            parts.append(flat[offset:offset + g["numel"]].clone())
+            parts.append(flat[offset : offset + g["numel"]].clone())
             offset += g["numel"]
         return parts
 
@@ -492,18 +649,19 @@ class IVON(torch.optim.Optimizer):
         for s in precisions:
             if s is not None and bool((s < 0).any()):
                 raise ValueError("prior_precision must be >= 0")
-        for g, m_p, s_p in zip(self.param_groups, means, precisions):
+        for g, m_p, s_p in zip(self.param_groups, means, precisions, strict=True):
             if s_p is None and g["weight_decay"] is None:
                 raise ValueError("precision=None needs a weight_decay for every group")
             g["prior_mean"], g["prior_precision"] = m_p, s_p
         for g in self.param_groups:
             if not bool((g["hess"] + self._delta(g) > 0).all()):
-                raise ValueError("h + delta must be > 0: with hess_init = 0 give a positive prior precision "
-                                 "or weight_decay")
+                raise ValueError(
+                    "h + delta must be > 0: with hess_init = 0 give a positive prior precision or weight_decay"
+                )
 
     def set_duals(self, v: _Vec = None, u: _Vec = None) -> None:
         """Set the dual terms of Alg. 2 (None: zero)."""
-        for g, v_g, u_g in zip(self.param_groups, self._split("v", v), self._split("u", u)):
+        for g, v_g, u_g in zip(self.param_groups, self._split("v", v), self._split("u", u), strict=True):
             g["v"], g["u"] = v_g, u_g
 
     # -- sampling and stepping --
@@ -520,10 +678,15 @@ class IVON(torch.optim.Optimizer):
                 state = self._state(g)
                 if self.noise == "counter":
                     delta = self._delta(g)
-                    check_noise_scale(state, g["ess"], delta)   # raises where `sample` would, without computing σ
-                    thetas, e = kernels.sample_step(state.mean, state.hess, _vector(delta, state.mean),
-                                                    _scalar(g["ess"], state.mean),
-                                                    rng.block_key(g["noise_key"], g["draws"]), 1)
+                    check_noise_scale(state, g["ess"], delta)  # raises where `sample` would, without computing σ
+                    thetas, e = kernels.sample_step(
+                        state.mean,
+                        state.hess,
+                        _vector(delta, state.mean),
+                        _scalar(g["ess"], state.mean),
+                        rng.block_key(g["noise_key"], g["draws"]),
+                        1,
+                    )
                     g["draws"] += 1
                 else:
                     thetas, e = sample(state, g["ess"], self._delta(g), self.generator, mc_samples=1)
@@ -532,35 +695,52 @@ class IVON(torch.optim.Optimizer):
                 _write(g["params"], thetas[0])
             yield
             if train:
-                for g, e in zip(self.param_groups, eps):
+                for g, e in zip(self.param_groups, eps, strict=True):
                     g["_samples"].append((_flat_grads(g["params"]), e))
         finally:
-            for g, m in zip(self.param_groups, means):
+            # after an error part-way through sampling, only the groups already overwritten have a mean to restore
+            for g, m in zip(self.param_groups, means, strict=False):
                 _write(g["params"], m)
             self._sampling = False
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:
+    # torch types the closure as returning a float; here, as in torch's own optimizers, it returns the loss tensor
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:  # type: ignore[override]
         """One IVON step from the recorded samples. A closure is called mc_samples times (it must enter
         `sampled_params(train=True)` itself, like ivon-opt's); the mean of its losses is returned."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
-                loss = sum(closure() for _ in range(self.mc_samples)) / self.mc_samples
+                # a sum of tensors (mc_samples >= 1), never sum's start value 0
+                loss = cast(Tensor, sum(closure() for _ in range(self.mc_samples))) / self.mc_samples
         for g in self.param_groups:
             if not g["_samples"]:
-                raise RuntimeError("step() needs at least one sample: compute the loss gradient inside "
-                                   "`with optimizer.sampled_params(train=True):` first")
+                raise RuntimeError(
+                    "step() needs at least one sample: compute the loss gradient inside "
+                    "`with optimizer.sampled_params(train=True):` first"
+                )
             self._check_hyper(g)
             grads = torch.stack([s[0] for s in g["_samples"]])
             eps = torch.stack([s[1] for s in g["_samples"]])
-            new = update(self._state(g), grads, eps, lr=self._lr(g), ess=g["ess"], delta=self._delta(g),
-                         beta1=g["beta1"], beta2=g["beta2"], prior_mean=g["prior_mean"], v=g["v"], u=g["u"],
-                         clip_radius=g["clip_radius"], debias=g["debias"],
-                         # every input was validated: the hyperparameters just above, prior and duals when set, the
-                         # curvature when the samples were drawn; the per-step elementwise checks cost more than
-                         # the update itself
-                         check=False)
+            new = update(
+                self._state(g),
+                grads,
+                eps,
+                lr=self._lr(g),
+                ess=g["ess"],
+                delta=self._delta(g),
+                beta1=g["beta1"],
+                beta2=g["beta2"],
+                prior_mean=g["prior_mean"],
+                v=g["v"],
+                u=g["u"],
+                clip_radius=g["clip_radius"],
+                debias=g["debias"],
+                # every input was validated: the hyperparameters just above, prior and duals when set, the
+                # curvature when the samples were drawn; the per-step elementwise checks cost more than
+                # the update itself
+                check=False,
+            )
             _write(g["params"], new.mean)
             g["hess"], g["momentum"], g["step"] = new.hess, new.momentum, new.step
             g["_samples"] = []
@@ -573,14 +753,19 @@ class IVON(torch.optim.Optimizer):
         parts = [posterior(self._state(g), g["ess"], self._delta(g)) for g in self.param_groups]
         return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])
 
-    def set_posterior(self, mean: _Vec, precision: _Vec, reset_momentum: bool = False) -> None:
+    def set_posterior(
+        self,
+        mean: Tensor | Sequence[Tensor],
+        precision: Tensor | Sequence[Tensor] | float,
+        reset_momentum: bool = False,
+    ) -> None:
         """Set m (into the parameters) and h = s/ess − δ. Momentum and step count are kept unless reset_momentum."""
         means = self._split("mean", mean)
         precisions = self._split("precision", precision, allow_scalar=True)
         for s in precisions:
             if not bool((s > 0).all()):
                 raise ValueError("precision must be > 0")
-        for g, m, s in zip(self.param_groups, means, precisions):
+        for g, m, s in zip(self.param_groups, means, precisions, strict=True):
             _write(g["params"], m)
             g["hess"] = s / g["ess"] - self._delta(g)
             g["_samples"] = []
@@ -600,8 +785,10 @@ class IVON(torch.optim.Optimizer):
         for g in self.param_groups:
             p0 = g["params"][0]
             if self.noise == "counter" and "noise_key" not in g:
-                raise ValueError("this state dict is of an IVON with noise='torch'; load it into one with the same "
-                                 "noise, or set noise='torch'")
+                raise ValueError(
+                    "this state dict is of an IVON with noise='torch'; load it into one with the same "
+                    "noise, or set noise='torch'"
+                )
             if g["numel"] != sum(p.numel() for p in g["params"]):
                 raise ValueError("loaded state dict does not match the size of the parameters")
             for key in ("hess", "momentum", "prior_mean", "prior_precision", "v", "u"):

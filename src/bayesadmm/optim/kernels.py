@@ -32,8 +32,15 @@ from torch import Tensor
 
 from bayesadmm import rng
 
-__all__ = ["compile_enabled", "fused", "sample_step", "update_and_sample_step", "update_and_sample_step_",
-           "update_step", "update_step_"]
+__all__ = [
+    "compile_enabled",
+    "fused",
+    "sample_step",
+    "update_and_sample_step",
+    "update_and_sample_step_",
+    "update_step",
+    "update_step_",
+]
 
 # dtype × sample count 1 or more × scalar or vector lr: up to 8 variants per kernel, torch's default recompile limit,
 # after which it would stop compiling. The kernels get a limit of their own instead; torch's global setting is left
@@ -59,8 +66,12 @@ def fused(fn: Callable) -> Callable:
         try:
             return state["impl"](*args)
         except Exception as exc:  # noqa: BLE001 — any compiler failure: run the same maths eagerly instead
-            warnings.warn(f"torch.compile failed for {fn.__name__} ({type(exc).__name__}: {exc}); running it "
-                          f"eagerly (slower, same maths)", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"torch.compile failed for {fn.__name__} ({type(exc).__name__}: {exc}); running it "
+                f"eagerly (slower, same maths)",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             state["impl"] = fn
             return fn(*args)
 
@@ -76,7 +87,7 @@ def _compiled(fn: Callable) -> Callable:
     key.)
     """
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
-        limit: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT}   # (torch's typed overloads do not list it)
+        limit: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT}  # (torch's typed overloads do not list it)
         return torch.compile(fn, dynamic=True, fullgraph=True, **limit)
     return _compiled_with_scoped_limit(fn)
 
@@ -86,7 +97,7 @@ def _compiled_with_scoped_limit(fn: Callable) -> Callable:
     compile runs, i.e. the first call of every variant (the variants already run are tracked here, so later calls
     pay only for the lookup)."""
     config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"   # its older name
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # its older name
     compiled = torch.compile(fn, dynamic=True, fullgraph=True)
     seen: set[tuple] = set()
 
@@ -106,13 +117,15 @@ def _compiled_with_scoped_limit(fn: Callable) -> Callable:
 def _variant(args: tuple) -> tuple:
     """What tells the compiled variants apart: each tensor's dtype, device and shape with the sizes above 1 merged
     (dynamic shapes specialise only on 0 and 1), and the other arguments' values."""
-    return tuple((a.dtype, a.device, tuple(min(size, 2) for size in a.shape)) if isinstance(a, Tensor) else a
-                 for a in args)
+    return tuple(
+        (a.dtype, a.device, tuple(min(size, 2) for size in a.shape)) if isinstance(a, Tensor) else a for a in args
+    )
 
 
 @fused
-def sample_step(mean: Tensor, hess: Tensor, delta: Tensor, ess: Tensor, key: Tensor,
-                mc_samples: int) -> tuple[Tensor, Tensor]:
+def sample_step(
+    mean: Tensor, hess: Tensor, delta: Tensor, ess: Tensor, key: Tensor, mc_samples: int
+) -> tuple[Tensor, Tensor]:
     """(θ (S, d), ε (S, d)) with θ_i = m + σ ε_i, σ = 1/sqrt(ess (h + δ)), ε the S·d draws of the block with key
     `key` (`rng.block_key`). Vectors (d,): mean, hess, delta; 0-d: ess, key (int64)."""
     d = mean.shape[0]
@@ -121,9 +134,23 @@ def sample_step(mean: Tensor, hess: Tensor, delta: Tensor, ess: Tensor, key: Ten
     return mean + sigma * eps, eps
 
 
-def update_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps: Tensor, delta: Tensor,
-                prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor, beta2: Tensor,
-                debias: Tensor, clip_radius: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def update_step(
+    mean: Tensor,
+    hess: Tensor,
+    momentum: Tensor,
+    grads: Tensor,
+    eps: Tensor,
+    delta: Tensor,
+    prior_mean: Tensor,
+    v: Tensor,
+    u: Tensor,
+    lr: Tensor,
+    ess: Tensor,
+    beta1: Tensor,
+    beta2: Tensor,
+    debias: Tensor,
+    clip_radius: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Steps 2–6 of IVON (optim/ivon.py's docstring): the new (m, h, g). Vectors (d,): mean, hess, momentum, delta,
     prior_mean, v, u; samples (S, d): grads, eps; 0-d: ess, beta1, beta2, debias (the divisor 1 − β₁ᵗ, 1: off) and
     clip_radius (inf: no clipping); lr 0-d or (d,)."""
@@ -139,13 +166,29 @@ def update_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps
     return mean - lr * ratio, new_hess, new_momentum
 
 
-def update_and_sample_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps: Tensor, delta: Tensor,
-                           prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor,
-                           beta2: Tensor, debias: Tensor, clip_radius: Tensor, key: Tensor,
-                           mc_samples: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def update_and_sample_step(
+    mean: Tensor,
+    hess: Tensor,
+    momentum: Tensor,
+    grads: Tensor,
+    eps: Tensor,
+    delta: Tensor,
+    prior_mean: Tensor,
+    v: Tensor,
+    u: Tensor,
+    lr: Tensor,
+    ess: Tensor,
+    beta1: Tensor,
+    beta2: Tensor,
+    debias: Tensor,
+    clip_radius: Tensor,
+    key: Tensor,
+    mc_samples: int,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """`update_step`, then `sample_step` from its result: (m, h, g, θ, ε). One loop once compiled."""
-    new_mean, new_hess, new_momentum = update_step(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess,
-                                                   beta1, beta2, debias, clip_radius)
+    new_mean, new_hess, new_momentum = update_step(
+        mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias, clip_radius
+    )
     thetas, new_eps = sample_step.eager(new_mean, new_hess, delta, ess, key, mc_samples)  # type: ignore[attr-defined]
     return new_mean, new_hess, new_momentum, thetas, new_eps
 
@@ -161,24 +204,71 @@ def update_and_sample_step(mean: Tensor, hess: Tensor, momentum: Tensor, grads: 
 
 
 @fused
-def update_step_(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps: Tensor, delta: Tensor,
-                 prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor, beta2: Tensor,
-                 debias: Tensor, clip_radius: Tensor) -> None:
+def update_step_(
+    mean: Tensor,
+    hess: Tensor,
+    momentum: Tensor,
+    grads: Tensor,
+    eps: Tensor,
+    delta: Tensor,
+    prior_mean: Tensor,
+    v: Tensor,
+    u: Tensor,
+    lr: Tensor,
+    ess: Tensor,
+    beta1: Tensor,
+    beta2: Tensor,
+    debias: Tensor,
+    clip_radius: Tensor,
+) -> None:
     """`update_step` with the new (m, h, g) written into mean, hess and momentum."""
-    new = update_step(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias,
-                      clip_radius)
+    new = update_step(
+        mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias, clip_radius
+    )
     for state, value in zip((mean, hess, momentum), new, strict=True):
         state.copy_(value)
 
 
 @fused
-def update_and_sample_step_(mean: Tensor, hess: Tensor, momentum: Tensor, grads: Tensor, eps: Tensor, delta: Tensor,
-                            prior_mean: Tensor, v: Tensor, u: Tensor, lr: Tensor, ess: Tensor, beta1: Tensor,
-                            beta2: Tensor, debias: Tensor, clip_radius: Tensor, key: Tensor,
-                            mc_samples: int) -> tuple[Tensor, Tensor]:
+def update_and_sample_step_(
+    mean: Tensor,
+    hess: Tensor,
+    momentum: Tensor,
+    grads: Tensor,
+    eps: Tensor,
+    delta: Tensor,
+    prior_mean: Tensor,
+    v: Tensor,
+    u: Tensor,
+    lr: Tensor,
+    ess: Tensor,
+    beta1: Tensor,
+    beta2: Tensor,
+    debias: Tensor,
+    clip_radius: Tensor,
+    key: Tensor,
+    mc_samples: int,
+) -> tuple[Tensor, Tensor]:
     """`update_and_sample_step` with the new (m, h, g) written into mean, hess and momentum: returns (θ, ε)."""
-    *new, thetas, new_eps = update_and_sample_step(mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess,
-                                                   beta1, beta2, debias, clip_radius, key, mc_samples)
+    *new, thetas, new_eps = update_and_sample_step(
+        mean,
+        hess,
+        momentum,
+        grads,
+        eps,
+        delta,
+        prior_mean,
+        v,
+        u,
+        lr,
+        ess,
+        beta1,
+        beta2,
+        debias,
+        clip_radius,
+        key,
+        mc_samples,
+    )
     for state, value in zip((mean, hess, momentum), new, strict=True):
         state.copy_(value)
     return thetas, new_eps

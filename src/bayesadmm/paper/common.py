@@ -14,8 +14,9 @@ from bayesadmm.data import class_pair_split, downsample, load_image_dataset
 CLASS_PAIRS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 
 
-def fashion_mnist_pairs(num_points: int, size: int, data_dir: str | None = None, bias: bool = False,
-                        dtype=torch.float64) -> tuple[list[Tensor], list[Tensor]]:
+def fashion_mnist_pairs(
+    num_points: int, size: int, data_dir: str | None = None, bias: bool = False, dtype=torch.float64
+) -> tuple[list[Tensor], list[Tensor]]:
     """The first `num_points` FashionMNIST training images, downsampled to size×size, pixels scaled to [0, 1], split
     over 5 clients by class pairs {0,1},…,{8,9} (App. E.2–E.3; the authors used MNIST the same way).
 
@@ -32,6 +33,7 @@ def fashion_mnist_pairs(num_points: int, size: int, data_dir: str | None = None,
 
 def write_json(path: Path, payload: dict) -> None:
     """Write JSON with non-finite numbers as null (strict JSON has no NaN)."""
+
     def clean(x):
         if isinstance(x, float) and not math.isfinite(x):
             return None
@@ -40,6 +42,7 @@ def write_json(path: Path, payload: dict) -> None:
         if isinstance(x, (list, tuple)):
             return [clean(v) for v in x]
         return x
+
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(clean(payload), indent=1) + "\n")
@@ -48,10 +51,12 @@ def write_json(path: Path, payload: dict) -> None:
 
 def format_table(header: list[str], rows: list[list]) -> str:
     """A plain Markdown table."""
+
     def cell(x):
         if isinstance(x, float):
             return "—" if not math.isfinite(x) else f"{x:.3g}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.4f}"
         return str(x)
+
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, TypedDict
 
 import torch
 
@@ -30,10 +31,20 @@ from bayesadmm.solvers.ep_inference import ExactGaussian, GaussianLikelihood
 
 NU, LAMBDA, DIM = 7, 0.2, 2
 PAPER = {"fedavg": (0.54, 0.47), "fedpa": (0.26, 0.26), "fedep": (1.1e-7, 9.8e-8)}
+
+
+class _Figure1(TypedDict):
+    means: tuple[tuple[float, float], ...]
+    covariances: tuple[tuple[tuple[float, float], tuple[float, float]], ...]
+    rounds: int
+
+
 # Fig. 1 ([CODE] values, digest §5.2)
-FIG1 = {"means": ((7.0, -10.6), (0.2, 2.24)),
-        "covariances": (((11.0, -5.3), (-5.3, 3.5)), ((5.0, 4.9), (4.9, 5.5))),
-        "rounds": 10}
+FIG1: _Figure1 = {
+    "means": ((7.0, -10.6), (0.2, 2.24)),
+    "covariances": (((11.0, -5.3), (-5.3, 3.5)), ((5.0, 4.9), (4.9, 5.5))),
+    "rounds": 10,
+}
 
 
 def random_spd(generator: torch.Generator, dim: int = DIM) -> torch.Tensor:
@@ -71,12 +82,13 @@ def ep_means(clients, rounds: int, scaled_identity: float | None = None) -> list
     server = alg.init_server(torch.zeros(DIM, dtype=torch.float64))
     states = [alg.init_client(server, k) for k in range(len(clients))]
     means: list[torch.Tensor] = []
+    unused = torch.Generator()  # exact tilted inference draws nothing, but client_update takes a generator
     try:
         for _ in range(rounds):
             message = alg.broadcast(server)
             replies = {}
             for k, data in enumerate(clients):
-                states[k], replies[k], _ = alg.client_update(states[k], message, data, None)
+                states[k], replies[k], _ = alg.client_update(states[k], message, data, unused)
             server, _ = alg.server_update(server, replies)
             means.append(alg.posterior(server).mean)
     except (SubproblemError, DivergenceError):
@@ -98,7 +110,7 @@ def _stats(values: list[float]) -> list[float]:
 def run(out: Path, rounds: int = 50, data_dir: str | None = None, pairs: int = 200, seed: int = 0) -> dict:
     """Run the toy, write fedep_toy.json, fedep_toy_fig1.png and fedep_toy_fig4.png to `out`, return the payload."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)            # 2×2 linear algebra: threading only adds overhead (10× on a busy machine)
+    torch.set_num_threads(1)  # 2×2 linear algebra: threading only adds overhead (10× on a busy machine)
     try:
         return _run(Path(out), rounds, pairs, seed)
     finally:
@@ -109,8 +121,8 @@ def _run(out: Path, rounds: int, pairs: int, seed: int) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     psi = random_spd(generator)
-    errors = {"fedavg": [], "fedpa": [], "fedep": [], "fedep-identity": []}
-    per_round = {"fedep": [], "fedep-identity": []}
+    errors: dict[str, list[float]] = {"fedavg": [], "fedpa": [], "fedep": [], "fedep-identity": []}
+    per_round: dict[str, list[list[float]]] = {"fedep": [], "fedep-identity": []}
     for _ in range(pairs):
         clients = [sample_client(psi, generator) for _ in range(2)]
         target = exact_mean(clients)
@@ -126,28 +138,45 @@ def _run(out: Path, rounds: int, pairs: int, seed: int) -> dict:
         return [float(c.mean()) for c in cols], [float(c.std(unbiased=False)) for c in cols]
 
     curves = {name: by_round(traces) for name, traces in per_round.items()}
-    payload = {name: _stats(values) for name, values in errors.items()}
-    payload.update({
-        "rounds": list(range(1, rounds + 1)),
-        "per_round": {name: {"mean": c[0], "std": c[1]} for name, c in curves.items()},
-        "paper": {k: list(v) for k, v in PAPER.items()},
-        "breakdowns": {name: sum(1 for v in errors[name] if not math.isfinite(v)) for name in per_round},
-        "settings": {"pairs": pairs, "seed": seed, "nu": NU, "lambda": LAMBDA, "psi": psi.tolist(),
-                     "dtype": "float64", "damping": 1.0, "start": "uniform"},
-    })
+    payload: dict[str, Any] = {name: _stats(values) for name, values in errors.items()}
+    payload.update(
+        {
+            "rounds": list(range(1, rounds + 1)),
+            "per_round": {name: {"mean": c[0], "std": c[1]} for name, c in curves.items()},
+            "paper": {k: list(v) for k, v in PAPER.items()},
+            "breakdowns": {name: sum(1 for v in errors[name] if not math.isfinite(v)) for name in per_round},
+            "settings": {
+                "pairs": pairs,
+                "seed": seed,
+                "nu": NU,
+                "lambda": LAMBDA,
+                "psi": psi.tolist(),
+                "dtype": "float64",
+                "damping": 1.0,
+                "start": "uniform",
+            },
+        }
+    )
     payload["fig1"] = _fig1(out / "fedep_toy_fig1.png")
     write_json(out / "fedep_toy.json", payload)
     _fig4(out / "fedep_toy_fig4.png", payload)
 
     def cell(v):
         return f"{v[0]:.2g} ± {v[1]:.2g}"
-    rows = [[name, cell(PAPER[name]) if name in PAPER else "—", cell(payload[name])]
-            for name in ("fedavg", "fedpa", "fedep", "fedep-identity")]
+
+    rows = [
+        [name, cell(PAPER[name]) if name in PAPER else "—", cell(payload[name])]
+        for name in ("fedavg", "fedpa", "fedep", "fedep-identity")
+    ]
     print(f"Table 4 (distance to the exact global mean, {pairs} client pairs; FedEP after {rounds} rounds, float64)")
     print(format_table(["method", "paper (float32)", "ours"], rows))
     shown = [r for r in (1, 2, 5, 10, 20, rounds) if r <= rounds]
-    print(format_table(["round", "fedep", "fedep-identity"],
-                       [[r, curves["fedep"][0][r - 1], curves["fedep-identity"][0][r - 1]] for r in sorted(set(shown))]))
+    print(
+        format_table(
+            ["round", "fedep", "fedep-identity"],
+            [[r, curves["fedep"][0][r - 1], curves["fedep-identity"][0][r - 1]] for r in sorted(set(shown))],
+        )
+    )
     print(f"wrote {out / 'fedep_toy.json'}, {out / 'fedep_toy_fig1.png'} and {out / 'fedep_toy_fig4.png'}")
     return payload
 
@@ -160,18 +189,21 @@ def _ellipse(mean, cov, scale=2.0, n=200):
 
 def _fig1(path: Path) -> dict:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    clients = [GaussianLikelihood(torch.tensor(m, dtype=torch.float64), torch.tensor(c, dtype=torch.float64))
-               for m, c in zip(FIG1["means"], FIG1["covariances"])]
+    clients = [
+        GaussianLikelihood(torch.tensor(m, dtype=torch.float64), torch.tensor(c, dtype=torch.float64))
+        for m, c in zip(FIG1["means"], FIG1["covariances"], strict=True)
+    ]
     target = exact_mean(clients)
     target_cov = torch.linalg.inv(sum(c.natural[1] for c in clients))
     avg, pa = fedavg_mean(clients), fedpa_mean(clients)
     trajectory = torch.stack(ep_means(clients, FIG1["rounds"]))
 
     fig, ax = plt.subplots(figsize=(5, 5))
-    for k, (c, color) in enumerate(zip(clients, ("tab:blue", "tab:orange"))):
+    for k, (c, color) in enumerate(zip(clients, ("tab:blue", "tab:orange"), strict=True)):
         xy = _ellipse(c.mean, c.covariance)
         ax.plot(xy[0], xy[1], color=color, label=f"client {k + 1}")
         ax.plot(*c.mean.numpy(), "o", color=color)
@@ -187,12 +219,17 @@ def _fig1(path: Path) -> dict:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return {"target": target.tolist(), "fedavg": avg.tolist(), "fedpa": pa.tolist(),
-            "fedep_trajectory": trajectory.tolist()}
+    return {
+        "target": target.tolist(),
+        "fedavg": avg.tolist(),
+        "fedpa": pa.tolist(),
+        "fedep_trajectory": trajectory.tolist(),
+    }
 
 
 def _fig4(path: Path, payload: dict) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

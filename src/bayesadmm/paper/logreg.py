@@ -49,11 +49,19 @@ def negative_elbo(family, lam, losses, delta: float, noise: torch.Tensor) -> flo
     return expected + float(family.kl(lam, prior))
 
 
-def run(out: Path, rounds: int = 25, data_dir: str | None = None, bayes_rho: float = 1.0, bayes_gamma: float = 0.5,
-        bregman_rho: float = 2.0, bregman_gamma: float = 0.2, num_points: int = NUM_POINTS) -> dict:
+def run(
+    out: Path,
+    rounds: int = 25,
+    data_dir: str | None = None,
+    bayes_rho: float = 1.0,
+    bayes_gamma: float = 0.5,
+    bregman_rho: float = 2.0,
+    bregman_gamma: float = 0.2,
+    num_points: int = NUM_POINTS,
+) -> dict:
     """Run the experiment, write logreg.json and logreg.png to `out`, return the JSON payload."""
     X, y = fashion_mnist_pairs(num_points, SIZE, data_dir, bias=True)
-    losses = [SoftmaxLoss(Xk, yk, NUM_CLASSES) for Xk, yk in zip(X, y)]
+    losses = [SoftmaxLoss(Xk, yk, NUM_CLASSES) for Xk, yk in zip(X, y, strict=True)]
     K, d = len(losses), losses[0].dim
     family = FullGaussian(d)
     solver = VON(expectation="delta", step=1.0, max_iters=100, tol=1e-10)
@@ -72,6 +80,7 @@ def run(out: Path, rounds: int = 25, data_dir: str | None = None, bayes_rho: flo
     }
     neg_elbo, kl_to_opt, stopped = {}, {}, {}
     for name, alg in methods.items():
+
         def observe(r, server, clients, alg=alg):
             lam = alg.posterior(server).natural
             return negative_elbo(family, lam, losses, DELTA, noise), float(family.kl(lam, central.natural))
@@ -83,23 +92,42 @@ def run(out: Path, rounds: int = 25, data_dir: str | None = None, bayes_rho: flo
         kl_to_opt[name] = pad([v[1] for v in values], rounds + 1)
         print(f"  {name}: final negative ELBO {neg_elbo[name][-1]:.2f}")
 
-    payload = {"rounds": list(range(rounds + 1)), "optimum": optimum, "neg_elbo": neg_elbo,
-               "kl_to_optimum": kl_to_opt, "stopped": stopped,
-               "settings": {"num_points": num_points, "image_size": SIZE, "bias": True, "delta": DELTA, "clients": K,
-                            "bayes_admm": {"rho": bayes_rho, "gamma": bayes_gamma}, "pvi_damping": 1.0 / K,
-                            "bregman_admm": {"rho": bregman_rho, "gamma": bregman_gamma}, "expectation": "delta",
-                            "elbo_samples": ELBO_SAMPLES, "dataset": "fashion-mnist"}}
+    payload = {
+        "rounds": list(range(rounds + 1)),
+        "optimum": optimum,
+        "neg_elbo": neg_elbo,
+        "kl_to_optimum": kl_to_opt,
+        "stopped": stopped,
+        "settings": {
+            "num_points": num_points,
+            "image_size": SIZE,
+            "bias": True,
+            "delta": DELTA,
+            "clients": K,
+            "bayes_admm": {"rho": bayes_rho, "gamma": bayes_gamma},
+            "pvi_damping": 1.0 / K,
+            "bregman_admm": {"rho": bregman_rho, "gamma": bregman_gamma},
+            "expectation": "delta",
+            "elbo_samples": ELBO_SAMPLES,
+            "dataset": "fashion-mnist",
+        },
+    }
     write_json(out / "logreg.json", payload)
     _plot(out / "logreg.png", payload)
     shown = sorted({r for r in (1, 2, 5, 10, 15, 20, rounds) if r <= rounds})
-    print(format_table(["round"] + [f"{m} (−ELBO − opt)" for m in neg_elbo],
-                       [[r] + [neg_elbo[m][r] - optimum for m in neg_elbo] for r in shown]))
+    print(
+        format_table(
+            ["round"] + [f"{m} (−ELBO − opt)" for m in neg_elbo],
+            [[r] + [neg_elbo[m][r] - optimum for m in neg_elbo] for r in shown],
+        )
+    )
     print(f"wrote {out / 'logreg.json'} and {out / 'logreg.png'}")
     return payload
 
 
 def _plot(path: Path, payload: dict) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -26,9 +26,13 @@ RHO_GRID = (0.2, 1.0, 3.0, 10.0, 30.0, 100.0)
 
 def _errors(alg, losses, m_star, rounds: int) -> list[float]:
     """Relative error of the server mean after each round (NaN after a breakdown, which is reported)."""
-    values, _ = trace_rounds(alg, losses, torch.zeros_like(m_star), rounds,
-                             lambda r, server, clients: float((alg.posterior(server).mean - m_star).norm()
-                                                              / m_star.norm()))
+    values, _ = trace_rounds(
+        alg,
+        losses,
+        torch.zeros_like(m_star),
+        rounds,
+        lambda r, server, clients: float((alg.posterior(server).mean - m_star).norm() / m_star.norm()),
+    )
     return pad(values[1:], rounds)
 
 
@@ -39,17 +43,22 @@ def _final(errs: list[float]) -> float:
 def run(out: Path, rounds: int = 30, data_dir: str | None = None, num_points: int = NUM_POINTS) -> dict:
     """Run the experiment, write onestep.json and onestep.png to `out`, return the JSON payload."""
     X, y = fashion_mnist_pairs(num_points, SIZE, data_dir)
-    losses = [ridge_loss(Xk, torch.nn.functional.one_hot(yk, NUM_CLASSES).double()) for Xk, yk in zip(X, y)]
+    losses = [
+        ridge_loss(Xk, torch.nn.functional.one_hot(yk, NUM_CLASSES).double()) for Xk, yk in zip(X, y, strict=True)
+    ]
     K, d = len(losses), losses[0].dim
-    precision = DELTA * torch.eye(d, dtype=torch.float64) + sum(l.A for l in losses)
-    m_star = torch.linalg.solve(precision, sum(l.b for l in losses))
+    precision = DELTA * torch.eye(d, dtype=torch.float64) + sum(loss.A for loss in losses)
+    m_star = torch.linalg.solve(precision, sum(loss.b for loss in losses))
 
-    rho = 1.0 / K                                   # Prop. D.1
+    rho = 1.0 / K  # Prop. D.1
     family = FullGaussian(d)
-    errors = {"bayes-admm": _errors(bayes_admm.make(family, ExactQuadratic(), rho=rho, delta=DELTA), losses, m_star,
-                                    rounds)}
-    baselines = {"admm": lambda r: admm.make(rho=r, delta=DELTA),
-                 "bregman-admm": lambda r: bregman_admm.make(family, ExactQuadratic(), rho=r, delta=DELTA)}
+    errors = {
+        "bayes-admm": _errors(bayes_admm.make(family, ExactQuadratic(), rho=rho, delta=DELTA), losses, m_star, rounds)
+    }
+    baselines = {
+        "admm": lambda r: admm.make(rho=r, delta=DELTA),
+        "bregman-admm": lambda r: bregman_admm.make(family, ExactQuadratic(), rho=r, delta=DELTA),
+    }
     grid, chosen = {}, {"bayes-admm": rho}
     for name, factory in baselines.items():
         grid[name] = {str(r): _errors(factory(r), losses, m_star, rounds) for r in RHO_GRID}
@@ -57,19 +66,32 @@ def run(out: Path, rounds: int = 30, data_dir: str | None = None, num_points: in
         chosen[name], errors[name] = best, grid[name][str(best)]
         print(f"  {name}: rho = {best} (best final error over {RHO_GRID})")
 
-    payload = {"rounds": list(range(1, rounds + 1)), "error": errors, "rho": chosen, "rho_grid": grid,
-               "settings": {"num_points": num_points, "image_size": SIZE, "delta": DELTA, "clients": K,
-                            "dataset": "fashion-mnist"}}
+    payload = {
+        "rounds": list(range(1, rounds + 1)),
+        "error": errors,
+        "rho": chosen,
+        "rho_grid": grid,
+        "settings": {
+            "num_points": num_points,
+            "image_size": SIZE,
+            "delta": DELTA,
+            "clients": K,
+            "dataset": "fashion-mnist",
+        },
+    }
     write_json(out / "onestep.json", payload)
     _plot(out / "onestep.png", payload)
     shown = [r for r in (1, 2, 5, 10, 20, rounds) if r <= rounds]
-    print(format_table(["round"] + list(errors), [[r] + [errors[m][r - 1] for m in errors] for r in sorted(set(shown))]))
+    print(
+        format_table(["round"] + list(errors), [[r] + [errors[m][r - 1] for m in errors] for r in sorted(set(shown))])
+    )
     print(f"wrote {out / 'onestep.json'} and {out / 'onestep.png'}")
     return payload
 
 
 def _plot(path: Path, payload: dict) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,11 +1,12 @@
 """Fig. 4: a single outlier slows federated ADMM down but not full-covariance BayesADMM.
 
-Setup (App. E.1): binary logistic regression with a bias on 2-D points, two clients, prior precision δ = 0.2 and
-ρ = 0.2 for ADMM as in the paper. BayesADMM uses ρ = 1 instead of the paper's 0.2: with ρ < 1 its client subproblem is
-a VB problem against the cavity q_g / t_k^{1/ρ}, whose precision S_g − V_k/ρ is indefinite on this data (at the fixed
-point it is δ + Σ_j V_j − V_k/ρ), so from round 2–3 on the subproblem has no local optimum with a valid precision
-near q_g (`--set bayes_rho=0.2` shows it); ρ = 1 keeps the cavity proper at the fixed point. The authors' points are not published; ours are drawn once from a fixed seed: two clients
-with overlapping Gaussian classes that agree on the boundary, and one mislabelled point far out on client 1.
+Setup (App. E.1): binary logistic regression with a bias on 2-D points, two clients, prior precision δ = 0.2 and ρ = 0.2
+for ADMM as in the paper. BayesADMM uses ρ = 1 instead of the paper's 0.2: with ρ < 1 its client subproblem is a VB
+problem against the cavity q_g / t_k^{1/ρ}, whose precision S_g − V_k/ρ is indefinite on this data (at the fixed point
+it is δ + Σ_j V_j − V_k/ρ), so from round 2–3 on the subproblem has no local optimum with a valid precision near q_g
+(`--set bayes_rho=0.2` shows it); ρ = 1 keeps the cavity proper at the fixed point. The authors' points are not
+published; ours are drawn once from a fixed seed: two clients with overlapping Gaussian classes that agree on the
+boundary, and one mislabelled point far out on client 1.
 
 Both methods solve their client subproblems to convergence (ADMM: Newton on Eq. 5; BayesADMM: VON with the delta
 method on Eq. 49). A method has converged at the first round from which its server mean stays within `TOLERANCE`
@@ -15,6 +16,7 @@ method on Eq. 49). A method has converged at the first round from which its serv
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -49,16 +51,17 @@ def outlier_clients(seed: int = 0) -> tuple[list[torch.Tensor], list[torch.Tenso
 def rounds_to_converge(errors: list[float], tol: float = TOLERANCE) -> int | None:
     """First round r ≥ 1 from which every error is below `tol` (None if never)."""
     for r in range(1, len(errors) + 1):
-        if all(e < tol for e in errors[r - 1:]):
+        if all(e < tol for e in errors[r - 1 :]):
             return r
     return None
 
 
-def run(out: Path, rounds: int = 20, data_dir: str | None = None, admm_rho: float = 0.2,
-        bayes_rho: float = 1.0) -> dict:
+def run(
+    out: Path, rounds: int = 20, data_dir: str | None = None, admm_rho: float = 0.2, bayes_rho: float = 1.0
+) -> dict:
     """Run the experiment, write outlier.json and outlier.png to `out`, return the JSON payload."""
     X, y = outlier_clients()
-    losses = [LogisticLoss(Xk, yk) for Xk, yk in zip(X, y)]
+    losses = [LogisticLoss(Xk, yk) for Xk, yk in zip(X, y, strict=True)]
     zeros = torch.zeros(3, dtype=torch.float64)
     family = FullGaussian(3)
     solver = VON(expectation="delta", max_iters=200, tol=1e-12)
@@ -67,11 +70,13 @@ def run(out: Path, rounds: int = 20, data_dir: str | None = None, admm_rho: floa
     prior = family.initial_natural(zeros, DELTA)
     vb_solution = solver.solve(family, pooled(losses), prior, nat.zeros_like(prior), 1.0).natural
 
-    methods = {"admm": (admm.make(rho=admm_rho, delta=DELTA), map_solution),
-               "bayes-admm": (bayes_admm.make(family, solver, rho=bayes_rho, delta=DELTA),
-                              family.to_moments(vb_solution)[0])}
+    methods = {
+        "admm": (admm.make(rho=admm_rho, delta=DELTA), map_solution),
+        "bayes-admm": (bayes_admm.make(family, solver, rho=bayes_rho, delta=DELTA), family.to_moments(vb_solution)[0]),
+    }
     trace, stopped = {}, {}
     for name, (alg, optimum) in methods.items():
+
         def observe(r, server, clients, alg=alg):
             return server, (clients[0] if r > 0 else None)
 
@@ -82,8 +87,9 @@ def run(out: Path, rounds: int = 20, data_dir: str | None = None, admm_rho: floa
         means = [alg.posterior(s).mean for s in servers]
         trace[name] = {
             "server_mean": [m.tolist() for m in means],
-            "client1_mean": [(c.theta if name == "admm" else family.to_moments(c.natural)[0]).tolist()
-                             for c in client1],
+            "client1_mean": [
+                (c.theta if name == "admm" else family.to_moments(c.natural)[0]).tolist() for c in client1
+            ],
             "error": pad([float((m - optimum).norm() / optimum.norm()) for m in means[1:]], rounds),
             "optimum": optimum.tolist(),
         }
@@ -91,15 +97,29 @@ def run(out: Path, rounds: int = 20, data_dir: str | None = None, admm_rho: floa
             trace[name]["server_precision"] = [family.to_moments(s.natural)[1].tolist() for s in servers]
             trace[name]["client1_precision"] = [family.to_moments(c.natural)[1].tolist() for c in client1]
 
-    payload = {"rounds_to_converge": {m: rounds_to_converge(t["error"]) for m, t in trace.items()},
-               "tolerance": TOLERANCE, "rounds": list(range(1, rounds + 1)),
-               "error": {m: t["error"] for m, t in trace.items()}, "trace": trace, "stopped": stopped,
-               "data": {"inputs": [x[:, :2].tolist() for x in X], "labels": [t.tolist() for t in y]},
-               "settings": {"delta": DELTA, "rho": {"admm": admm_rho, "bayes-admm": bayes_rho}, "outlier": OUTLIER, "expectation": "delta"}}
+    payload: dict[str, Any] = {
+        "rounds_to_converge": {m: rounds_to_converge(t["error"]) for m, t in trace.items()},
+        "tolerance": TOLERANCE,
+        "rounds": list(range(1, rounds + 1)),
+        "error": {m: t["error"] for m, t in trace.items()},
+        "trace": trace,
+        "stopped": stopped,
+        "data": {"inputs": [x[:, :2].tolist() for x in X], "labels": [t.tolist() for t in y]},
+        "settings": {
+            "delta": DELTA,
+            "rho": {"admm": admm_rho, "bayes-admm": bayes_rho},
+            "outlier": OUTLIER,
+            "expectation": "delta",
+        },
+    }
     write_json(out / "outlier.json", payload)
     _plot(out / "outlier.png", payload)
-    print(format_table(["round"] + list(payload["error"]),
-                       [[r] + [payload["error"][m][r - 1] for m in payload["error"]] for r in payload["rounds"]]))
+    print(
+        format_table(
+            ["round"] + list(payload["error"]),
+            [[r] + [payload["error"][m][r - 1] for m in payload["error"]] for r in payload["rounds"]],
+        )
+    )
     print(f"rounds to converge (relative error < {TOLERANCE} from then on): {payload['rounds_to_converge']}")
     print(f"wrote {out / 'outlier.json'} and {out / 'outlier.png'}")
     return payload
@@ -107,6 +127,7 @@ def run(out: Path, rounds: int = 20, data_dir: str | None = None, admm_rho: floa
 
 def _plot(path: Path, payload: dict) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -121,14 +142,16 @@ def _plot(path: Path, payload: dict) -> None:
             ax = axes[row, col]
             if name == "bayes-admm":  # predictive p(y=1|x) of the last q, as grey contours
                 mean = torch.tensor(trace[key][-1], dtype=torch.float64)
-                prec = torch.tensor(trace["server_precision" if col == 0 else "client1_precision"][-1], dtype=torch.float64)
+                prec = torch.tensor(
+                    trace["server_precision" if col == 0 else "client1_precision"][-1], dtype=torch.float64
+                )
                 gx, gy = torch.meshgrid(xs, xs, indexing="xy")
                 feats = torch.stack([gx, gy, torch.ones_like(gx)], dim=-1)
                 draws = _draws(mean, prec)
                 prob = torch.sigmoid(feats @ draws.T).mean(-1)
                 cs = ax.contour(gx, gy, prob, levels=[0.1, 0.3, 0.7, 0.9], colors="grey", linewidths=0.7)
                 ax.clabel(cs, fontsize=7)
-            for k, (x, t) in enumerate(zip(inputs, labels)):
+            for k, (x, t) in enumerate(zip(inputs, labels, strict=True)):
                 alpha = 0.35 if k == 0 else 0.9
                 if col == 1 and k == 1:
                     continue  # the client panel shows client 1's data only

@@ -38,8 +38,15 @@ def check_expectation(expectation: str, mc_samples: int) -> None:
         raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
 
 
-def expected_derivatives(loss, family, lam, expectation: str = "delta", mc_samples: int = 1,
-                         generator: torch.Generator | None = None, full_hessian: bool = False) -> Derivatives:
+def expected_derivatives(
+    loss,
+    family,
+    lam,
+    expectation: str = "delta",
+    mc_samples: int = 1,
+    generator: torch.Generator | None = None,
+    full_hessian: bool = False,
+) -> Derivatives:
     """E_q[∇ℓ] and E_q[∇²ℓ] under q = family(lam), the Hessian as `family.loss_hessian` gives it (for the diagonal
     family only its diagonal), or the full (d, d) Hessian whatever the family if `full_hessian` is set."""
     check_expectation(expectation, mc_samples)

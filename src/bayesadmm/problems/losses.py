@@ -35,8 +35,10 @@ class QuadraticLoss:
     def __post_init__(self) -> None:
         d = self.b.shape[0]
         if self.A.shape != (d, d) or self.b.dim() != 1:
-            raise ValueError(f"QuadraticLoss needs A of shape (d, d) and b of shape (d,), got {tuple(self.A.shape)} "
-                             f"and {tuple(self.b.shape)}")
+            raise ValueError(
+                f"QuadraticLoss needs A of shape (d, d) and b of shape (d,), got {tuple(self.A.shape)} "
+                f"and {tuple(self.b.shape)}"
+            )
 
     @property
     def dim(self) -> int:

@@ -29,15 +29,16 @@ from bayesadmm.checks import all_finite
 from bayesadmm.solvers.newton import PointResult
 
 
-def minibatches(num_examples: int, batch_size: int, epochs: int, generator: torch.Generator,
-                device: torch.device | str = "cpu") -> Iterator[Tensor]:
+def minibatches(
+    num_examples: int, batch_size: int, epochs: int, generator: torch.Generator, device: torch.device | str = "cpu"
+) -> Iterator[Tensor]:
     """Example indices for `epochs` passes over the data in minibatches, reshuffled each epoch by the generator (the
     last minibatch of an epoch may be smaller). Drawn lazily, so randomness used between batches (IVON's noise)
     interleaves with the shuffles in a fixed order."""
     for _ in range(epochs):
         order = rng.randperm(num_examples, generator, device)
         for start in range(0, num_examples, batch_size):
-            yield order[start:start + batch_size]
+            yield order[start : start + batch_size]
 
 
 @dataclass(frozen=True)
@@ -48,15 +49,25 @@ class LocalAdam:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        problems = [f"{name} must be > 0, got {value}" for name, value in
-                    (("lr", self.lr), ("epochs", self.epochs), ("batch_size", self.batch_size)) if value <= 0]
+        problems = [
+            f"{name} must be > 0, got {value}"
+            for name, value in (("lr", self.lr), ("epochs", self.epochs), ("batch_size", self.batch_size))
+            if value <= 0
+        ]
         if self.weight_decay < 0:
             problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
         if problems:
             raise ValueError("LocalAdam: " + "; ".join(problems))
 
-    def train(self, data, theta0: Tensor, generator: torch.Generator, linear: Tensor | None = None,
-              prox_weight: Tensor | float = 0.0, prox_center: Tensor | None = None) -> tuple[Tensor, int]:
+    def train(
+        self,
+        data,
+        theta0: Tensor,
+        generator: torch.Generator,
+        linear: Tensor | None = None,
+        prox_weight: Tensor | float = 0.0,
+        prox_center: Tensor | None = None,
+    ) -> tuple[Tensor, int]:
         """Minimise the objective in the module docstring from theta0; return (θ_k, number of steps)."""
         theta = torch.nn.Parameter(theta0.detach().clone())
         optimizer = torch.optim.Adam([theta], lr=self.lr)
@@ -84,8 +95,14 @@ class LocalAdam:
             raise FloatingPointError("local training diverged (non-finite parameters); lower the learning rate")
         return theta.detach(), steps
 
-    def objective(self, data, theta: Tensor, linear: Tensor | None = None, prox_weight: Tensor | float = 0.0,
-                  prox_center: Tensor | None = None) -> Tensor:
+    def objective(
+        self,
+        data,
+        theta: Tensor,
+        linear: Tensor | None = None,
+        prox_weight: Tensor | float = 0.0,
+        prox_center: Tensor | None = None,
+    ) -> Tensor:
         """The full-data objective the training minimises (for tests and diagnostics)."""
         value = data.batch_loss(theta, torch.arange(data.num_examples)) + 0.5 * self.weight_decay * theta.square().sum()
         if linear is not None:
@@ -140,7 +157,9 @@ class LocalAdamProx:
 
     def minimize(self, data, v: Tensor, rho: float, center: Tensor, generator: torch.Generator | None = None):
         if generator is None:
-            raise ValueError("LocalAdamProx shuffles minibatches and needs the client's torch.Generator "
-                             "(all randomness comes from the engine's generators)")
+            raise ValueError(
+                "LocalAdamProx shuffles minibatches and needs the client's torch.Generator "
+                "(all randomness comes from the engine's generators)"
+            )
         theta, steps = self.adam.train(data, center, generator, linear=v, prox_weight=rho, prox_center=center)
         return PointResult(theta, steps, True)

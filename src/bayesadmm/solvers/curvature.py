@@ -36,7 +36,7 @@ from bayesadmm import rng
 from bayesadmm.problems.losses import LogisticLoss, SoftmaxLoss
 from bayesadmm.problems.neural import ClassificationData
 
-DEFAULT_MAX_ELEMENTS = 2 ** 24
+DEFAULT_MAX_ELEMENTS = 2**24
 
 
 class DiagonalCurvature(Protocol):
@@ -117,8 +117,13 @@ class MonteCarloFisher:
 CURVATURES: dict[str, type[GGN | MonteCarloFisher]] = {cls.name: cls for cls in (GGN, MonteCarloFisher)}
 
 
-def diagonal_ggn(data, theta: Tensor, kind: OutputDirections, generator: torch.Generator | None = None,
-                 max_elements: int = DEFAULT_MAX_ELEMENTS) -> Tensor:
+def diagonal_ggn(
+    data,
+    theta: Tensor,
+    kind: OutputDirections,
+    generator: torch.Generator | None = None,
+    max_elements: int = DEFAULT_MAX_ELEMENTS,
+) -> Tensor:
     """The diagonal GGN estimate `kind` of the SUMMED cross-entropy of `data` at θ. The examples are processed in
     chunks whose intermediate tensors hold about `max_elements` numbers. A network of linear layers and elementwise
     activations (`linear_chain`) takes the fast path `linear_chain_diagonal_ggn`; any other model the general
@@ -140,19 +145,22 @@ def per_example_logits(data) -> tuple[Callable[[Tensor, Tensor], Tensor], Tensor
     if isinstance(data, LogisticLoss):
         # softplus(a) − y a is the cross-entropy of the two-class softmax with logits (0, a)
         return (lambda theta, x: torch.stack([torch.zeros_like(x @ theta), x @ theta])), data.X
-    raise TypeError(f"no per-example logits for {type(data).__name__}; FedLap-Cov's curvature needs "
-                    f"ClassificationData, SoftmaxLoss or LogisticLoss")
+    raise TypeError(
+        f"no per-example logits for {type(data).__name__}; FedLap-Cov's curvature needs "
+        f"ClassificationData, SoftmaxLoss or LogisticLoss"
+    )
 
 
-def per_example_diagonal_ggn(data, theta: Tensor, kind: OutputDirections, generator: torch.Generator | None,
-                             max_elements: int) -> Tensor:
+def per_example_diagonal_ggn(
+    data, theta: Tensor, kind: OutputDirections, generator: torch.Generator | None, max_elements: int
+) -> Tensor:
     """`diagonal_ggn` for any model: per-example gradients (vmap of grad) of the cross-entropy, once per target of
     `kind` (C for `GGN`). Memory and time grow like (examples × parameters); chunks hold at most `max_elements`
     gradient numbers."""
     logits_of, X = per_example_logits(data)
     theta = theta.detach()
 
-    def cross_entropy(th: Tensor, x: Tensor, target: Tensor) -> Tensor:       # target: one-hot (C,)
+    def cross_entropy(th: Tensor, x: Tensor, target: Tensor) -> Tensor:  # target: one-hot (C,)
         return -(torch.log_softmax(logits_of(th, x), -1) * target).sum()
 
     per_example_grad = vmap(grad(cross_entropy), in_dims=(None, 0, 0))
@@ -160,7 +168,7 @@ def per_example_diagonal_ggn(data, theta: Tensor, kind: OutputDirections, genera
     chunk = max(1, min(n, max_elements // theta.numel()))
     total = torch.zeros_like(theta)
     for start in range(0, n, chunk):
-        x = X[start:start + chunk]
+        x = X[start : start + chunk]
         with torch.no_grad():
             probs = torch.softmax(vmap(logits_of, in_dims=(None, 0))(theta, x), -1)
         for weight, target in kind.targets(probs, generator):
@@ -201,8 +209,14 @@ def linear_chain(data) -> list[tuple[str, nn.Module]] | None:
     return children
 
 
-def linear_chain_diagonal_ggn(data: ClassificationData, layers: list[tuple[str, nn.Module]], theta: Tensor,
-                              kind: OutputDirections, generator: torch.Generator | None, max_elements: int) -> Tensor:
+def linear_chain_diagonal_ggn(
+    data: ClassificationData,
+    layers: list[tuple[str, nn.Module]],
+    theta: Tensor,
+    kind: OutputDirections,
+    generator: torch.Generator | None,
+    max_elements: int,
+) -> Tensor:
     """`diagonal_ggn` for a chain of linear layers and elementwise activations (`linear_chain`), without
     per-example gradients.
 
@@ -226,22 +240,22 @@ def linear_chain_diagonal_ggn(data: ClassificationData, layers: list[tuple[str, 
     chunk = max(1, min(n, max_elements // per_example))
     with torch.no_grad():
         for start in range(0, n, chunk):
-            h = data.X[start:start + chunk]
+            h = data.X[start : start + chunk]
             if h.is_floating_point():
-                h = h.to(theta.dtype)                    # as FlatModel.forward: θ decides the precision
+                h = h.to(theta.dtype)  # as FlatModel.forward: θ decides the precision
             # forward, keeping each linear layer's input a and the slope σ'(z) of the activations after it
             inputs: list[Tensor] = []
             slopes: list[Tensor | None] = []
             for name, layer in layers:
                 if isinstance(layer, nn.Linear):
                     inputs.append(h)
-                    slopes.append(None)                  # None: no activation after this layer (yet)
+                    slopes.append(None)  # None: no activation after this layer (yet)
                     h = torch.nn.functional.linear(h, params[f"{name}.weight"], params.get(f"{name}.bias"))
                 elif inputs and type(layer) in ELEMENTWISE:
                     h, slope = torch.func.jvp(layer, (h,), (torch.ones_like(h),))[:2]
                     slopes[-1] = slope if slopes[-1] is None else slopes[-1] * slope
                 else:
-                    h = layer(h)                         # Flatten, or activations of the inputs (nothing to learn)
+                    h = layer(h)  # Flatten, or activations of the inputs (nothing to learn)
             delta = kind.output_directions(torch.softmax(h, -1), generator)
             # backward: delta holds ∂ℓ/∂(output of the layer's activations), then ∂ℓ/∂z of the layer
             for index in reversed(range(len(linears))):
@@ -249,10 +263,10 @@ def linear_chain_diagonal_ggn(data: ClassificationData, layers: list[tuple[str, 
                 slope_after = slopes[index]
                 if slope_after is not None:
                     delta = delta * slope_after
-                squares = delta.square().sum(0)          # Σ_k δ_ik², (n, out)
+                squares = delta.square().sum(0)  # Σ_k δ_ik², (n, out)
                 total[f"{name}.weight"] += squares.T @ inputs[index].square()
                 if f"{name}.bias" in total:
                     total[f"{name}.bias"] += squares.sum(0)
-                if index > 0:                            # (the first layer's input needs no δ: the costliest product)
+                if index > 0:  # (the first layer's input needs no δ: the costliest product)
                     delta = delta @ params[f"{name}.weight"]
     return model.flatten(total)

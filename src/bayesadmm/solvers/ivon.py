@@ -131,25 +131,34 @@ class IVONSolver:
     beta2: float = 0.99999
     mc_samples: int = 1
     clip_radius: float = float("inf")
-    schedule: LRSchedule = field(default_factory=ConstantLR)         # the step size of each round
-    start: RoundStart = field(default_factory=RestartAtHessInit)     # what each round's IVON state starts from
+    schedule: LRSchedule = field(default_factory=ConstantLR)  # the step size of each round
+    start: RoundStart = field(default_factory=RestartAtHessInit)  # what each round's IVON state starts from
 
     def __post_init__(self) -> None:
-        problems = [f"{name} must be > 0, got {value}" for name, value in
-                    (("lr", self.lr), ("epochs", self.epochs), ("batch_size", self.batch_size), ("tau", self.tau),
-                     ("mc_samples", self.mc_samples)) if value <= 0]
+        problems = [
+            f"{name} must be > 0, got {value}"
+            for name, value in (
+                ("lr", self.lr),
+                ("epochs", self.epochs),
+                ("batch_size", self.batch_size),
+                ("tau", self.tau),
+                ("mc_samples", self.mc_samples),
+            )
+            if value <= 0
+        ]
         if self.hess_init < 0:
             problems.append(f"hess_init must be >= 0, got {self.hess_init}")
         if problems:
             raise ValueError("IVONSolver: " + "; ".join(problems))
 
-    def solve(self, family, data, lam_g, eta, rho: float, generator: torch.Generator, init=None,
-              round_: int = 1) -> SolveResult:
+    def solve(
+        self, family, data, lam_g, eta, rho: float, generator: torch.Generator, init=None, round_: int = 1
+    ) -> SolveResult:
         if not isinstance(family, DiagonalGaussian):
             raise TypeError(f"IVON learns diagonal Gaussians, not the {family.name} family")
         m_g, s_g = family.to_moments(lam_g)
         n = data.num_examples
-        ess = n / (rho * self.tau)                                    # Eq. 67
+        ess = n / (rho * self.tau)  # Eq. 67
         # v = τ v_k / n and u = τ u_k / n with (v_k, u_k) = (η₁, −2η₂), each computed into one new tensor (the same
         # operations in the same order; a fresh model-sized tensor costs about as much as the arithmetic)
         v = torch.mul(eta[0], self.tau).div_(n)
@@ -158,7 +167,7 @@ class IVONSolver:
         lr = self.schedule.step_size(self.lr, round_, self.hess_init, delta)
 
         state = self.start.initial_state(m_g, self.hess_init, round_, data)
-        ivon.check_noise_scale(state, ess, delta)   # h + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
+        ivon.check_noise_scale(state, ess, delta)  # h + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
         # the weight noise: a counter-based stream keyed once per solve (drawn in IVON's fused sampling kernel);
         # the generator also shuffles the minibatches
         noise_key = rng.stream_key(generator)
@@ -166,29 +175,45 @@ class IVONSolver:
         try:
             # the hot loop skips the per-step elementwise checks; non-finite results are caught below
             thetas, eps = ivon.sample(state, ess, delta, noise_key, self.mc_samples, check=False)
-            terms = ivon.update_terms(m_g, lr=lr, ess=ess, delta=delta, beta1=self.beta1, beta2=self.beta2,
-                                      prior_mean=m_g, v=v, u=u, clip_radius=self.clip_radius, check=False)
+            terms = ivon.update_terms(
+                m_g,
+                lr=lr,
+                ess=ess,
+                delta=delta,
+                beta1=self.beta1,
+                beta2=self.beta2,
+                prior_mean=m_g,
+                v=v,
+                u=u,
+                clip_radius=self.clip_radius,
+                check=False,
+            )
             batches = minibatches(n, self.batch_size, self.epochs, generator, m_g.device)
             idx = next(batches, None)
             while idx is not None:
-                grads = (_grad(data, thetas[0], idx).unsqueeze(0) if self.mc_samples == 1    # a view, no copy
-                         else torch.stack([_grad(data, theta, idx) for theta in thetas]))
+                grads = (
+                    _grad(data, thetas[0], idx).unsqueeze(0)
+                    if self.mc_samples == 1  # a view, no copy
+                    else torch.stack([_grad(data, theta, idx) for theta in thetas])
+                )
                 # (only the shuffles draw from the generator, so looking one batch ahead changes no number)
                 idx = next(batches, None)
                 # in place: the state is this solve's own (RoundStart's contract; ivon.init copies m_g)
-                if idx is None:   # the last step: no sample after it (its noise is a third of a 2-step client's)
+                if idx is None:  # the last step: no sample after it (its noise is a third of a 2-step client's)
                     state = ivon.update_with(state, grads, eps, terms, inplace=True)
-                else:             # the update and the next step's samples in one pass
-                    state, thetas, eps = ivon.update_and_sample_with(state, grads, eps, noise_key, self.mc_samples,
-                                                                     terms, inplace=True)
+                else:  # the update and the next step's samples in one pass
+                    state, thetas, eps = ivon.update_and_sample_with(
+                        state, grads, eps, noise_key, self.mc_samples, terms, inplace=True
+                    )
                 steps += 1
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
             raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
         self.start.finished(data, state)
         mean, precision = ivon.posterior(state, ess, delta)
         if not (all_finite(mean) and all_positive(precision)):
-            raise SubproblemError("IVON diverged on this client (non-finite mean or non-positive precision); "
-                                  "lower lr or the dual step")
+            raise SubproblemError(
+                "IVON diverged on this client (non-finite mean or non-positive precision); lower lr or the dual step"
+            )
         return SolveResult(family.from_moments(mean, precision), steps, True)
 
 

@@ -63,8 +63,8 @@ class Momentum(NamedTuple):
 
 class AdamState(NamedTuple):
     count: Tensor  # type: ignore[assignment]   # steps taken (0-d int64); shadows tuple.count
-    m: Natural                          # first moment
-    v: Natural                          # second moment
+    m: Natural  # first moment
+    v: Natural  # second moment
 
 
 class Adam(NamedTuple):

@@ -27,12 +27,20 @@ class ProxNewton:
     max_iters: int = 100
     tol: float = 1e-12
 
-    def minimize(self, loss, v: Tensor, rho: float, center: Tensor, init: Tensor | None = None,
-                 generator: torch.Generator | None = None) -> PointResult:
+    def minimize(
+        self,
+        loss,
+        v: Tensor,
+        rho: float,
+        center: Tensor,
+        init: Tensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> PointResult:
         """Solve Eq. 5 from `init` (default: the centre). Deterministic: `generator` is accepted and ignored, so that
         ProxNewton and the stochastic solvers (`solvers.adam.LocalAdamProx`) are interchangeable in `admm.make`."""
         theta = center if init is None else init
         eye = torch.eye(theta.shape[0], dtype=theta.dtype, device=theta.device)
+
         def objective(x: Tensor) -> Tensor:
             return loss.value(x) + v @ x + 0.5 * rho * (x - center).square().sum()
 

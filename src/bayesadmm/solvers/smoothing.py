@@ -36,7 +36,7 @@ class SmoothedData:
     """`data` seen through Gaussian noise: batch_loss(m, idx) = (1/S) Σ_s ℓ̄(m + scale·ε_s) over the batch, fresh ε."""
 
     data: Any
-    scale: float                        # 1/√s
+    scale: float  # 1/√s
     samples: int
     generator: torch.Generator
 
@@ -57,14 +57,22 @@ class GaussianSmoothingAdam:
     mc_samples: int = 1
 
     def __post_init__(self) -> None:
-        problems = [f"{name} must be > 0, got {value}" for name, value in
-                    (("lr", self.lr), ("epochs", self.epochs), ("batch_size", self.batch_size),
-                     ("mc_samples", self.mc_samples)) if value <= 0]
+        problems = [
+            f"{name} must be > 0, got {value}"
+            for name, value in (
+                ("lr", self.lr),
+                ("epochs", self.epochs),
+                ("batch_size", self.batch_size),
+                ("mc_samples", self.mc_samples),
+            )
+            if value <= 0
+        ]
         if problems:
             raise ValueError("GaussianSmoothingAdam: " + "; ".join(problems))
 
-    def solve(self, family, data, lam_g, eta, rho: float, generator: torch.Generator, init=None,
-              round_: int = 1) -> SolveResult:
+    def solve(
+        self, family, data, lam_g, eta, rho: float, generator: torch.Generator, init=None, round_: int = 1
+    ) -> SolveResult:
         if not isinstance(family, IsotropicGaussian):
             raise TypeError(f"Gaussian smoothing learns the isotropic family N(m, I/s), not the {family.name} family")
         if generator is None:
@@ -76,8 +84,9 @@ class GaussianSmoothingAdam:
         smoothed = SmoothedData(data, 1.0 / math.sqrt(s), self.mc_samples, generator)
         adam = LocalAdam(lr=self.lr, epochs=self.epochs, batch_size=self.batch_size)
         try:
-            mean, steps = adam.train(smoothed, start, generator, linear=eta[0] / n, prox_weight=rho * s / n,
-                                     prox_center=m_g)
+            mean, steps = adam.train(
+                smoothed, start, generator, linear=eta[0] / n, prox_weight=rho * s / n, prox_center=m_g
+            )
         except FloatingPointError as exc:
             raise SubproblemError(f"Gaussian smoothing diverged on this client: {exc}") from exc
         return SolveResult(family.from_moments(mean), steps, True)

@@ -65,8 +65,9 @@ class DeltaVON:
     max_iters: int = 100
     tol: float = 1e-12
 
-    def solve(self, family, loss, lam_g, eta, rho: float, generator: torch.Generator | None = None,
-              init=None, round_: int = 1) -> SolveResult:
+    def solve(
+        self, family, loss, lam_g, eta, rho: float, generator: torch.Generator | None = None, init=None, round_: int = 1
+    ) -> SolveResult:
         m_g, s_g = family.to_moments(lam_g)
         m = m_g if init is None else family.to_moments(init)[0]
         v, V = family.split_dual(eta)
@@ -86,19 +87,25 @@ class DeltaVON:
             t = 1.0
             if size > 1e-6:  # far from a solution: backtrack (near one, Φ's rounding error would stall the search)
                 slope, value = float(grad @ direction), phi(m)
-                while not (bool(phi(m + t * direction) <= value + 1e-4 * t * slope)
-                           and _is_positive_definite(loss.hess(m + t * direction) - V + prox)):
+                while not (
+                    bool(phi(m + t * direction) <= value + 1e-4 * t * slope)
+                    and _is_positive_definite(loss.hess(m + t * direction) - V + prox)
+                ):
                     t /= 2
                     if t < 1e-10:
-                        raise SubproblemError("the client subproblem has no local minimum with a valid precision "
-                                              "near q_g (try a larger rho or a smaller dual step)")
+                        raise SubproblemError(
+                            "the client subproblem has no local minimum with a valid precision "
+                            "near q_g (try a larger rho or a smaller dual step)"
+                        )
             m = m + t * direction
             converged = size <= self.tol
         lam = family.stationary_natural(loss, m, s_g, eta, rho)
         if lam is None:
-            raise SubproblemError("the client subproblem's solution has no valid precision: the dual curvature "
-                                  "exceeds the loss curvature at the local optimum (try a larger rho or a smaller "
-                                  "dual step)")
+            raise SubproblemError(
+                "the client subproblem's solution has no valid precision: the dual curvature "
+                "exceeds the loss curvature at the local optimum (try a larger rho or a smaller "
+                "dual step)"
+            )
         return SolveResult(lam, iterations, converged)
 
 
@@ -118,15 +125,18 @@ class MonteCarloVON:
         if not 0 < self.step <= 1:
             raise ValueError(f"VON step must be in (0, 1], got {self.step}")
 
-    def solve(self, family, loss, lam_g, eta, rho: float, generator: torch.Generator | None = None,
-              init=None, round_: int = 1) -> SolveResult:
+    def solve(
+        self, family, loss, lam_g, eta, rho: float, generator: torch.Generator | None = None, init=None, round_: int = 1
+    ) -> SolveResult:
         lam = lam_g if init is None else init
         for it in range(1, self.max_iters + 1):
             derivs = expected_derivatives(loss, family, lam, "mc", self.mc_samples, generator)
             new = family.natural_step(lam, lam_g, eta, rho, derivs, self.step)
             if new is None:
-                raise SubproblemError("VON could not find a step that keeps the precision positive; the dual "
-                                      "curvature exceeds the loss curvature (try a smaller dual step or a larger rho)")
+                raise SubproblemError(
+                    "VON could not find a step that keeps the precision positive; the dual "
+                    "curvature exceeds the loss curvature (try a smaller dual step or a larger rho)"
+                )
             change = nat.norm(nat.sub(new, lam)) / max(float(nat.norm(lam)), 1.0)
             lam = new
             if change < self.tol:
@@ -134,8 +144,9 @@ class MonteCarloVON:
         return SolveResult(lam, self.max_iters, False)
 
 
-def VON(expectation: str = "delta", mc_samples: int = 1, step: float = 1.0, max_iters: int = 100,
-        tol: float = 1e-12) -> DeltaVON | MonteCarloVON:
+def VON(
+    expectation: str = "delta", mc_samples: int = 1, step: float = 1.0, max_iters: int = 100, tol: float = 1e-12
+) -> DeltaVON | MonteCarloVON:
     """Variational Online Newton for Eq. 15 (see the module docstring), by how it takes expectations:
     "delta" (`DeltaVON`; `mc_samples` and `step` are not used) or "mc" (`MonteCarloVON`)."""
     check_expectation(expectation, mc_samples)
@@ -154,7 +165,7 @@ def _solve_shifted(matrix: Tensor, rhs: Tensor) -> Tensor:
     """Solve (M + τI) x = rhs with the smallest τ ∈ {0, 1e-8, 1e-7, …}·scale that makes M + τI positive definite."""
     eye = torch.eye(matrix.shape[0], dtype=matrix.dtype, device=matrix.device)
     scale = float(matrix.diagonal().abs().max()) or 1.0
-    for shift in [0.0] + [scale * 10.0 ** k for k in range(-8, 4)]:
+    for shift in [0.0] + [scale * 10.0**k for k in range(-8, 4)]:
         chol, info = torch.linalg.cholesky_ex(matrix + shift * eye)
         if int(info) == 0:
             return torch.cholesky_solve(rhs[:, None], chol)[:, 0]
@@ -171,12 +182,15 @@ class ExactQuadratic:
     isotropic: (A + ρ s I) m = b − v + ρ s m_g
     """
 
-    def solve(self, family, loss, lam_g, eta, rho: float, generator: torch.Generator | None = None,
-              init=None, round_: int = 1) -> SolveResult:
+    def solve(
+        self, family, loss, lam_g, eta, rho: float, generator: torch.Generator | None = None, init=None, round_: int = 1
+    ) -> SolveResult:
         if not isinstance(loss, QuadraticLoss):
             raise TypeError(f"ExactQuadratic needs a QuadraticLoss, got {type(loss).__name__}")
         lam = family.quadratic_solution(loss.A, loss.b, lam_g, eta, rho)
         if not family.is_valid(lam):
-            raise SubproblemError("the exact solution of the client subproblem is not a valid Gaussian "
-                                  "(the dual curvature exceeds the loss curvature)")
+            raise SubproblemError(
+                "the exact solution of the client subproblem is not a valid Gaussian "
+                "(the dual curvature exceeds the loss curvature)"
+            )
         return SolveResult(lam, 1, True)

@@ -55,16 +55,18 @@ class ExactGaussian:
 
     scaled_identity: float | None = None
 
-    def __call__(self, family, data: GaussianLikelihood, cavity: Natural, generator=None,
-                 start: Tensor | None = None) -> Natural:
+    def __call__(
+        self, family, data: GaussianLikelihood, cavity: Natural, generator=None, start: Tensor | None = None
+    ) -> Natural:
         eta_k, lam_k = data.natural
         cav_prec = precision_matrix(family, cavity)
         precision = lam_k + cav_prec
         precision = 0.5 * (precision + precision.mT)
         factor, info = torch.linalg.cholesky_ex(precision)
         if int(info) != 0:
-            raise SubproblemError("the tilted distribution p_k q_{-k} is not normalisable "
-                                  "(Λ_k + Λ_{-k} is not positive definite)")
+            raise SubproblemError(
+                "the tilted distribution p_k q_{-k} is not normalisable (Λ_k + Λ_{-k} is not positive definite)"
+            )
         h = eta_k + cavity[0]
         mean = torch.cholesky_solve(h.unsqueeze(-1), factor).squeeze(-1)
         if self.scaled_identity is not None:

@@ -13,8 +13,9 @@ from bayesadmm.solvers.adam import LocalAdam
 from bayesadmm.solvers.ep_inference.tilted import cavity_precision, check_diagonal, tilted_mean, tilted_natural
 
 
-def diagonal_fisher(data, theta: Tensor, generator: torch.Generator, samples: int = 1,
-                    batch_size: int = 256, idx: Tensor | None = None) -> Tensor:
+def diagonal_fisher(
+    data, theta: Tensor, generator: torch.Generator, samples: int = 1, batch_size: int = 256, idx: Tensor | None = None
+) -> Tensor:
     """Σ_{i∈idx} E_{ŷ∼p(y|x_i,θ)}[(∇_θ log p(ŷ | x_i, θ))²], estimated with `samples` label draws per example
     (idx: all examples by default).
 
@@ -34,7 +35,7 @@ def diagonal_fisher(data, theta: Tensor, generator: torch.Generator, samples: in
     theta = theta.detach()
     count = data.num_examples if idx is None else idx.shape[0]
     for start in range(0, count, batch_size):
-        X = data.X[start:start + batch_size] if idx is None else data.X[idx[start:start + batch_size]]
+        X = data.X[start : start + batch_size] if idx is None else data.X[idx[start : start + batch_size]]
         with torch.no_grad():
             probs = torch.softmax(model.forward(theta, X), -1)
         for _ in range(samples):
@@ -54,8 +55,9 @@ class Laplace:
     fisher_samples: int = 1
     solver: LocalAdam = field(default_factory=LocalAdam)
 
-    def __call__(self, family, data, cavity: Natural, generator: torch.Generator,
-                 start: Tensor | None = None) -> Natural:
+    def __call__(
+        self, family, data, cavity: Natural, generator: torch.Generator, start: Tensor | None = None
+    ) -> Natural:
         check_diagonal(family)
         mean = tilted_mean(self.solver, data, cavity, generator, start)
         fisher = diagonal_fisher(data, mean, generator, self.fisher_samples)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -60,11 +61,13 @@ class NGVI:
     fisher: Fisher | None = None
 
     def __post_init__(self) -> None:
-        problems = (number_in("alpha", self.alpha, 0.0, math.inf, high_open=True)
-                    + number_in("beta", self.beta, 0.0, 1.0, high_open=True)
-                    + positive_int("epochs", self.epochs)
-                    + positive_int("samples", self.samples)
-                    + positive_int("fisher_samples", self.fisher_samples))
+        problems = (
+            number_in("alpha", self.alpha, 0.0, math.inf, high_open=True)
+            + number_in("beta", self.beta, 0.0, 1.0, high_open=True)
+            + positive_int("epochs", self.epochs)
+            + positive_int("samples", self.samples)
+            + positive_int("fisher_samples", self.fisher_samples)
+        )
         if self.batch_size is not None:
             problems += positive_int("batch_size", self.batch_size)
         raise_problems("NGVI", problems)
@@ -78,24 +81,28 @@ class NGVI:
         """s_T (bias-corrected if `debias`): the running average of the per-example Fisher at draws from the
         current q^{\\k} = N(mean, (n_k s + Λ_{−k} + α n_k)⁻¹)."""
         n = data.num_examples
-        floor = cavity_precision(cavity) + self.alpha * n       # Σ_0⁻¹ (s_0 = 0)
+        floor = cavity_precision(cavity) + self.alpha * n  # Σ_0⁻¹ (s_0 = 0)
         if not bool((floor > 0).all()):
-            raise SubproblemError("NGVI: Λ_{-k} + α n_k is not positive, so the first draws are undefined "
-                                  "(use alpha > 0 with an improper cavity)")
+            raise SubproblemError(
+                "NGVI: Λ_{-k} + α n_k is not positive, so the first draws are undefined "
+                "(use alpha > 0 with an improper cavity)"
+            )
         s = torch.zeros_like(mean)
         s_hat = s
         batch = n if self.batch_size is None else self.batch_size
         for steps, idx in enumerate(minibatches(n, batch, self.epochs, generator, mean.device), start=1):
             std = (n * s_hat + floor).rsqrt()
             noise = rng.randn((self.samples, mean.shape[0]), generator, mean.dtype, mean.device)
-            fisher = sum(self._fisher(data, mean + std * eps, idx, generator) for eps in noise)
-            fisher = fisher / (self.samples * idx.shape[0])      # mean over draws and over the minibatch
+            # a sum of tensors (samples >= 1), never sum's start value 0
+            fisher = cast(Tensor, sum(self._fisher(data, mean + std * eps, idx, generator) for eps in noise))
+            fisher = fisher / (self.samples * idx.shape[0])  # mean over draws and over the minibatch
             s = self.beta * s + (1.0 - self.beta) * fisher
-            s_hat = s / (1.0 - self.beta ** steps) if self.debias else s
+            s_hat = s / (1.0 - self.beta**steps) if self.debias else s
         return s_hat
 
-    def __call__(self, family, data, cavity: Natural, generator: torch.Generator,
-                 start: Tensor | None = None) -> Natural:
+    def __call__(
+        self, family, data, cavity: Natural, generator: torch.Generator, start: Tensor | None = None
+    ) -> Natural:
         check_diagonal(family)
         mean = tilted_mean(self.solver, data, cavity, generator, start)
         s = self.average_fisher(data, mean, cavity, generator)

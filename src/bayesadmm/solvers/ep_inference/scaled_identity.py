@@ -23,8 +23,9 @@ class ScaledIdentity:
     alpha: float = 1e-2
     solver: LocalAdam = field(default_factory=LocalAdam)
 
-    def __call__(self, family, data, cavity: Natural, generator: torch.Generator,
-                 start: Tensor | None = None) -> Natural:
+    def __call__(
+        self, family, data, cavity: Natural, generator: torch.Generator, start: Tensor | None = None
+    ) -> Natural:
         check_diagonal(family)
         mean = tilted_mean(self.solver, data, cavity, generator, start)
         return tilted_natural(mean, cavity_precision(cavity) + self.alpha * data.num_examples)

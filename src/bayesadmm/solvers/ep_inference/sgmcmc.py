@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -23,8 +24,17 @@ from bayesadmm.solvers.ep_inference.tilted import (
 from bayesadmm.solvers.von import SubproblemError
 
 
-def sgd_chain(data, start: Tensor, generator: torch.Generator, lr: float, momentum: float, epochs: int,
-              batch_size: int, linear: Tensor | None = None, prox_weight: Tensor | float = 0.0) -> Tensor:
+def sgd_chain(
+    data,
+    start: Tensor,
+    generator: torch.Generator,
+    lr: float,
+    momentum: float,
+    epochs: int,
+    batch_size: int,
+    linear: Tensor | None = None,
+    prox_weight: Tensor | float = 0.0,
+) -> Tensor:
     """The SG-MCMC samples of Alg. 2: run SGD with heavy-ball momentum (torch.optim.SGD: v ← m v + g, θ ← θ − lr v)
     on ℓ̄_k(θ) + aᵀθ + ½ Σ_j b_j θ_j² from `start`, and keep the iterate at the end of every epoch: (epochs, d).
 
@@ -39,11 +49,12 @@ def sgd_chain(data, start: Tensor, generator: torch.Generator, lr: float, moment
         for idx in minibatches(data.num_examples, batch_size, 1, generator, start.device):
             optimizer.zero_grad(set_to_none=True)
             data.batch_loss(theta, idx).backward()
+            grad = cast(Tensor, theta.grad)  # backward() of a loss of θ has just set it
             with torch.no_grad():
                 if linear is not None:
-                    theta.grad.add_(linear)
+                    grad.add_(linear)
                 if has_prox:
-                    theta.grad.add_(prox_weight * theta)
+                    grad.add_(prox_weight * theta)
             optimizer.step()
         samples.append(theta.detach().clone())
     stacked = torch.stack(samples)
@@ -95,12 +106,14 @@ class SGMCMC:
     clip_std: float | None = 2.0
 
     def __post_init__(self) -> None:
-        problems = (number_in("alpha", self.alpha, 0.0, math.inf, low_open=True, high_open=True)
-                    + number_in("shrinkage", self.shrinkage, 0.0, 1.0)
-                    + number_in("lr", self.lr, 0.0, math.inf, low_open=True, high_open=True)
-                    + number_in("momentum", self.momentum, 0.0, 1.0, high_open=True)
-                    + positive_int("epochs", self.epochs)
-                    + positive_int("batch_size", self.batch_size))
+        problems = (
+            number_in("alpha", self.alpha, 0.0, math.inf, low_open=True, high_open=True)
+            + number_in("shrinkage", self.shrinkage, 0.0, 1.0)
+            + number_in("lr", self.lr, 0.0, math.inf, low_open=True, high_open=True)
+            + number_in("momentum", self.momentum, 0.0, 1.0, high_open=True)
+            + positive_int("epochs", self.epochs)
+            + positive_int("batch_size", self.batch_size)
+        )
         if self.clip_std is not None:
             problems += number_in("clip_std", self.clip_std, 0.0, math.inf, high_open=True)
         raise_problems("SGMCMC", problems)
@@ -108,11 +121,21 @@ class SGMCMC:
     def samples(self, data, cavity: Natural, generator: torch.Generator, start: Tensor | None = None) -> Tensor:
         """The chain's N samples (N, d) on the tilted objective."""
         linear, weight = cavity_terms(data, cavity)
-        return sgd_chain(data, search_start(cavity, start), generator, self.lr, self.momentum, self.epochs,
-                         self.batch_size, linear=linear, prox_weight=weight)
+        return sgd_chain(
+            data,
+            search_start(cavity, start),
+            generator,
+            self.lr,
+            self.momentum,
+            self.epochs,
+            self.batch_size,
+            linear=linear,
+            prox_weight=weight,
+        )
 
-    def __call__(self, family, data, cavity: Natural, generator: torch.Generator,
-                 start: Tensor | None = None) -> Natural:
+    def __call__(
+        self, family, data, cavity: Natural, generator: torch.Generator, start: Tensor | None = None
+    ) -> Natural:
         check_diagonal(family)
         mean, variance = shrunk_moments(self.samples(data, cavity, generator, start), self.shrinkage)
         if not bool((variance > 0).all()):

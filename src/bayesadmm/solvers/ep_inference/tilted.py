@@ -33,8 +33,9 @@ class TiltedInference(Protocol):
     mean, because its uniform cavity has no mean to train from. Inference that does not search ignores it.
     """
 
-    def __call__(self, family, data, cavity: Natural, generator: torch.Generator | None,
-                 start: Tensor | None = None) -> Natural: ...
+    def __call__(
+        self, family, data, cavity: Natural, generator: torch.Generator, start: Tensor | None = None
+    ) -> Natural: ...
 
 
 def check_diagonal(family) -> None:
@@ -83,12 +84,19 @@ def cavity_terms(data, cavity: Natural) -> tuple[Tensor, Tensor]:
     return -cavity[0] / n, cavity_precision(cavity) / n
 
 
-def tilted_mean(solver: LocalAdam, data, cavity: Natural, generator: torch.Generator,
-                start: Tensor | None = None) -> Tensor:
+def tilted_mean(
+    solver: LocalAdam, data, cavity: Natural, generator: torch.Generator, start: Tensor | None = None
+) -> Tensor:
     """argmin_θ ℓ̄_k(θ) + (½θᵀΛ_{−k}θ − η_{−k}ᵀθ)/n_k, by LocalAdam from `start` (default: the cavity mean)."""
     linear, weight = cavity_terms(data, cavity)
-    theta, _ = solver.train(data, search_start(cavity, start), generator, linear=linear, prox_weight=weight,
-                            prox_center=torch.zeros_like(linear))
+    theta, _ = solver.train(
+        data,
+        search_start(cavity, start),
+        generator,
+        linear=linear,
+        prox_weight=weight,
+        prox_center=torch.zeros_like(linear),
+    )
     return theta
 
 
