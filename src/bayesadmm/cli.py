@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     run.add_argument("--data-dir", default=None, help="folder with the dataset's files (same as data_dir=...)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--overwrite", action="store_true", help="replace a run already in the run directory")
+    run.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     parser.set_defaults(run_parser=run)
     flower = commands.add_parser("flower", help="run on Flower (needs the flower extra: pip install -e '.[flower]')")
     flower_commands = flower.add_subparsers(dest="flower_command", required=True)
@@ -63,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--quiet", action="store_true")
+    resume.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     resume.add_argument(
         "--stop-at", type=int, default=0, metavar="ROUND", help="stop again after this round (default: run to the end)"
     )
@@ -126,36 +130,49 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
 
 
 def _run(args) -> int:
-    from bayesadmm.experiments.build import run
+    from bayesadmm.engine.loop import RunDirError
+    from bayesadmm.experiments.build import run, settings_of
     from bayesadmm.experiments.config import ConfigError, check_device, load, resolve
 
-    try:
-        if args.command == "resume":
+    resume = args.command == "resume"
+    try:  # everything about the configuration is checked before the run directory is touched
+        if resume:
             if not (args.run_dir / "checkpoint.pt").exists():
-                print(f"bayesadmm: {args.run_dir} has no checkpoint to resume from", file=sys.stderr)
-                return 2
+                raise ConfigError(f"{args.run_dir} has no checkpoint to resume from")
             config = load(args.run_dir)
             config = type(config)(**{**config.to_json(), "out": str(args.run_dir), "stop_at": args.stop_at})
             device_problem = check_device(config.device)
             if device_problem:
                 raise ConfigError(f"cannot resume here: {device_problem}")
-            return run(config, resume=True, progress=not args.quiet)
-        overrides = list(args.overrides) + ([f"data_dir={args.data_dir}"] if args.data_dir else [])
-        config, changed = resolve(args.scenario, overrides)
-    except (ConfigError, FileNotFoundError) as exc:
+        else:
+            overrides = list(args.overrides) + ([f"data_dir={args.data_dir}"] if args.data_dir else [])
+            config, changed = resolve(args.scenario, overrides)
+            for line in changed:
+                print(f"override: {line}")
+        settings_of(config)  # the engine's own checks (e.g. stop_at against rounds)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
-    for line in changed:
-        print(f"override: {line}")
-    print(f"run directory: {config.run_dir()}")
+    run_dir = config.run_dir()
+    print(f"run directory: {run_dir}")
     try:
-        code = run(config, progress=not args.quiet)
-    except FileNotFoundError as exc:  # the data loaders' errors say how to get the data
+        result = run(config, resume=resume, progress=not args.quiet, overwrite=getattr(args, "overwrite", False))
+    except (RunDirError, FileNotFoundError) as exc:  # the run directory, or the data (the loaders say how to get it)
         print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C or a SIGTERM (the engine recorded it in status.json)
+        print(f"bayesadmm: interrupted; `bayesadmm resume {run_dir}` goes on from the last checkpoint", file=sys.stderr)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
+    except Exception as exc:  # noqa: BLE001 — the run failed; status.json holds the reason too
+        if args.debug:
+            raise
+        print(f"bayesadmm: the run failed: {type(exc).__name__}: {exc} (--debug shows where)", file=sys.stderr)
         return 1
-    if (config.run_dir() / "curves.png").exists():
-        print(f"metrics: {config.run_dir() / 'metrics.jsonl'}; plot: {config.run_dir() / 'curves.png'}")
-    return code
+    if result.message:
+        print(result.message)
+    if (run_dir / "curves.png").exists():
+        print(f"metrics: {run_dir / 'metrics.jsonl'}; plot: {run_dir / 'curves.png'}")
+    return result.exit_code
 
 
 def _compare(args) -> int:

@@ -111,6 +111,7 @@ def run(
     stop_at: int = 0,
     out: str | Path | None = None,
     resume: bool = False,
+    overwrite: bool = False,
     progress: bool = True,
     on_round: Callable[[dict], None] | None = None,
 ) -> Result:
@@ -129,7 +130,8 @@ def run(
         and ens_test_<name> for the predictive.
     rounds, seed, participation, eval_samples, workers, device, checkpoint_every, stop_at: see `Settings`.
     out: the run directory (default: a new runs/run-<date-time>); `resume=True` continues the checkpoint in `out`
-        with the same arguments, giving the numbers an uninterrupted run would have.
+        with the same arguments, giving the numbers an uninterrupted run would have. A run already in `out` is never
+        replaced unless `overwrite=True`, and one run directory has one writer at a time (`RunDirError` otherwise).
     on_round: called with each round's metrics line (a dict).
     """
     settings = Settings(
@@ -193,6 +195,7 @@ def run(
         progress=progress,
         title=algorithm if isinstance(algorithm, str) else "",
         on_round=on_round,
+        overwrite=overwrite,
     )
 
 

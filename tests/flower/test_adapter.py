@@ -97,7 +97,7 @@ def _local_and_flower(tmp_path, method, extra=(), grid_options=None, timeouts=Ti
     overrides = SMALL + ["rounds=2", f"method={method}", *EXTRA.get(method, []), *extra]
     local, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'local'}"])
     flower, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'flower'}"])
-    assert run(local, progress=False) == 0
+    assert run(local, progress=False).exit_code == 0
     code = run_server(LoopbackGrid(client_app, flower.clients, **(grid_options or {})), flower, timeouts)
     return code, lines(tmp_path / "local"), lines(tmp_path / "flower")
 

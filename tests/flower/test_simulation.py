@@ -23,7 +23,7 @@ def test_flower_simulation_matches_the_local_engine(tmp_path):
     overrides = SMALL + ["rounds=3", "method=ivon-admm", "cosine=true"]
     local, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'local'}"])
     flower, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'flower'}"])
-    assert run(local, progress=False) == 0
+    assert run(local, progress=False).exit_code == 0
     run_simulation(flower, Timeouts(discovery=120, round=300), cpus=2)
     assert json.loads((tmp_path / "flower" / "status.json").read_text())["status"] == "completed"
     assert_same_metrics(lines(tmp_path / "local"), lines(tmp_path / "flower"), tol=1e-4)

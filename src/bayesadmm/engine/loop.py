@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
 import signal
 import sys
 import threading
@@ -43,6 +42,15 @@ from torch import Tensor
 from bayesadmm.algorithms.base import Algorithm, DivergenceError
 from bayesadmm.clients import ClientSource
 from bayesadmm.engine.provenance import record_environment
+from bayesadmm.engine.rundir import (
+    RunDirError,
+    locked,
+    prepare_fresh,
+    read_checkpoint,
+    save_torch,
+    write_bytes,
+    write_json,
+)
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.workers import client_runner, default_workers, remove_stale_shards
 from bayesadmm.likelihoods import Likelihood
@@ -61,6 +69,9 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_DIVERGED",
     "BREAKDOWNS",
+    "Interrupted",
+    "RunDirError",
+    "write_json",
 ]
 
 # The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5 are the config layer's set-up
@@ -196,13 +207,6 @@ def info_scalars(info: Any) -> dict[str, float]:
     return scalars
 
 
-def write_json(path: Path, payload: Any) -> None:
-    """`payload` as JSON, written under a temporary name and renamed: never a half-written file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def metrics_line(
     round_: int, results: Mapping[str, float], seconds: float, eval_seconds: float, count: int, eval_set: str = "test"
 ) -> dict:
@@ -219,9 +223,7 @@ def _save_checkpoint(path: Path, round_: int, server: Any, clients: Any) -> None
     the shard files the workers have just written). Written last and renamed into place, so that it only ever names a
     complete state; the shards it does not name are deleted after."""
     record = clients.save(path.parent, round_)
-    tmp = path.with_suffix(".tmp")
-    torch.save({"round": round_, "server": server, **record}, tmp)
-    os.replace(tmp, path)  # never a half-written checkpoint
+    save_torch(path, {"round": round_, "server": server, **record})  # never a half-written checkpoint
     remove_stale_shards(path.parent, record)
 
 
@@ -242,31 +244,82 @@ def run_federation(
     progress: bool = True,
     title: str = "",
     on_round: Callable[[dict], None] | None = None,
+    overwrite: bool = False,
+    on_start: Callable[[Path], None] | None = None,
 ) -> Result:
     """Run (or, with `resume`, continue from run_dir's checkpoint) the federation; returns how it ended.
 
     `config` is written to run_dir/config.json on a fresh start (what the run is, for people and for `resume`);
     `on_round(line)` is called with each round's metrics line. A divergence (a breakdown of the algorithm, or
     non-finite metrics) ends the run with status "diverged" and the last good state in the checkpoint; Ctrl-C or a
-    SIGTERM raises KeyboardInterrupt after recording the interruption in status.json.
-    """
-    from bayesadmm.reports import try_plot_run
+    SIGTERM raises KeyboardInterrupt (`Interrupted` with the signal's number for a SIGTERM) after recording the
+    interruption in status.json; any other exception is recorded as status "failed" with its reason, and raised.
 
+    The run directory is locked for the run (a second process is refused, `RunDirError`); a fresh start where a run
+    is already is refused unless `overwrite`; a resume checks the checkpoint before it writes anything, and a run
+    that is already complete is returned as it is. `on_start(run_dir)` is called on a fresh start once these checks
+    have passed, before the run writes its first file (for records of the caller's own, e.g. the client split).
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    with locked(run_dir):
+        return _run_locked(
+            federation, settings, run_dir, config, resume, progress, title, on_round, overwrite, on_start
+        )
+
+
+def _run_locked(
+    federation: Federation,
+    settings: Settings,
+    run_dir: Path,
+    config: Mapping | None,
+    resume: bool,
+    progress: bool,
+    title: str,
+    on_round: Callable[[dict], None] | None,
+    overwrite: bool,
+    on_start: Callable[[Path], None] | None,
+) -> Result:
+    from bayesadmm.reports import try_plot_run
+
     status_path, metrics_path, checkpoint_path = (
         run_dir / "status.json",
         run_dir / "metrics.jsonl",
         run_dir / "checkpoint.pt",
     )
     algorithm = federation.make_algorithm()
-    checkpoint = torch.load(checkpoint_path, weights_only=False) if resume and checkpoint_path.exists() else None
+    checkpoint = None
+    if resume:  # everything checked before anything is written
+        checkpoint = read_checkpoint(checkpoint_path, settings.rounds)
+        if settings.stop_at and settings.stop_at < checkpoint["round"]:
+            raise RunDirError(
+                f"stop_at={settings.stop_at} is before the checkpoint's round {checkpoint['round']}; "
+                f"give a later round, or none to run to the end"
+            )
+        if checkpoint["round"] >= settings.last_round:
+            history = _read_metrics(metrics_path, checkpoint["round"])
+            state = json.loads(status_path.read_text())["status"] if status_path.exists() else "stopped"
+            return Result(
+                state,
+                EXIT_OK,
+                checkpoint["round"],
+                history,
+                checkpoint["server"],
+                algorithm,
+                run_dir,
+                f"already complete up to round {checkpoint['round']}: nothing to do",
+            )
+    else:
+        prepare_fresh(run_dir, overwrite)
+        if on_start is not None:
+            on_start(run_dir)
     start = checkpoint["round"] if checkpoint is not None else 0
     if checkpoint is None and config is not None:
         write_json(run_dir / "config.json", dict(config))
     record_environment(run_dir, settings.device, start)
     history = _read_metrics(metrics_path, start)
-    metrics_path.write_text("".join(json.dumps(line) + "\n" for line in history))  # drop rounds after the checkpoint
+    # drop rounds after the checkpoint (a kill here leaves the old file whole: the next resume drops them again)
+    write_bytes(metrics_path, "".join(json.dumps(line) + "\n" for line in history).encode())
 
     bar = _progress(settings, start, progress, title)
     status: dict[str, Any] = {"status": "running", "round": start}
@@ -310,9 +363,11 @@ def run_federation(
                 if checkpoint_path.exists()
                 else "no checkpoint was written yet: run it again"
             )
-            write_json(
-                status_path, {"status": "interrupted", "round": checkpointed[0], "message": f"interrupted; {then}"}
-            )
+            _final_status(status_path, "interrupted", checkpointed[0], f"interrupted; {then}")
+            raise
+        except Exception as exc:  # anything else: the run failed, and status.json says why
+            bar.close()
+            _final_status(status_path, "failed", checkpointed[0], f"{type(exc).__name__}: {exc}")
             raise
         finally:
             clients.close()
@@ -340,6 +395,22 @@ def run_federation(
     )
 
 
+def _final_status(path: Path, state: str, round_: int, message: str) -> None:
+    """The last status of a run that ended early; a disk that refuses even this leaves the exception to say why."""
+    try:
+        write_json(path, {"status": state, "round": round_, "message": message})
+    except OSError:
+        pass
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal ended the run (`signum`); the CLI exits with 128 + signum, as a shell reports it."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"signal {signum}")
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """Within the block a SIGTERM (what `kill` and most job schedulers send) raises KeyboardInterrupt, like Ctrl-C,
@@ -349,7 +420,7 @@ def _sigterm_as_interrupt():
         return
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        raise Interrupted(signum)
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:

@@ -145,10 +145,10 @@ class LocalClients:
         return {"clients": self.states()}
 
     def write_shard(self, path: Path) -> dict:
-        """Write the states to `path` (complete or not at all); the shard's entry in checkpoint.pt."""
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(self._states, tmp)
-        os.replace(tmp, path)
+        """Write the states to `path` (complete or not at all, synced); the shard's entry in checkpoint.pt."""
+        from bayesadmm.engine.rundir import save_torch
+
+        save_torch(path, self._states)
         return {"file": f"{path.parent.name}/{path.name}", "clients": sorted(self._states)}
 
     def close(self) -> None:

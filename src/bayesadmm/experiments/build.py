@@ -16,7 +16,7 @@ from torch import Tensor
 
 from bayesadmm.algorithms import REGISTRY, Algorithm
 from bayesadmm.clients import TensorClients
-from bayesadmm.engine.loop import Federation, Settings, run_federation
+from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.federated import algorithm_factory
@@ -135,23 +135,20 @@ def build(config: RunConfig) -> Built:
     return Built(federation, settings_of(config), parts, y, num_classes)
 
 
-def run(config: RunConfig, resume: bool = False, progress: bool = True) -> int:
-    """Run (or resume) the configured experiment; returns the exit code (0 done, 3 diverged)."""
+def run(config: RunConfig, resume: bool = False, progress: bool = True, overwrite: bool = False) -> Result:
+    """Run (or resume) the configured experiment; the engine's `Result` (exit code 0 done, 3 diverged)."""
     built = build(config)
-    run_dir = config.run_dir()
-    if not resume or not (run_dir / "checkpoint.pt").exists():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _write_split(config, built)
-    result = run_federation(
+    return run_federation(
         built.federation,
         built.settings,
-        run_dir,
+        config.run_dir(),
         config=config.to_json(),
         resume=resume,
         progress=progress,
         title=f"{config.scenario} — {config.method} (seed {config.seed})",
+        overwrite=overwrite,
+        on_start=lambda run_dir: _write_split(config, built),
     )
-    return result.exit_code
 
 
 def _write_split(config: RunConfig, built: Built) -> None:

@@ -1,0 +1,157 @@
+"""The run directory's files: written whole or not at all and synced to disk, one writer at a time, never silently
+overwritten.
+
+Every file is written under a temporary name, flushed and fsynced, then renamed over the old one, and the directory
+is fsynced after the rename: a killed process or a power loss leaves either the old file or the new one. A run holds
+an exclusive lock on `.lock` (released by the kernel when the process ends, however it ends) so that two processes
+never write one run directory; the lock file names the holder. Starting a run in a directory that holds one already
+is refused unless asked to overwrite it; resuming reads and checks the checkpoint before anything is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["RunDirError", "write_bytes", "write_json", "save_torch", "locked", "prepare_fresh", "read_checkpoint"]
+
+# what a run writes; a directory holding any of them holds a run
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json")
+LOCK = ".lock"
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used as asked (another run in it, in use, an unreadable checkpoint); the message
+    says what to do instead."""
+
+
+def _sync_directory(folder: Path) -> None:
+    """fsync a directory, so that a rename in it survives a power loss (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[Any]:
+    """A binary file object for `path`'s new contents: written to a temporary file, synced, then renamed over `path`;
+    on an error the temporary file is removed, `path` is untouched and the OSError names `path`."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OSError(exc.errno, f"could not write {path}: {exc.strerror or exc}") from exc
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _sync_directory(path.parent)
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    with _replacing(Path(path)) as f:
+        f.write(data)
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """`payload` as indented JSON, written whole or not at all."""
+    write_bytes(path, (json.dumps(payload, indent=1) + "\n").encode())
+
+
+def save_torch(path: Path, obj: Any) -> None:
+    """`torch.save(obj)` to `path`, written whole or not at all."""
+    with _replacing(Path(path)) as f:
+        torch.save(obj, f)
+
+
+@contextlib.contextmanager
+def locked(run_dir: Path) -> Iterator[None]:
+    """Hold run_dir's lock for the block; a RunDirError naming the holder if another process has it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, as before
+        yield
+        return
+    path = Path(run_dir) / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text().strip() or "another process"
+            raise RunDirError(
+                f"{run_dir} is in use by {holder}; wait for that run to end, or choose another out="
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def prepare_fresh(run_dir: Path, overwrite: bool) -> None:
+    """Make sure a fresh run may start in run_dir: refused where a run is already, unless `overwrite`, which removes
+    that run's files (and nothing else)."""
+    run_dir = Path(run_dir)
+    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if not found:
+        return
+    if not overwrite:
+        status = _status(run_dir)
+        raise RunDirError(
+            f"{run_dir} holds a run already ({status}); choose another out=, resume it, or overwrite it "
+            f"(--overwrite, or overwrite=True)"
+        )
+    for name in found:
+        (run_dir / name).unlink()
+    shutil.rmtree(run_dir / "client-states", ignore_errors=True)
+
+
+def _status(run_dir: Path) -> str:
+    try:
+        status = json.loads((run_dir / "status.json").read_text())
+        return f"status {status['status']} at round {status['round']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its files are there"
+
+
+def read_checkpoint(path: Path, rounds: int) -> dict:
+    """The checkpoint at `path`, checked to be one this run can continue from (a RunDirError naming the file if not).
+
+    It is read with `torch.load(weights_only=False)`, which runs code a crafted file may hold: resume only run
+    directories you made or trust.
+    """
+    if not path.exists():
+        raise RunDirError(f"{path.parent} has no checkpoint to resume from; start the run without resume")
+    try:
+        checkpoint = torch.load(path, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 — a truncated or foreign file fails in many ways
+        raise RunDirError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+    if not isinstance(checkpoint, dict) or not {"round", "server"} <= set(checkpoint):
+        raise RunDirError(f"{path} is not a bayesadmm checkpoint (no round and server state)")
+    if not ("clients" in checkpoint or "shards" in checkpoint):
+        raise RunDirError(f"{path} holds no client states")
+    round_ = checkpoint["round"]
+    if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ <= rounds:
+        raise RunDirError(f"{path} is of round {round_!r}, not one of this run's 0..{rounds}")
+    return checkpoint

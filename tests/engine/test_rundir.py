@@ -1,0 +1,140 @@
+"""The run directory's promises: never silently overwritten, one writer at a time, a resume that checks before it
+writes, a final status whatever happens, files written whole."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import bayesadmm
+from bayesadmm import cli
+from bayesadmm.engine import loop, rundir
+
+FEDAVG = {"lr": 0.05, "epochs": 1, "batch_size": 8}
+
+
+def _data():
+    gen = torch.Generator().manual_seed(0)
+    clients = [(torch.randn(16, 3, generator=gen), torch.randint(0, 2, (16,), generator=gen)) for _ in range(2)]
+    return clients, (torch.randn(20, 3, generator=gen), torch.randint(0, 2, (20,), generator=gen))
+
+
+def _run(out, **kwargs):
+    torch.manual_seed(0)
+    clients, test = _data()
+    options = {"algorithm": "fedavg", "hparams": FEDAVG, "rounds": 2, "progress": False, "out": out, **kwargs}
+    return bayesadmm.run(nn.Linear(3, 2), clients, test, **options)
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file() and p.name != ".lock"}
+
+
+def test_a_run_is_never_silently_overwritten(tmp_path):
+    first = _run(tmp_path / "r")
+    before = _files(tmp_path / "r")
+    with pytest.raises(rundir.RunDirError, match="holds a run already .status completed at round 2.*resume"):
+        _run(tmp_path / "r", hparams={**FEDAVG, "lr": 0.5})
+    assert _files(tmp_path / "r") == before  # refused before anything was written
+    again = _run(tmp_path / "r", hparams={**FEDAVG, "lr": 0.5}, overwrite=True)
+    assert again.status == "completed" and again.history != first.history
+    assert json.loads((tmp_path / "r" / "config.json").read_text())["hparams"]["lr"] == 0.5
+
+
+def test_a_second_writer_is_refused_with_the_holder_named(tmp_path):
+    (tmp_path / "r").mkdir()
+    with rundir.locked(tmp_path / "r"):
+        with pytest.raises(rundir.RunDirError, match=f"in use by process {os.getpid()}"):
+            _run(tmp_path / "r")
+    assert _run(tmp_path / "r").status == "completed"  # the lock went with its holder
+
+
+def test_resume_checks_the_checkpoint_before_writing(tmp_path):
+    _run(tmp_path / "r", stop_at=1)
+    before = _files(tmp_path / "r")
+    path = tmp_path / "r" / "checkpoint.pt"
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    truncated = _files(tmp_path / "r")
+    with pytest.raises(rundir.RunDirError, match="checkpoint.pt is not a readable checkpoint"):
+        _run(tmp_path / "r", resume=True)
+    assert _files(tmp_path / "r") == truncated  # metrics.jsonl and status.json untouched
+    torch.save({"round": 7, "server": None, "clients": {}}, path)
+    with pytest.raises(rundir.RunDirError, match="round 7, not one of this run's 0..2"):
+        _run(tmp_path / "r", resume=True)
+    path.write_bytes(before["checkpoint.pt"])
+    assert _run(tmp_path / "r", resume=True).status == "completed"
+
+
+def test_resuming_a_complete_run_changes_nothing(tmp_path):
+    whole = _run(tmp_path / "r")
+    before = _files(tmp_path / "r")
+    again = _run(tmp_path / "r", resume=True)
+    assert again.message.startswith("already complete") and again.history == whole.history
+    assert _files(tmp_path / "r") == before
+
+
+def test_stop_at_before_the_checkpoint_is_refused(tmp_path):
+    _run(tmp_path / "r", rounds=3, stop_at=2)
+    with pytest.raises(rundir.RunDirError, match="stop_at=1 is before the checkpoint's round 2"):
+        _run(tmp_path / "r", rounds=3, stop_at=1, resume=True)
+
+
+def test_a_failure_ends_with_a_final_status(tmp_path):
+    def broken_metric(outputs, targets):
+        raise RuntimeError("metric broke")
+
+    with pytest.raises(RuntimeError, match="metric broke"):
+        _run(tmp_path / "r", metrics={"broken": broken_metric})
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert status == {"status": "failed", "round": 0, "message": "RuntimeError: metric broke"}
+
+
+def test_a_full_disk_names_the_path_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    _run(tmp_path / "r", rounds=3, stop_at=1)
+    kept = (tmp_path / "r" / "checkpoint.pt").read_bytes()
+
+    def no_space(obj, f, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", no_space)
+    with pytest.raises(OSError, match="could not write .*checkpoint.pt: No space left on device"):
+        _run(tmp_path / "r", rounds=3, resume=True)
+    assert (tmp_path / "r" / "checkpoint.pt").read_bytes() == kept
+    assert not any(p.name.endswith(".tmp") for p in (tmp_path / "r").iterdir())
+    assert json.loads((tmp_path / "r" / "status.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("signum, code", [(15, 143), (2, 130)])
+def test_the_cli_ends_an_interrupted_run_with_the_shells_code(monkeypatch, capsys, signum, code):
+    def interrupted(*args, **kwargs):
+        raise loop.Interrupted(signum)
+
+    monkeypatch.setattr("bayesadmm.experiments.build.run", interrupted)
+    assert cli.main(["run", "fmnist-heterog10", "rounds=2", "--quiet"]) == code
+    err = capsys.readouterr().err
+    assert "interrupted; `bayesadmm resume" in err and "Traceback" not in err
+
+
+def test_the_cli_refuses_an_existing_run_with_exit_2(tmp_path, monkeypatch, capsys):
+    def refused(*args, **kwargs):
+        raise rundir.RunDirError(f"{tmp_path} holds a run already")
+
+    monkeypatch.setattr("bayesadmm.experiments.build.run", refused)
+    assert cli.main(["run", "fmnist-heterog10", f"out={tmp_path}", "--quiet"]) == 2
+    assert "holds a run already" in capsys.readouterr().err
+
+
+def test_the_cli_reports_a_failure_in_one_line(monkeypatch, capsys):
+    def failing(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("bayesadmm.experiments.build.run", failing)
+    assert cli.main(["run", "fmnist-heterog10", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "the run failed: RuntimeError: boom" in err and "Traceback" not in err
+    with pytest.raises(RuntimeError, match="boom"):
+        cli.main(["run", "fmnist-heterog10", "--quiet", "--debug"])
