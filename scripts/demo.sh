@@ -10,7 +10,8 @@ ROUNDS=${2:-6}
 BIN=${VENV:-.venv}/bin/bayesadmm
 for method in ivon-admm feddyn fedavg; do
   echo "== $method: fmnist-heterog10, the first $ROUNDS of 50 rounds"
-  "$BIN" run fmnist-heterog10 method=$method stop_at=$ROUNDS seed=0 out="$OUT/$method"
+  # --overwrite: running the demo again replaces its own earlier runs (a run directory is otherwise never replaced)
+  "$BIN" run fmnist-heterog10 method=$method stop_at=$ROUNDS seed=0 out="$OUT/$method" --overwrite
 done
 echo "== comparison (mean of the last 3 rounds; one seed, so ± is 0)"
 "$BIN" compare "$OUT"/ivon-admm "$OUT"/feddyn "$OUT"/fedavg --rounds "$((ROUNDS / 2)),$ROUNDS" --out "$OUT"

@@ -21,8 +21,12 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 for value in $VALUES; do
   dir="$RUNS/$SCENARIO/$METHOD-$KEY$value"
   if ! { [ -f "$dir/status.json" ] && grep -q '"stopped"\|"completed"' "$dir/status.json"; }; then
-    # shellcheck disable=SC2086
-    "$BIN" run "$SCENARIO" method="$METHOD" "$KEY=$value" validation=0.1 stop_at="$ROUNDS" out="$dir" ${EXTRA:-} --quiet
+    if [ -f "$dir/checkpoint.pt" ]; then   # an interrupted run: go on from its checkpoint
+      "$BIN" resume "$dir" --stop-at "$ROUNDS" --quiet
+    else
+      # shellcheck disable=SC2086
+      "$BIN" run "$SCENARIO" method="$METHOD" "$KEY=$value" validation=0.1 stop_at="$ROUNDS" out="$dir" ${EXTRA:-} --quiet
+    fi
   fi
 done
 for value in $VALUES; do
