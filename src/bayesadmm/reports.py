@@ -104,25 +104,55 @@ def method_label(config: dict) -> str:
     return f"{method}-{inference}" if inference else method
 
 
+# Config keys in which runs may differ and still be seeds of one setting: the seed itself, and what changes where or
+# how a run computed but not its numbers (the folder, the data's folder, the worker count, the checkpoint interval,
+# where a run was stopped to be resumed).
+NOT_SETTINGS = frozenset({"seed", "out", "data_dir", "workers", "checkpoint_every", "stop_at"})
+
+
+def _setting(config: dict) -> dict[str, str]:
+    """A run's whole configuration as flat `key: JSON value` pairs, without `NOT_SETTINGS` (nested dicts such as
+    `hparams` or bayesadmm.run's `settings` are flattened: their keys stand for themselves). A preset run's config
+    from an older version may lack keys added since: they count as their defaults."""
+    if "method" in config and "settings" not in config:
+        from bayesadmm.experiments.config import RunConfig
+
+        config = {**RunConfig().to_json(), **config}
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and key in ("hparams", "settings"):
+            flat.update(_setting(value))
+        elif key not in NOT_SETTINGS:
+            flat[key] = json.dumps(value, sort_keys=True)
+    return {k: v for k, v in flat.items() if k not in NOT_SETTINGS}
+
+
 def setting_labels(configs: list[dict]) -> list[str]:
-    """Each run's row name: `method_label`, plus the hyperparameters in which runs of that method differ, e.g.
-    "fedlap-func [delta=1, tau_f=0.0001]", so that runs of different settings are never averaged as if they were
-    seeds of one (runs that differ only in seed, workers or output folder share a row)."""
-    by_method: dict[str, list[dict]] = defaultdict(list)
+    """Each run's row name: `method_label`, plus whatever else in its configuration differs among the runs of that
+    method, e.g. "fedlap-func [delta=1, tau_f=0.0001]" or "fedavg [scenario=fmnist-homog10]", so that runs of
+    different settings are never averaged as if they were seeds of one. Runs that differ only in `NOT_SETTINGS`
+    (the seed, the folder, the worker count, ...) share a row."""
+    by_method: dict[str, list[dict[str, str]]] = defaultdict(list)
     for config in configs:
-        by_method[method_label(config)].append(config.get("hparams", {}))
+        by_method[method_label(config)].append(_setting(config))
     varying = {
-        method: sorted(
-            key for key in set().union(*hparams) if len({json.dumps(h.get(key), sort_keys=True) for h in hparams}) > 1
-        )
-        for method, hparams in by_method.items()
+        method: sorted(key for key in set().union(*settings) if len({s.get(key) for s in settings}) > 1)
+        for method, settings in by_method.items()
     }
     labels = []
     for config in configs:
-        method, hparams = method_label(config), config.get("hparams", {})
-        shown = ", ".join(f"{key}={hparams.get(key, '—')}" for key in varying[method])
+        method, setting = method_label(config), _setting(config)
+        shown = ", ".join(f"{key}={_plain(setting.get(key))}" for key in varying[method])
         labels.append(f"{method} [{shown}]" if shown else method)
     return labels
+
+
+def _plain(value: str | None) -> str:
+    """A JSON value as a label shows it: strings without their quotes, a missing key as a dash."""
+    if value is None:
+        return "—"
+    loaded = json.loads(value)
+    return loaded if isinstance(loaded, str) else value
 
 
 def paper_numbers(scenario: str) -> dict:
@@ -175,7 +205,18 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
     returned after the first and written to paper.md."""
     groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
     scenarios, sets = set(), set()
-    runs = [run for run in map(read_run, run_dirs) if run[1]]
+    unique = list(dict.fromkeys(Path(d).resolve() for d in run_dirs))  # a folder given twice is one run
+    notes = (
+        [f"counted once: {len(run_dirs) - len(unique)} folder(s) given more than once"]
+        if len(unique) < len(run_dirs)
+        else []
+    )
+    runs = []
+    for run_dir, run in zip(unique, map(read_run, unique), strict=True):
+        if run[1]:
+            runs.append(run)
+        else:
+            notes.append(f"dropped: {run_dir} (no finished round in metrics.jsonl)")
     labels = setting_labels([config for config, _ in runs])
     for (config, history), label in zip(runs, labels, strict=True):
         scenarios.add(config.get("scenario", "?"))
@@ -221,7 +262,8 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
         if beside is not None:
             (out_dir / "paper.md").write_text(beside + "\n")
         _plot_overlay(groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split)
-    return markdown if beside is None else f"{markdown}\n\n{beside}"
+    text = markdown if beside is None else f"{markdown}\n\n{beside}"
+    return "\n\n".join([text, "\n".join(notes)]) if notes else text
 
 
 def _seconds_per_round(histories: list[list[dict]]) -> str:

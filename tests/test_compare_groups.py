@@ -1,0 +1,39 @@
+"""`compare` averages only runs that are seeds of one setting, counts a folder once, and says what it dropped."""
+
+import json
+from pathlib import Path
+
+from bayesadmm.reports import compare
+
+
+def _run(directory: Path, acc: float, **config):
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_text(json.dumps({"method": "fedavg", "scenario": "toy", "seed": 0, **config}))
+    lines = [{"round": r, "test_acc": acc, "test_nll": 1 - acc, "test_ece": 0.1} for r in (1, 2, 3)]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def _rows(table: str) -> dict[str, list[str]]:
+    rows = [line.split(" | ") for line in table.splitlines() if line.startswith("| fedavg")]
+    return {row[0].lstrip("| "): row[1:] for row in rows}
+
+
+def test_runs_of_different_settings_are_separate_rows(tmp_path):
+    _run(tmp_path / "a", 0.5, seed=0)
+    _run(tmp_path / "b", 0.7, seed=1, workers=2, out="elsewhere")   # a seed of the same setting
+    _run(tmp_path / "c", 0.9, seed=0, data_fraction=0.5)              # not a seed: another setting
+    _run(tmp_path / "d", 0.3, seed=0, scenario="other")
+    rows = _rows(compare([tmp_path / n for n in "abcd"], [3]))
+    assert rows["fedavg [data_fraction=1.0, scenario=toy] (m_g)"][:2] == ["2", "60.0 ± 14.1"]
+    assert rows["fedavg [data_fraction=0.5, scenario=toy] (m_g)"][:2] == ["1", "90.0 ± 0.0"]
+    assert rows["fedavg [data_fraction=1.0, scenario=other] (m_g)"][:2] == ["1", "30.0 ± 0.0"]
+
+
+def test_a_folder_given_twice_counts_once_and_dropped_runs_are_named(tmp_path):
+    _run(tmp_path / "a", 0.5)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "config.json").write_text(json.dumps({"method": "fedavg", "seed": 1}))
+    text = compare([tmp_path / "a", tmp_path / "a", tmp_path / "empty"], [3])
+    assert _rows(text)["fedavg (m_g)"][0] == "1"
+    assert "counted once: 1 folder(s) given more than once" in text
+    assert f"dropped: {(tmp_path / 'empty').resolve()} (no finished round in metrics.jsonl)" in text
