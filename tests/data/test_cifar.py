@@ -260,17 +260,20 @@ def test_incomplete_folder_is_skipped_and_reported(tmp_path, isolated):
 
 def test_not_found_message(tmp_path, isolated):
     with pytest.raises(DatasetNotFoundError) as info:
-        load_cifar("cifar10", "train", data_dir=tmp_path / "dd", download=False)
+        load_cifar("cifar10", "train", download=False)
     err = info.value
     msg = str(err)
     assert "cifar-10-batches-py/ (with data_batch_1, data_batch_2" in msg and "cifar-10-python.tar.gz" in msg
-    for place in (tmp_path / "dd" / "cifar10", tmp_path / "dd", isolated["cache"] / "cifar10"):
-        assert f"  - {place}  (" in msg
+    assert f"  - {isolated['cache'] / 'cifar10'}  (" in msg
     assert "$BAYESADMM_DATA is not set" in msg and "download=False" in msg
     assert "call with download=True" in msg
     assert err.dataset == "cifar10" and err.split == "train" and err.missing == ("cifar-10-python.tar.gz",)
-    assert err.searched[0] == tmp_path / "dd" / "cifar10" and err.searched[-1] == isolated["cache"] / "cifar10"
+    assert err.searched[-1] == isolated["cache"] / "cifar10"
     assert isinstance(err, FileNotFoundError)
+    # a data_dir without the data is searched alone: no fallback to another copy, no download
+    with pytest.raises(DatasetNotFoundError) as info:
+        load_cifar("cifar10", "train", data_dir=tmp_path / "dd", download=True)
+    assert list(info.value.searched) == [tmp_path / "dd" / "cifar10", tmp_path / "dd"]
 
 
 # ---------------------------------------------------------------------------

@@ -206,7 +206,8 @@ def test_load_from_env_var_directory_and_subdirectory(tmp_path, isolated, monkey
 
 
 def test_search_order(tmp_path, isolated, monkeypatch):
-    """data_dir > env var > system dir > cache, each tried only if earlier ones lack the split."""
+    """data_dir alone when given (a folder without the data is an error, not a fallback to another copy); else
+    env var > system dir > cache, each tried only if earlier ones lack the split."""
     by_place = {
         "data_dir": write_dataset(tmp_path / "arg", n_train=2, seed=10),
         "env": write_dataset(tmp_path / "env", n_train=3, seed=11),
@@ -219,20 +220,23 @@ def test_search_order(tmp_path, isolated, monkeypatch):
         return load_image_dataset("fashion-mnist", "train", download=False, **kw)[1].shape[0]
 
     assert n_train(data_dir=tmp_path / "arg") == 2
-    assert n_train(data_dir=tmp_path / "nowhere") == 3
+    with pytest.raises(DatasetNotFoundError, match="nowhere  .data_dir argument"):
+        n_train(data_dir=tmp_path / "nowhere")
+    assert n_train() == 3
     monkeypatch.delenv("BAYESADMM_DATA")
     assert n_train() == 4
     monkeypatch.setattr(images_mod, "SYSTEM_DIRS", {})
     assert_matches(load_image_dataset("fashion-mnist", "train", download=False), by_place["cache"]["train"])
 
 
-def test_split_needs_both_files_in_one_directory(tmp_path, isolated):
+def test_split_needs_both_files_in_one_directory(tmp_path, isolated, monkeypatch):
     rng = np.random.default_rng(0)
     imgs, labs = make_split(rng, 3)
     write_idx(tmp_path / "a" / FILES["train"][0], imgs)
     write_idx(isolated["system"] / FILES["train"][1], labs)
+    monkeypatch.setenv("BAYESADMM_DATA", str(tmp_path / "a"))
     with pytest.raises(DatasetNotFoundError, match="never found together"):
-        load_image_dataset("fashion-mnist", "train", data_dir=tmp_path / "a", download=False)
+        load_image_dataset("fashion-mnist", "train", download=False)
 
 
 def test_raw_file_preferred_over_gz(tmp_path, isolated):
@@ -267,9 +271,10 @@ def test_invalid_arguments_and_shapes(tmp_path, isolated):
 # ---------------------------------------------------------------------------
 
 
-def test_missing_everything_without_download(tmp_path, isolated):
+def test_missing_everything_without_download(tmp_path, isolated, monkeypatch):
+    monkeypatch.setenv("BAYESADMM_DATA", str(tmp_path / "mine"))
     with pytest.raises(DatasetNotFoundError) as info:
-        load_image_dataset("fashion-mnist", "train", data_dir=tmp_path / "mine", download=False)
+        load_image_dataset("fashion-mnist", "train", download=False)
     err = info.value
     assert isinstance(err, FileNotFoundError)
     msg = str(err)

@@ -15,12 +15,13 @@ pixels, each channel row-major over 32 x 32, and ``b"labels"`` (CIFAR-10) or
 ``b"fine_labels"`` (CIFAR-100's 100 classes; its 20 ``b"coarse_labels"`` are
 not used).  So ``data.reshape(N, 3, 32, 32)`` is the (N, C, H, W) image tensor.
 
-Where the data are looked for, in order (the same places and conventions as
-:mod:`bayesadmm.data.images`, see there):
+Where the data are looked for (the same places and conventions as
+:mod:`bayesadmm.data.images`, see there): with a ``data_dir`` argument, there
+only (``<data_dir>/<name>``, then ``<data_dir>``; nothing is downloaded);
+otherwise, in order:
 
-1. the ``data_dir`` argument (``<data_dir>/<name>``, then ``<data_dir>``);
-2. ``$BAYESADMM_DATA`` (``<dir>/<name>``, then ``<dir>``);
-3. the download cache ``~/.cache/bayesadmm/<name>``.
+1. ``$BAYESADMM_DATA`` (``<dir>/<name>``, then ``<dir>``);
+2. the download cache ``~/.cache/bayesadmm/<name>``.
 
 In each directory, the extracted folder (e.g. ``cifar-10-batches-py/``, with
 every member of the split) is preferred, then the ``.tar.gz`` archive, which
@@ -342,9 +343,10 @@ def _not_found_message(
 
 def _resolve(name: str, split: str, data_dir, download: bool) -> _Source:
     layout = LAYOUTS[name]
-    # images._search_locations gives data_dir/<name>, data_dir, $BAYESADMM_DATA/<name>,
+    # images._search_locations gives data_dir/<name> and data_dir alone, or $BAYESADMM_DATA/<name>,
     # $BAYESADMM_DATA, (system dirs: none for CIFAR), the cache.
     locations = _images._search_locations(name, data_dir)
+    download = download and data_dir is None  # a named folder that lacks the data is an error, not a download
     notes: list[str] = []
     for directory, _ in locations:
         found = _find_in(directory, layout, split, notes)

@@ -8,15 +8,16 @@ illustrative experiments need: average-pool downsampling (:func:`downsample`)
 and the heterogeneous "two classes per client" split
 (:func:`class_pair_split`).
 
-Where the files are looked for, in order (the first directory that holds both
-files of the requested split wins):
+Where the files are looked for. With a ``data_dir`` argument, there only
+(``<data_dir>/<name>``, then ``<data_dir>``): a folder that lacks the data is an
+error, never a fallback to another copy or a download. Otherwise, in order (the
+first directory that holds both files of the requested split wins):
 
-1. the ``data_dir`` argument (``<data_dir>/<name>``, then ``<data_dir>``);
-2. the directory in the environment variable ``BAYESADMM_DATA``
+1. the directory in the environment variable ``BAYESADMM_DATA``
    (``<dir>/<name>``, then ``<dir>``);
-3. for Fashion-MNIST, ``/usr/share/datasets/fashion-mnist``, where the Debian
+2. for Fashion-MNIST, ``/usr/share/datasets/fashion-mnist``, where the Debian
    package ``dataset-fashion-mnist`` installs it;
-4. the download cache ``~/.cache/bayesadmm/<name>``.
+3. the download cache ``~/.cache/bayesadmm/<name>``.
 
 If the files are still missing and ``download=True``, they are downloaded into
 the cache from :data:`MIRRORS` (verified against :data:`CHECKSUMS` and by
@@ -271,8 +272,9 @@ def _search_locations(name: str, data_dir: str | os.PathLike | None) -> list[tup
     # so that a shared root with e.g. mnist/ and fashion-mnist/ resolves to the
     # right dataset even if some other dataset's files also lie in the root.
     if data_dir is not None:
+        # the folder the user named, and only it: another copy found elsewhere could be other data
         root = Path(data_dir).expanduser()
-        locations += [(root / name, "data_dir argument"), (root, "data_dir argument")]
+        return [(root / name, "data_dir argument"), (root, "data_dir argument")]
     env = os.environ.get(ENV_VAR)
     if env:
         root = Path(env).expanduser()
@@ -370,6 +372,7 @@ def _resolve_split(name: str, split: str, data_dir: str | os.PathLike | None, do
             return found
 
     download_errors: list[str] = []
+    download = download and data_dir is None  # a named folder that lacks the data is an error, not a download
     if download:
         target = cache_dir(name)
         # Only fetch what the cache lacks (e.g. after an interrupted download).
@@ -411,8 +414,9 @@ def load_image_dataset(
     Args:
         name: ``"fashion-mnist"`` or ``"mnist"``.
         split: ``"train"`` (60,000 examples) or ``"test"`` (10,000).
-        data_dir: a directory to search first (it or its ``<name>``
-            subdirectory must hold the split's IDX files, raw or ``.gz``).
+        data_dir: the directory that holds the data (it or its ``<name>``
+            subdirectory must hold the split's IDX files, raw or ``.gz``); only
+            it is searched, and nothing is downloaded.
         download: download missing files into ``~/.cache/bayesadmm/<name>``.
 
     Returns:
