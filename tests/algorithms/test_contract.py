@@ -2,7 +2,7 @@
 
 For each method of `bayesadmm.algorithms.REGISTRY`: no function mutates its inputs; the same generator gives the same
 client update; the order in which replies arrive does not change the server state; states survive a checkpoint
-(torch.save / torch.load) and the run goes on with the same numbers; and the method learns a toy problem. A new
+(the engine's pickle-free format) and the run goes on with the same numbers; and the method learns a toy problem. A new
 method is picked up by registering it; its required hyperparameters must be among `TOY_VALUES` (or be added there).
 Compiled kernels run eagerly here (`torch.compiler.set_stance("force_eager")`): the compiled and eager maths are
 tested equal in tests/optim/test_kernels.py.
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import io
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from torch import nn
 
 from bayesadmm.algorithms import REGISTRY
 from bayesadmm.clients import SupervisedData
+from bayesadmm.engine.rundir import load_state, save_state
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.federated import algorithm_factory
 from bayesadmm.models import FlatModel
@@ -100,7 +100,7 @@ def _eager():
 
 
 @pytest.mark.parametrize("name", sorted(REGISTRY))
-def test_contract(name):
+def test_contract(name, tmp_path):
     model, clients, _ = _problem()
     algorithm = _algorithm(name, model, {k: d.num_examples for k, d in clients.items()})
     theta0 = model.initial_params(torch.Generator().manual_seed(1))
@@ -125,11 +125,9 @@ def test_contract(name):
     assert _same(algorithm.server_update(server, reversed_replies)[0], new_server), f"{name}: reply order matters"
 
     # states round-trip through a checkpoint, and the run goes on with the same numbers
-    buffer = io.BytesIO()
     new_states = {k: updates[k][0] for k in clients}
-    torch.save({"server": new_server, "clients": new_states}, buffer)
-    buffer.seek(0)
-    loaded = torch.load(buffer, weights_only=False)
+    save_state(tmp_path / "checkpoint.pt", {"server": new_server, "clients": new_states})   # the engine's format
+    loaded = load_state(tmp_path / "checkpoint.pt")
     assert _same(loaded["server"], new_server) and _same(loaded["clients"], new_states)
     continued = _round(algorithm, new_server, new_states, clients, 3)
     resumed = _round(algorithm, loaded["server"], loaded["clients"], clients, 3)

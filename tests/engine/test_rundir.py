@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,10 +60,10 @@ def test_resume_checks_the_checkpoint_before_writing(tmp_path):
     path = tmp_path / "r" / "checkpoint.pt"
     path.write_bytes(path.read_bytes()[:100])  # truncated
     truncated = _files(tmp_path / "r")
-    with pytest.raises(rundir.RunDirError, match="checkpoint.pt is not a readable checkpoint"):
+    with pytest.raises(rundir.RunDirError, match="checkpoint.pt is not a readable bayesadmm state file"):
         _run(tmp_path / "r", resume=True)
     assert _files(tmp_path / "r") == truncated  # metrics.jsonl and status.json untouched
-    torch.save({"round": 7, "server": None, "clients": {}}, path)
+    rundir.save_state(path, {"round": 7, "server": None, "clients": {}})
     with pytest.raises(rundir.RunDirError, match="round 7, not one of this run's 0..2"):
         _run(tmp_path / "r", resume=True)
     path.write_bytes(before["checkpoint.pt"])
@@ -138,3 +139,30 @@ def test_the_cli_reports_a_failure_in_one_line(monkeypatch, capsys):
     assert "the run failed: RuntimeError: boom" in err and "Traceback" not in err
     with pytest.raises(RuntimeError, match="boom"):
         cli.main(["run", "fmnist-heterog10", "--quiet", "--debug"])
+
+
+class _Payload:
+    """What a crafted pickle would run on loading: a file appears."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_crafted_checkpoint_runs_no_code(tmp_path):
+    _run(tmp_path / "r", stop_at=1)
+    marker = tmp_path / "pwned"
+    for payload in (_Payload(marker), {"format": "bayesadmm-state-1", "structure": "{}", "tensors": [_Payload(marker)]}):
+        torch.save(payload, tmp_path / "r" / "checkpoint.pt")
+        with pytest.raises(rundir.RunDirError, match="not a readable bayesadmm state file"):
+            _run(tmp_path / "r", resume=True)
+        assert not marker.exists()
+    # a structure naming a callable outside the allowed state classes is refused too
+    structure = {"namedtuple": "os:system", "items": [{"str": f"touch {marker}"}]}
+    torch.save({"format": "bayesadmm-state-1", "structure": json.dumps(structure), "tensors": []},
+               tmp_path / "r" / "checkpoint.pt")
+    with pytest.raises(rundir.RunDirError, match="refusing os:system"):
+        _run(tmp_path / "r", resume=True)
+    assert not marker.exists()

@@ -47,7 +47,7 @@ from bayesadmm.engine.rundir import (
     locked,
     prepare_fresh,
     read_checkpoint,
-    save_torch,
+    save_state,
     write_bytes,
     write_json,
 )
@@ -223,7 +223,7 @@ def _save_checkpoint(path: Path, round_: int, server: Any, clients: Any) -> None
     the shard files the workers have just written). Written last and renamed into place, so that it only ever names a
     complete state; the shards it does not name are deleted after."""
     record = clients.save(path.parent, round_)
-    save_torch(path, {"round": round_, "server": server, **record})  # never a half-written checkpoint
+    save_state(path, {"round": round_, "server": server, **record})  # never a half-written checkpoint
     remove_stale_shards(path.parent, record)
 
 

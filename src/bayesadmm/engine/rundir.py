@@ -6,6 +6,11 @@ is fsynced after the rename: a killed process or a power loss leaves either the 
 an exclusive lock on `.lock` (released by the kernel when the process ends, however it ends) so that two processes
 never write one run directory; the lock file names the holder. Starting a run in a directory that holds one already
 is refused unless asked to overwrite it; resuming reads and checks the checkpoint before anything is written.
+
+States are stored without pickle (`save_state`): the tree's structure as JSON and its tensors, read back with
+`torch.load(weights_only=True)`, which loads tensors, strings and plain containers and nothing else, and rebuilt by
+`bayesadmm.trees` from classes of bayesadmm or of modules already imported. A checkpoint handed over by someone else
+therefore cannot run code when it is resumed.
 """
 
 from __future__ import annotations
@@ -22,7 +27,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["RunDirError", "write_bytes", "write_json", "save_torch", "locked", "prepare_fresh", "read_checkpoint"]
+from bayesadmm.trees import TreeError, flatten, resolve_known, unflatten
+
+__all__ = [
+    "RunDirError",
+    "write_bytes",
+    "write_json",
+    "save_state",
+    "load_state",
+    "locked",
+    "prepare_fresh",
+    "read_checkpoint",
+]
 
 # what a run writes; a directory holding any of them holds a run
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json")
@@ -78,10 +94,27 @@ def write_json(path: Path, payload: Any) -> None:
     write_bytes(path, (json.dumps(payload, indent=1) + "\n").encode())
 
 
-def save_torch(path: Path, obj: Any) -> None:
-    """`torch.save(obj)` to `path`, written whole or not at all."""
+STATE_FORMAT = "bayesadmm-state-1"
+
+
+def save_state(path: Path, tree: Any) -> None:
+    """A state tree (`bayesadmm.trees`) to `path` as its JSON structure and tensors, written whole or not at all."""
+    structure, tensors = flatten(tree)
+    payload = {"format": STATE_FORMAT, "structure": json.dumps(structure), "tensors": tensors}
     with _replacing(Path(path)) as f:
-        torch.save(obj, f)
+        torch.save(payload, f)
+
+
+def load_state(path: Path) -> Any:
+    """The tree `save_state` wrote to `path`; a RunDirError naming the file if it is not one (or was tampered with:
+    nothing in it but tensors and plain values is ever loaded)."""
+    try:
+        payload = torch.load(path, weights_only=True)
+        if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
+            raise TreeError("not a state file written by bayesadmm")
+        return unflatten(json.loads(payload["structure"]), payload["tensors"], resolve_known)
+    except Exception as exc:  # noqa: BLE001 — a truncated, foreign or crafted file fails in many ways
+        raise RunDirError(f"{path} is not a readable bayesadmm state file ({type(exc).__name__}: {exc})") from None
 
 
 @contextlib.contextmanager
@@ -137,16 +170,10 @@ def _status(run_dir: Path) -> str:
 
 def read_checkpoint(path: Path, rounds: int) -> dict:
     """The checkpoint at `path`, checked to be one this run can continue from (a RunDirError naming the file if not).
-
-    It is read with `torch.load(weights_only=False)`, which runs code a crafted file may hold: resume only run
-    directories you made or trust.
-    """
+    Read without unpickling (`load_state`)."""
     if not path.exists():
         raise RunDirError(f"{path.parent} has no checkpoint to resume from; start the run without resume")
-    try:
-        checkpoint = torch.load(path, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 — a truncated or foreign file fails in many ways
-        raise RunDirError(f"{path} is not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+    checkpoint = load_state(path)
     if not isinstance(checkpoint, dict) or not {"round", "server"} <= set(checkpoint):
         raise RunDirError(f"{path} is not a bayesadmm checkpoint (no round and server state)")
     if not ("clients" in checkpoint or "shards" in checkpoint):

@@ -47,6 +47,7 @@ from typing import Any, cast
 import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message
+from bayesadmm.engine.rundir import load_state, save_state
 from bayesadmm.engine.simulate import generator_for
 
 SHARDS = "client-states"  # the run directory's folder of checkpoint shards
@@ -146,9 +147,7 @@ class LocalClients:
 
     def write_shard(self, path: Path) -> dict:
         """Write the states to `path` (complete or not at all, synced); the shard's entry in checkpoint.pt."""
-        from bayesadmm.engine.rundir import save_torch
-
-        save_torch(path, self._states)
+        save_state(path, self._states)
         return {"file": f"{path.parent.name}/{path.name}", "clients": sorted(self._states)}
 
     def close(self) -> None:
@@ -165,7 +164,7 @@ def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int
         found, needed = {}, set(wanted)
         for shard in checkpoint["shards"]:
             if not needed.isdisjoint(shard["clients"]):
-                states = torch.load(Path(run_dir) / shard["file"], weights_only=False)
+                states = load_state(Path(run_dir) / shard["file"])
                 found.update((k, state) for k, state in states.items() if k in needed)
     missing = [k for k in wanted if k not in found]
     if missing:

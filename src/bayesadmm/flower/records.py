@@ -9,13 +9,13 @@ Three conversions, none of which knows anything about an algorithm:
   pickling arbitrary objects;
 * a `RunConfig` <-> a JSON string inside a `ConfigRecord`.
 
-NamedTuple types are stored by ``module:qualname`` and are only re-imported from the ``bayesadmm`` package, so
-reading a state never imports or runs code from anywhere else.
+The tree's encoding is `bayesadmm.trees` (shared with the engine's checkpoints). NamedTuple and dataclass types are
+stored by ``module:qualname`` and are only re-imported from the ``bayesadmm`` package, so reading a state never
+imports or runs code from anywhere else.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
 from collections.abc import Mapping
@@ -26,11 +26,11 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
+from bayesadmm import trees
 from bayesadmm.experiments.config import RunConfig
 
 STATE_ARRAYS = "bayesadmm.client-state"
 STATE_TREE = "bayesadmm.client-state.tree"
-TRUSTED_PACKAGE = "bayesadmm"
 
 
 class RecordError(ValueError):
@@ -113,48 +113,13 @@ def _tensor(array: Array, where: str, device: torch.device | str | None = None) 
 
 
 def tree_to_records(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
-    """Flatten `tree` into its tensors (keys "0", "1", ... in traversal order) and a JSON description of the rest."""
-    arrays: dict[str, Array] = {}
-
-    def encode(node, path: str):
-        if isinstance(node, Tensor):
-            arrays[str(len(arrays))] = _array(node, path)
-            return {"tensor": len(arrays) - 1}
-        if node is None:
-            return {"none": True}
-        if isinstance(node, bool):
-            return {"bool": node}
-        if isinstance(node, int):
-            return {"int": node}
-        if isinstance(node, float):
-            return {"float": node.hex()}  # exact, and JSON has no nan or inf
-        if isinstance(node, str):
-            return {"str": node}
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            kind = type(node)
-            if not kind.__module__.split(".")[0] == TRUSTED_PACKAGE:
-                raise RecordError(f"{path}: NamedTuple {kind.__module__}.{kind.__qualname__} is not a bayesadmm type")
-            return {
-                "namedtuple": f"{kind.__module__}:{kind.__qualname__}",
-                "items": [encode(v, f"{path}.{f}") for f, v in zip(node._fields, node, strict=True)],
-            }
-        if isinstance(node, tuple):
-            return {"tuple": [encode(v, f"{path}[{i}]") for i, v in enumerate(node)]}
-        if isinstance(node, list):
-            return {"list": [encode(v, f"{path}[{i}]") for i, v in enumerate(node)]}
-        if isinstance(node, dict):
-            items = []
-            for key, value in node.items():
-                if isinstance(key, bool) or not isinstance(key, (int, str)):
-                    raise RecordError(f"{path}: dict keys must be int or str, got {key!r}")
-                items.append([encode(key, path), encode(value, f"{path}[{key!r}]")])
-            return {"dict": items}
-        raise RecordError(
-            f"{path}: cannot store a {type(node).__name__} in a record (tensors, NamedTuples, tuples, "
-            "lists, dicts, None, bool, int, float and str can be stored)"
-        )
-
-    structure = encode(tree, "state")
+    """Flatten `tree` (`bayesadmm.trees`) into its tensors (keys "0", "1", ... in traversal order) and a JSON
+    description of the rest."""
+    try:
+        structure, tensors = trees.flatten(tree, _bayesadmm_type)
+    except trees.TreeError as exc:
+        raise RecordError(str(exc)) from None
+    arrays = {str(i): _array(tensor, f"state tensor {i}") for i, tensor in enumerate(tensors)}
     return ArrayRecord(arrays), ConfigRecord({"tree": json.dumps(structure), "format": 1})
 
 
@@ -162,40 +127,22 @@ def records_to_tree(arrays: ArrayRecord, structure: ConfigRecord, device: torch.
     """The pytree `tree_to_records` flattened, its tensors on `device` (None: the CPU)."""
     if structure.get("format") != 1 or "tree" not in structure:
         raise RecordError("not a client-state record written by bayesadmm.flower.records")
-
-    def decode(node):
-        if "namedtuple" in node:
-            return _namedtuple(node["namedtuple"])(*(decode(v) for v in node["items"]))
-        ((kind, value),) = node.items()
-        if kind == "tensor":
-            return _tensor(arrays[str(value)], f"state tensor {value}", device)
-        if kind == "none":
-            return None
-        if kind in ("bool", "int", "str"):
-            return value
-        if kind == "float":
-            return float.fromhex(value)
-        if kind == "tuple":
-            return tuple(decode(v) for v in value)
-        if kind == "list":
-            return [decode(v) for v in value]
-        if kind == "dict":
-            return {decode(k): decode(v) for k, v in value}
-        raise RecordError(f"unknown node {kind!r} in a client-state record")
-
-    return decode(json.loads(str_entry(structure, "tree")))
+    tensors = [_tensor(arrays[str(i)], f"state tensor {i}", device) for i in range(len(arrays))]
+    try:
+        return trees.unflatten(json.loads(str_entry(structure, "tree")), tensors, _bayesadmm_class)
+    except trees.TreeError as exc:
+        raise RecordError(str(exc)) from None
 
 
-def _namedtuple(name: str):
-    module_name, _, qualname = name.partition(":")
-    if module_name.split(".")[0] != TRUSTED_PACKAGE:
+def _bayesadmm_type(kind: type, path: str) -> None:
+    if kind.__module__.split(".")[0] != trees.TRUSTED_PACKAGE:
+        raise RecordError(f"{path}: {kind.__module__}.{kind.__qualname__} is not a bayesadmm type")
+
+
+def _bayesadmm_class(name: str) -> type:
+    if name.split(":")[0].split(".")[0] != trees.TRUSTED_PACKAGE:
         raise RecordError(f"refusing to import {name}: client states only hold bayesadmm types")
-    obj = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    if not (isinstance(obj, type) and issubclass(obj, tuple) and hasattr(obj, "_fields")):
-        raise RecordError(f"{name} is not a NamedTuple")
-    return obj
+    return trees.resolve_known(name)
 
 
 def save_state(state: RecordDict, tree: Any) -> None:
