@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from bayesadmm.cli import main
-from conftest import needs_fmnist
 from bayesadmm.engine import loop
+from bayesadmm.engine.rundir import load_state
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import ConfigError, resolve
-
+from conftest import needs_fmnist
 
 # a small, fast version of the heterogeneous FashionMNIST scenario
 SMALL = ["data_fraction=0.01", "clients=3", "epochs=1", "eval_samples=4"]
@@ -155,7 +155,7 @@ def test_partial_participation_and_absent_clients(tmp_path):
     config, _ = resolve("fmnist-heterog10", [*SMALL, "clients=4", "participation=0.5", "rounds=2"])
     chosen = [loop.participants(list(range(config.clients)), config.participation, config.seed, r) for r in (1, 2)]
     assert all(len(c) == 2 for c in chosen)
-    checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
+    checkpoint = load_state(out / "checkpoint.pt")
     # the server remembers every client that has ever replied, not only this round's
     assert set(checkpoint["server"].replies) == set(chosen[0]) | set(chosen[1])
 
@@ -184,7 +184,7 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
     assert code == loop.EXIT_DIVERGED
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "diverged" and status["round"] == 1 and "round 2" in status["message"]
-    assert torch.load(out / "checkpoint.pt", weights_only=False)["round"] == 1
+    assert load_state(out / "checkpoint.pt")["round"] == 1
     assert [line["round"] for line in _lines(out)] == [1]
 
 

@@ -9,6 +9,7 @@ import torch
 
 from bayesadmm.cli import main
 from bayesadmm.engine import loop
+from bayesadmm.engine.rundir import load_state
 from bayesadmm.engine.workers import SHARDS, assign, client_runner
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import resolve
@@ -137,14 +138,14 @@ def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_che
     monkeypatch.setattr(loop, "_save_checkpoint", dies_after_the_shards)
     assert main(["run", *common, "workers=2", f"out={killed}"]) == 130  # as a shell reports Ctrl-C
     monkeypatch.setattr(loop, "_save_checkpoint", save)
-    checkpoint = torch.load(killed / "checkpoint.pt", weights_only=False)
+    checkpoint = load_state(killed / "checkpoint.pt")
     assert checkpoint["round"] == 1 and "clients" not in checkpoint
     assert sorted(p.name for p in (killed / SHARDS).iterdir()) == ["r000001-w0.pt", "r000001-w1.pt",
                                                                    "r000002-w0.pt", "r000002-w1.pt"]
     assert main(["resume", str(killed), "--quiet"]) == 0
     assert _lines(killed) == _lines(whole)
     assert sorted(p.name for p in (killed / SHARDS).iterdir()) == ["r000003-w0.pt", "r000003-w1.pt"]
-    final = torch.load(killed / "checkpoint.pt", weights_only=False)
+    final = load_state(killed / "checkpoint.pt")
     assert final["round"] == 3 and [s["file"] for s in final["shards"]] == [f"{SHARDS}/r000003-w0.pt",
                                                                            f"{SHARDS}/r000003-w1.pt"]
 
@@ -161,7 +162,7 @@ def test_resume_with_another_number_of_workers(tmp_path):
         out = tmp_path / f"{first}-{second}"
         split = dataclasses.replace(config, workers=first, out=str(out), stop_at=1)
         assert run(split, progress=False).exit_code == 0
-        assert ("shards" in torch.load(out / "checkpoint.pt", weights_only=False)) == (first == 2)
+        assert ("shards" in load_state(out / "checkpoint.pt")) == (first == 2)
         resumed = dataclasses.replace(config, workers=second, out=str(out))
         assert run(resumed, resume=True, progress=False).exit_code == 0
         assert _lines(out) == _lines(whole)

@@ -33,6 +33,8 @@ __all__ = [
     "RunDirError",
     "write_bytes",
     "write_json",
+    "dump_state",
+    "read_state",
     "save_state",
     "load_state",
     "locked",
@@ -97,22 +99,32 @@ def write_json(path: Path, payload: Any) -> None:
 STATE_FORMAT = "bayesadmm-state-1"
 
 
-def save_state(path: Path, tree: Any) -> None:
-    """A state tree (`bayesadmm.trees`) to `path` as its JSON structure and tensors, written whole or not at all."""
+def dump_state(tree: Any, f: Any) -> None:
+    """A state tree (`bayesadmm.trees`) into the binary file object `f`, as its JSON structure and tensors."""
     structure, tensors = flatten(tree)
-    payload = {"format": STATE_FORMAT, "structure": json.dumps(structure), "tensors": tensors}
+    torch.save({"format": STATE_FORMAT, "structure": json.dumps(structure), "tensors": tensors}, f)
+
+
+def read_state(f: Any) -> Any:
+    """The tree `dump_state` wrote (nothing but tensors and plain values is ever loaded); a TreeError or torch's
+    UnpicklingError for anything else."""
+    payload = torch.load(f, weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
+        raise TreeError("not a state file written by bayesadmm")
+    return unflatten(json.loads(payload["structure"]), payload["tensors"], resolve_known)
+
+
+def save_state(path: Path, tree: Any) -> None:
+    """`dump_state` to `path`, written whole or not at all."""
     with _replacing(Path(path)) as f:
-        torch.save(payload, f)
+        dump_state(tree, f)
 
 
 def load_state(path: Path) -> Any:
-    """The tree `save_state` wrote to `path`; a RunDirError naming the file if it is not one (or was tampered with:
-    nothing in it but tensors and plain values is ever loaded)."""
+    """The tree `save_state` wrote to `path`; a RunDirError naming the file if it is not one (or was tampered with)."""
     try:
-        payload = torch.load(path, weights_only=True)
-        if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
-            raise TreeError("not a state file written by bayesadmm")
-        return unflatten(json.loads(payload["structure"]), payload["tensors"], resolve_known)
+        with open(path, "rb") as f:
+            return read_state(f)
     except Exception as exc:  # noqa: BLE001 — a truncated, foreign or crafted file fails in many ways
         raise RunDirError(f"{path} is not a readable bayesadmm state file ({type(exc).__name__}: {exc})") from None
 

@@ -47,7 +47,7 @@ from typing import Any, cast
 import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message
-from bayesadmm.engine.rundir import load_state, save_state
+from bayesadmm.engine.rundir import dump_state, load_state, read_state, save_state
 from bayesadmm.engine.simulate import generator_for
 
 SHARDS = "client-states"  # the run directory's folder of checkpoint shards
@@ -188,12 +188,12 @@ def remove_stale_shards(run_dir: Path, record: Mapping) -> None:
 
 def _dumps(obj) -> bytes:
     buffer = io.BytesIO()
-    torch.save(obj, buffer)
+    dump_state(obj, buffer)  # the checkpoints' format: no pickle between processes either
     return buffer.getvalue()
 
 
 def _loads(payload: bytes):
-    return torch.load(io.BytesIO(payload), weights_only=False)
+    return read_state(io.BytesIO(payload))
 
 
 def _raw(tensor: torch.Tensor) -> memoryview:
