@@ -168,7 +168,9 @@ def _run(args) -> int:
             raise
         print(f"bayesadmm: the run failed: {type(exc).__name__}: {exc} (--debug shows where)", file=sys.stderr)
         return 1
-    if result.message:
+    if result.status == "diverged":  # the library reports it in the Result; the command says it
+        print(f"stopped: {result.message} (the state of round {result.round} is in the checkpoint)", file=sys.stderr)
+    elif result.message:
         print(result.message)
     if (run_dir / "curves.png").exists():
         print(f"metrics: {run_dir / 'metrics.jsonl'}; plot: {run_dir / 'curves.png'}")

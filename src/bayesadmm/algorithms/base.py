@@ -18,6 +18,7 @@ remote execution give the same answer.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -130,3 +131,22 @@ class StackBuffer:
             self._buffer = torch.empty((len(vectors), *first.shape), dtype=first.dtype, device=first.device)
             self._key = key
         return torch.stack(list(vectors), out=self._buffer)
+
+
+def info_scalars(info: Any) -> dict[str, float]:
+    """The scalar fields of an algorithm's info record (a NamedTuple, dataclass or mapping); other fields skipped."""
+    if hasattr(info, "_asdict"):
+        items = info._asdict().items()
+    elif dataclasses.is_dataclass(info) and not isinstance(info, type):
+        items = dataclasses.asdict(info).items()
+    elif isinstance(info, Mapping):
+        items = info.items()
+    else:
+        return {}
+    scalars = {}
+    for key, value in items:
+        if isinstance(value, Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, (bool, int, float)):
+            scalars[str(key)] = float(value)
+    return scalars

@@ -24,7 +24,6 @@ when complete, so a kill at any point leaves the previous checkpoint whole.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import signal
@@ -39,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError
+from bayesadmm.algorithms.base import Algorithm, DivergenceError, info_scalars
 from bayesadmm.clients import ClientSource
 from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.rundir import (
@@ -186,25 +185,6 @@ def participants(ids: list[int], participation: float, seed: int, round_: int) -
     count = max(1, math.ceil(participation * len(ids)))
     order = torch.randperm(len(ids), generator=generator_for(seed, round_, PARTICIPANTS))
     return sorted(ids[i] for i in order[:count].tolist())
-
-
-def info_scalars(info: Any) -> dict[str, float]:
-    """The scalar fields of an algorithm's info record (a NamedTuple, dataclass or mapping); other fields skipped."""
-    if hasattr(info, "_asdict"):
-        items = info._asdict().items()
-    elif dataclasses.is_dataclass(info) and not isinstance(info, type):
-        items = dataclasses.asdict(info).items()
-    elif isinstance(info, Mapping):
-        items = info.items()
-    else:
-        return {}
-    scalars = {}
-    for key, value in items:
-        if isinstance(value, Tensor) and value.numel() == 1:
-            value = value.item()
-        if isinstance(value, (bool, int, float)):
-            scalars[str(key)] = float(value)
-    return scalars
 
 
 def metrics_line(
@@ -510,10 +490,6 @@ def _rounds(
 
 
 def _diverged(round_: int, reason: str) -> dict:
-    print(
-        f"stopped: round {round_}: {reason} (the state of round {round_ - 1} or earlier is in the checkpoint)",
-        file=sys.stderr,
-    )
     return {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {reason}"}
 
 

@@ -46,7 +46,7 @@ from typing import Any, cast
 
 import torch
 
-from bayesadmm.algorithms.base import Algorithm, Message
+from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
 from bayesadmm.engine.rundir import dump_state, load_state, read_state, save_state
 from bayesadmm.engine.simulate import generator_for
 
@@ -124,8 +124,6 @@ class LocalClients:
         """Update the `chosen` clients' states; returns their replies in the order of `chosen`. Each state is replaced
         as soon as its client is done (so that old and new states are not all held at once): after an exception the
         states are those of an unfinished round, and the run goes on from its checkpoint."""
-        from bayesadmm.engine.loop import info_scalars
-
         replies, self.last_info = {}, {}
         with one_thread():
             for k in chosen:

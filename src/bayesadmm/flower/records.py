@@ -175,6 +175,6 @@ def config_from_json(text: str) -> RunConfig:
 
 def numeric_metrics(info: Any) -> dict[str, float | int]:
     """The finite scalars of a client's info record (what fits a MetricRecord); the rest is dropped."""
-    from bayesadmm.engine.loop import info_scalars
+    from bayesadmm.algorithms.base import info_scalars
 
     return {key: value for key, value in info_scalars(info).items() if math.isfinite(value)}
