@@ -51,7 +51,13 @@ from bayesadmm.engine.rundir import (
     write_json,
 )
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.engine.workers import client_runner, default_workers, remove_stale_shards
+from bayesadmm.engine.workers import (
+    ClientRunner,
+    RunnerFactory,
+    client_runner,
+    default_workers,
+    remove_stale_shards,
+)
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
@@ -71,6 +77,8 @@ __all__ = [
     "Interrupted",
     "RunDirError",
     "write_json",
+    "ClientRunner",
+    "RunnerFactory",
 ]
 
 # The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5 are the config layer's set-up
@@ -198,7 +206,7 @@ def metrics_line(
     return line
 
 
-def _save_checkpoint(path: Path, round_: int, server: Any, clients: Any) -> None:
+def _save_checkpoint(path: Path, round_: int, server: Any, clients: ClientRunner) -> None:
     """checkpoint.pt: the round, the server state and the record of the client states (`clients.save`: the states, or
     the shard files the workers have just written). Written last and renamed into place, so that it only ever names a
     complete state; the shards it does not name are deleted after."""
@@ -226,6 +234,7 @@ def run_federation(
     on_round: Callable[[dict], None] | None = None,
     overwrite: bool = False,
     on_start: Callable[[Path], None] | None = None,
+    runner: RunnerFactory | None = None,
 ) -> Result:
     """Run (or, with `resume`, continue from run_dir's checkpoint) the federation; returns how it ended.
 
@@ -239,12 +248,14 @@ def run_federation(
     is already is refused unless `overwrite`; a resume checks the checkpoint before it writes anything, and a run
     that is already complete is returned as it is. `on_start(run_dir)` is called on a fresh start once these checks
     have passed, before the run writes its first file (for records of the caller's own, e.g. the client split).
+    `runner(algorithm, workers)` gives the `ClientRunner` that trains the clients (default: `client_runner`, in this
+    process or a pool of worker processes); only the transport differs, the loop is the same.
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with locked(run_dir):
         return _run_locked(
-            federation, settings, run_dir, config, resume, progress, title, on_round, overwrite, on_start
+            federation, settings, run_dir, config, resume, progress, title, on_round, overwrite, on_start, runner
         )
 
 
@@ -259,6 +270,7 @@ def _run_locked(
     on_round: Callable[[dict], None] | None,
     overwrite: bool,
     on_start: Callable[[Path], None] | None,
+    runner: RunnerFactory | None,
 ) -> Result:
     from bayesadmm.reports import try_plot_run
 
@@ -310,7 +322,13 @@ def _run_locked(
     ids = sorted(federation.clients.sizes)
     most = len(participants(ids, settings.participation, settings.seed, 1))
     checkpointed = [start]  # the round of the last checkpoint written, kept up to date by _rounds
-    clients = client_runner(federation.make_algorithm, federation.clients, settings.seed, min(workers, most), algorithm)
+    clients: ClientRunner
+    if runner is None:
+        clients = client_runner(
+            federation.make_algorithm, federation.clients, settings.seed, min(workers, most), algorithm
+        )
+    else:
+        clients = runner(algorithm, min(workers, most))
     with _sigterm_as_interrupt():  # from here on a kill is reported as an interruption
         try:
             if checkpoint is None:
@@ -428,7 +446,7 @@ def _rounds(
     federation: Federation,
     settings: Settings,
     algorithm: Algorithm,
-    clients: Any,
+    clients: ClientRunner,
     ids: list[int],
     start: int,
     server: Any,

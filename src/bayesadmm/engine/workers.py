@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -100,6 +100,34 @@ def assign(sizes: Mapping[int, int], workers: int) -> list[list[int]]:
         groups[emptiest].append(k)
         loads[emptiest] += sizes[k]
     return [sorted(group) for group in groups]
+
+
+class ClientRunner(Protocol):
+    """How the engine's loop trains a round's clients and keeps their states: in this process (`LocalClients`), in
+    worker processes (`ClientPool`), or anything else that keeps this contract (another transport, batched clients).
+    The loop calls `start` or `restore` once, then `train` and `save` per round, and `close` at the end however the
+    run ends. Replies come back in the order of `chosen`, and `last_info` holds the scalars of each trained client's
+    info record of the last round."""
+
+    last_info: dict[int, dict[str, float]]
+
+    def start(self, server: Any) -> None: ...
+
+    def restore(self, checkpoint: Mapping, run_dir: Path) -> None: ...
+
+    def train(
+        self, round_: int, message: Message, chosen: Sequence[int], on_done: Callable[[int], None] | None = None
+    ) -> dict[int, Message]: ...
+
+    def states(self) -> dict[int, Any]: ...
+
+    def save(self, run_dir: Path, round_: int) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+# Given the run's algorithm (for an in-process runner) and the number of workers the settings allow, a ClientRunner.
+RunnerFactory = Callable[[Algorithm, int], ClientRunner]
 
 
 class LocalClients:
