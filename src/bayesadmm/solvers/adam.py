@@ -52,9 +52,9 @@ class LocalAdam:
         problems = [
             f"{name} must be > 0, got {value}"
             for name, value in (("lr", self.lr), ("epochs", self.epochs), ("batch_size", self.batch_size))
-            if value <= 0
+            if not value > 0  # also refuses NaN
         ]
-        if self.weight_decay < 0:
+        if not self.weight_decay >= 0:
             problems.append(f"weight_decay must be >= 0, got {self.weight_decay}")
         if problems:
             raise ValueError("LocalAdam: " + "; ".join(problems))

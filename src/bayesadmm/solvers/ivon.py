@@ -144,9 +144,9 @@ class IVONSolver:
                 ("tau", self.tau),
                 ("mc_samples", self.mc_samples),
             )
-            if value <= 0
+            if not value > 0  # also refuses NaN
         ]
-        if self.hess_init < 0:
+        if not self.hess_init >= 0:
             problems.append(f"hess_init must be >= 0, got {self.hess_init}")
         if problems:
             raise ValueError("IVONSolver: " + "; ".join(problems))

@@ -65,7 +65,7 @@ class GaussianSmoothingAdam:
                 ("batch_size", self.batch_size),
                 ("mc_samples", self.mc_samples),
             )
-            if value <= 0
+            if not value > 0  # also refuses NaN
         ]
         if problems:
             raise ValueError("GaussianSmoothingAdam: " + "; ".join(problems))
