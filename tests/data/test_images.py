@@ -492,3 +492,10 @@ def test_class_pair_split_errors():
         class_pair_split(torch.tensor([0, 1, 2]), ((0, 1), (1, 2)))
     with pytest.raises(ValueError, match="1-D"):
         class_pair_split(torch.zeros(2, 2, dtype=torch.int64))
+
+
+def test_labels_out_of_range_are_refused_naming_the_file(tmp_path, isolated):
+    write_idx(tmp_path / FILES["train"][0], np.zeros((3, 28, 28), dtype=np.uint8))
+    labels = write_idx(tmp_path / FILES["train"][1], np.array([1, 42, 3], dtype=np.uint8))
+    with pytest.raises(ValueError, match=f"{labels.name}: labels must be class numbers 0..9, found 42"):
+        load_image_dataset("mnist", "train", data_dir=tmp_path, download=False)

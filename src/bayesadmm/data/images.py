@@ -108,6 +108,7 @@ CHECKSUMS: dict[str, dict[str, str]] = {
 DOWNLOAD_TIMEOUT = 60.0
 
 IMAGE_SIZE = 28
+NUM_CLASSES = 10  # both MNIST and FashionMNIST
 
 # IDX type codes (third byte of the magic number) -> big-endian numpy dtype.
 _IDX_DTYPES: dict[int, np.dtype] = {
@@ -448,6 +449,11 @@ def load_image_dataset(
     if labels.shape[0] != images.shape[0]:
         raise ValueError(
             f"{images_path} holds {images.shape[0]} images but {labels_path} holds {labels.shape[0]} labels"
+        )
+    if labels.numel() and int(labels.max()) >= NUM_CLASSES:
+        raise ValueError(
+            f"{labels_path}: labels must be class numbers 0..{NUM_CLASSES - 1}, found {int(labels.max())}; "
+            "the file is not a label file of this dataset"
         )
     # clone()/to() give the caller its own copy, so in-place edits (e.g.
     # normalising) cannot corrupt the process-wide cache.

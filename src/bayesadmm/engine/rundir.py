@@ -126,7 +126,11 @@ def load_state(path: Path) -> Any:
         with open(path, "rb") as f:
             return read_state(f)
     except Exception as exc:  # noqa: BLE001 — a truncated, foreign or crafted file fails in many ways
-        raise RunDirError(f"{path} is not a readable bayesadmm state file ({type(exc).__name__}: {exc})") from None
+        reason = str(exc).split(". ")[0].splitlines()[0] if str(exc) else ""  # torch's messages run to paragraphs
+        raise RunDirError(
+            f"{path} is not a readable bayesadmm state file ({type(exc).__name__}: {reason}); "
+            "it is truncated, corrupt or not a checkpoint: start the run again with --overwrite"
+        ) from None
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ from bayesadmm.algorithms import REGISTRY, Algorithm
 from bayesadmm.clients import TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.experiments.config import RunConfig
+from bayesadmm.experiments.config import DATASETS, ConfigError, RunConfig
 from bayesadmm.federated import algorithm_factory
 from bayesadmm.likelihoods import Classification
 from bayesadmm.models import FlatModel, make_model
@@ -57,7 +57,7 @@ def load_data(config: RunConfig) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
         X_test, y_test = load_cifar(config.dataset, "test", data_dir=data_dir)
         num_classes = 10 if config.dataset == "cifar10" else 100
     else:
-        raise ValueError(f"unknown dataset {config.dataset!r}; valid: fashion-mnist, mnist, cifar10, cifar100")
+        raise ConfigError(f"unknown dataset {config.dataset!r}; valid: {', '.join(DATASETS)}")
     scale = 1.0 if config.preprocessing == "raw" else 1.0 / 255.0
     return X.float() * scale, y, X_test.float() * scale, y_test, num_classes
 
@@ -114,13 +114,14 @@ def build(config: RunConfig) -> Built:
         "logistic": {"in_features": int(X[0].numel()), "num_classes": num_classes},
     }
     model = make_model(config.model, **in_shape.get(config.model, {"num_classes": num_classes}))
+    theta0 = model.initial_params(generator_for(config.seed, 0, INIT))
+    _check_fits(config, model, theta0, X[:1])
     # One client-ordered copy of the training set, each client a view of its rows: parallel workers then share
     # two tensors instead of two per client, and every execution path sees the same memory layout.
     order = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
     bounds = torch.tensor([0] + [len(idx) for idx in parts]).cumsum(0).tolist()
     slices = {k: (bounds[k], bounds[k + 1]) for k in range(len(parts))}
     source = TensorClients(model, X[order], y[order], slices, Classification(), config.device)
-    theta0 = model.initial_params(generator_for(config.seed, 0, INIT))
     make = make_algorithm_factory(config, model, source.sizes)
     federation = Federation(
         model,
@@ -135,9 +136,28 @@ def build(config: RunConfig) -> Built:
     return Built(federation, settings_of(config), parts, y, num_classes)
 
 
-def run(config: RunConfig, resume: bool = False, progress: bool = True, overwrite: bool = False) -> Result:
-    """Run (or resume) the configured experiment; the engine's `Result` (exit code 0 done, 3 diverged)."""
-    built = build(config)
+def _check_fits(config: RunConfig, model: FlatModel, theta0: Tensor, example: Tensor) -> None:
+    """The model takes the dataset's inputs: found now, with both names, rather than as a shape error in round 1."""
+    try:
+        with torch.no_grad():
+            model.forward(theta0, example)
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"model {config.model!r} does not take {config.dataset} inputs of shape {tuple(example.shape[1:])} "
+            f"({str(exc).splitlines()[0]}); choose a model made for this dataset"
+        ) from None
+
+
+def run(
+    config: RunConfig,
+    resume: bool = False,
+    progress: bool = True,
+    overwrite: bool = False,
+    built: Built | None = None,
+) -> Result:
+    """Run (or resume) the configured experiment; the engine's `Result` (exit code 0 done, 3 diverged). `built`:
+    the config's `build` if the caller has already made it (e.g. to check the settings before the run starts)."""
+    built = built or build(config)
     return run_federation(
         built.federation,
         built.settings,

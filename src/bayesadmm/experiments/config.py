@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -60,6 +61,7 @@ class RunConfig:
 
 GENERAL_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "hparams")
 PREPROCESSING = ("raw", "scaled")
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100")
 
 
 class ConfigError(ValueError):
@@ -107,9 +109,14 @@ def _convert_one(key: str, value, kind: type):
                 return False
             raise ConfigError(f"{key} must be true or false, got {value!r}")
         try:
-            return int(float(value)) if kind is int and "e" in value.lower() else kind(value)
+            number = kind(value)
         except ValueError:
-            raise ConfigError(f"{key} must be {kind.__name__}, got {value!r}") from None
+            number = _integral(value) if kind is int else None  # "1e3" and "2.0" are integers; "2.5e0" is not
+            if number is None:
+                raise ConfigError(f"{key} must be {kind.__name__}, got {value!r}") from None
+        value = number
+    if kind is float and isinstance(value, float) and math.isnan(value):
+        raise ConfigError(f"{key} must be a number, got nan")
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind is int and isinstance(value, float) and value.is_integer():
@@ -117,6 +124,14 @@ def _convert_one(key: str, value, kind: type):
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{key} must be {kind.__name__}, got {value!r}")
     return value
+
+
+def _integral(text: str) -> int | None:
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return int(number) if number.is_integer() else None
 
 
 def _convert(key: str, value, kinds: tuple[type, ...]):
@@ -141,14 +156,25 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
     elif Path(source).is_file():
         try:
             base = json.loads(Path(source).read_text())
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{source} is not valid JSON: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read {source}: {exc.strerror}") from None
+        if not isinstance(base, dict):
+            raise ConfigError(
+                f"{source} holds a JSON {type(base).__name__}; a config file is one object of KEY: VALUE pairs, "
+                'e.g. {"method": "fedavg", "rounds": 10}'
+            )
         base.setdefault("scenario", Path(source).stem)
     else:
         raise ConfigError(f"{source!r} is neither a scenario ({', '.join(sorted(table))}) nor a config file")
 
     method_table = base.pop("methods", {})
     file_hparams = base.pop("hparams", {})
+    if not isinstance(method_table, dict) or not all(isinstance(v, dict) for v in method_table.values()):
+        raise ConfigError(f'"methods" in {source} must map a method name to an object of its hyperparameters')
+    if not isinstance(file_hparams, dict):
+        raise ConfigError(f'"hparams" in {source} must be an object of hyperparameters, e.g. {{"lr": 0.001}}')
     pairs = []
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -195,7 +221,16 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
 
 
 def _validate(config: RunConfig) -> None:
+    from bayesadmm.data.partitions import PARTITIONS
+    from bayesadmm.models import MODELS
+
     problems = []
+    for key, valid in (("dataset", DATASETS), ("partition", tuple(PARTITIONS)), ("model", tuple(MODELS))):
+        if getattr(config, key) not in valid:
+            problems.append(f"unknown {key} {getattr(config, key)!r}; valid: {', '.join(valid)}")
+    for key in ("alpha1", "alpha2"):
+        if not 0 < getattr(config, key) < math.inf:
+            problems.append(f"{key} must be a finite number > 0, got {getattr(config, key)}")
     if config.preprocessing not in PREPROCESSING:
         problems.append(f"preprocessing must be one of {PREPROCESSING}, got {config.preprocessing!r}")
     if not 0 < config.data_fraction <= 1:
@@ -211,7 +246,7 @@ def _validate(config: RunConfig) -> None:
     device_problem = check_device(config.device)
     if device_problem:
         problems.append(device_problem)
-    for key in ("clients", "rounds", "eval_samples", "checkpoint_every"):
+    for key in ("clients", "rounds", "eval_samples", "checkpoint_every", "classes_per_client", "per_class"):
         if getattr(config, key) < 1:
             problems.append(f"{key} must be >= 1, got {getattr(config, key)}")
     if problems:
@@ -219,6 +254,16 @@ def _validate(config: RunConfig) -> None:
 
 
 def load(run_dir: Path) -> RunConfig:
-    """The config saved with a run."""
-    data = json.loads((Path(run_dir) / "config.json").read_text())
+    """The config saved with a run; a missing, unreadable or foreign config.json is a `ConfigError` naming it."""
+    path = Path(run_dir) / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} is missing: {run_dir} is not a run directory of `bayesadmm run`") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} cannot be read ({exc}); is {run_dir} a run's folder?") from None
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    if not isinstance(data, dict) or not set(data) <= fields:
+        extra = sorted(set(data) - fields) if isinstance(data, dict) else [type(data).__name__]
+        raise ConfigError(f"{path} is not a bayesadmm run configuration (unexpected: {', '.join(extra)})")
     return RunConfig(**data)
