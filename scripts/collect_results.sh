@@ -26,7 +26,7 @@ for scenario_dir in "$RUNS"/*/; do
     fi
     mkdir -p "$DEST/runs/$scenario/$name"
     cp "$run"/config.json "$run"/metrics.jsonl "$run"/status.json "$DEST/runs/$scenario/$name/"
-    if [ -f "$run/environment.json" ]; then cp "$run/environment.json" "$DEST/runs/$scenario/$name/"; fi  # since session 6
+    if [ -f "$run/environment.json" ]; then cp "$run/environment.json" "$DEST/runs/$scenario/$name/"; fi  # absent from older runs
     completed+=("$DEST/runs/$scenario/$name")
   done
   if [ ${#completed[@]} -gt 0 ]; then

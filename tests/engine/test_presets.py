@@ -1,6 +1,6 @@
 """Every scenario preset runs end to end for two rounds on a small slice.
 
-MNIST and CIFAR are not on this machine, so the test writes small synthetic files in their real formats (IDX,
+MNIST and CIFAR need a download, so the test writes small synthetic files in their real formats (IDX,
 pickled CIFAR batches) into a data directory: the loaders, partitions, models and algorithms all run as they would
 on the real data, and a user with the data only drops `data_dir`.
 """

@@ -1,10 +1,10 @@
-"""What FedEP, FedSEP and FedPA share (Guo et al., ICLR 2023; docs/spec: shared/spec/fedep-digest.md): Gaussian sites
+"""What FedEP, FedSEP and FedPA share (Guo et al., ICLR 2023): Gaussian sites
 in a family's natural tuple, and the damped server of Alg. 3 with its ServerOptim (`solvers.natural_optimizers`).
 
 A site q_k is stored as the family's natural tuple λ = (η, −½Λ) (DiagonalGaussian or FullGaussian); it need not be a
 valid distribution, and the improper uniform site is the zero tuple. q_0 is the prior N(0, δ_0⁻¹ I)
-(`prior_precision`) or, with `prior_precision=None`, the improper uniform prior (λ_0 = 0). "[CODE]" marks choices the
-digest takes from the authors' code where the paper is silent or garbled.
+(`prior_precision`) or, with `prior_precision=None`, the improper uniform prior (λ_0 = 0). "[CODE]" marks choices taken
+from facts about the authors' public code where the paper is silent or garbled.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def site_natural(family, mean: Tensor, precision: float) -> Natural:
 
 
 def clip_delta(delta: Natural, clip_norm: float | None) -> Natural:
-    """Δ_k scaled down to global L2 norm `clip_norm` before damping ([CODE], digest §1.10); None = unclipped."""
+    """Δ_k scaled down to global L2 norm `clip_norm` before damping ([CODE]); None = unclipped."""
     if clip_norm is None:
         return delta
     norm = float(nat.norm(delta))

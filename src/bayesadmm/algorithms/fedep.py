@@ -1,6 +1,6 @@
 """FedEP: federated expectation propagation with stateful clients (Guo et al., ICLR 2023, Alg. 1, Alg. 4 client,
-Alg. 3 server). Written from the paper and docs/spec (shared/spec/fedep-digest.md); "[CODE]" marks choices the
-digest takes from the authors' code where the paper is silent or garbled.
+Alg. 3 server). Written from the paper; "[CODE]" marks choices taken from facts about the authors' public code
+where the paper is silent or garbled.
 
 The posterior p(θ|D) ∝ p_0(θ) Π_k p_k(θ) is approximated by q_g ∝ q_0 Π_k q_k with Gaussian sites q_k in a
 `family` (DiagonalGaussian or FullGaussian), stored as natural tuples λ (`ep_common`). One round, with damping δ

@@ -14,10 +14,11 @@ The client mean problem divided by N_k is `LocalAdam`'s shape ℓ̄_k + aᵀw + 
 
 since ½(S_g − V)(w − w_g)² + (v − V w_g)w = vw − ½Vw² + ½S_g(w − w_g)² − ½V w_g² coordinatewise. The proximal weight
 is the cavity precision over N_k: S_g − V_k = δ + Σ_{j≠k} V_j, positive because every V_j is a convex combination of
-PSD curvatures (it starts at 0). The client starts at w_g with fresh Adam state (digest §1.8 minibatch form).
+PSD curvatures (it starts at 0). The client starts at w_g with fresh Adam state (the paper's objective in its
+minibatch form).
 
 Curvature H_k (`curvature`, a `solvers.curvature.DiagonalCurvature`): the diagonal GGN of the SUMMED cross-entropy,
-recomputed every round at the post-update w_k (the "most recent parameters"; the digest's reading, which fits the
+recomputed every round at the post-update w_k (the "most recent parameters"; our reading, which fits the
 paper's "additional backward pass through the dataset"): exact (`GGN()`, the default; the registry's
 curvature="ggn") or its one-label Monte-Carlo estimate (`MonteCarloFisher()`, curvature="mc-fisher"), drawn with the
 client's generator. `solvers/curvature.py` has the estimators and the data they accept.

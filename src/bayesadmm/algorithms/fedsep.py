@@ -5,7 +5,7 @@ with the cavity
 
     cavity:  q_{−k} = q_g^{1 − n_k/N},  i.e.  λ_{−k} = (1 − n_k/N) λ_g
 
-([CODE] reading; the printed formula q_g/q_k is the stateful one, garbled; digest §1.7), n_k/N from `client_sizes`
+([CODE] reading; the printed formula q_g/q_k is the stateful one, garbled), n_k/N from `client_sizes`
 (default 1/K). Tilted inference, delta and the damped server are FedEP's (`fedep`, `ep_common.DampedServer`).
 """
 

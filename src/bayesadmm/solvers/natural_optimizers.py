@@ -1,7 +1,7 @@
 """Optimizers over natural parameters: FedEP's ServerOptim and ClientOptim (Guo et al., ICLR 2023, Sec. 2.2.3).
 
 A damped EP update adds δ·Δ to a natural tuple λ = (η, −½Λ) (a site or the global approximation), with Δ the change
-the clients' tilted distributions ask for (fedep-digest §1.5: damping as adaptive optimization). These objects turn
+the clients' tilted distributions ask for (Guo et al. 2023 read damping as adaptive optimization). These objects turn
 Δ, seen as an ascent direction, into the step that is added instead, in the style of optax: `init(like)` gives the
 optimizer state for a tuple laid out like `like`, `step(delta, state)` returns (step, new state); both are pure.
 

@@ -1,5 +1,5 @@
-"""Exact tilted inference for Gaussian likelihoods: the clients of FedEP's toy (Guo et al. 2023, Sec. 3.1, digest
-§1.9). p_k Gaussian makes p_k q_{−k} Gaussian in closed form, which is then projected onto the family (KL(p‖q)
+"""Exact tilted inference for Gaussian likelihoods: the clients of FedEP's toy (Guo et al. 2023, Sec. 3.1). p_k Gaussian
+makes p_k q_{−k} Gaussian in closed form, which is then projected onto the family (KL(p‖q)
 projection: keep the mean and the diagonal of Σ for the diagonal family)."""
 
 from __future__ import annotations

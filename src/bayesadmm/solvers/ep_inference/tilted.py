@@ -2,7 +2,7 @@
 
 A `TiltedInference` is step 3 of Alg. 4: given the cavity λ_{−k} (the family's natural tuple, not necessarily a
 valid distribution) it returns λ̂_k ≈ proj[p_k q_{−k}], a valid member of the family. The neural methods work in
-MEAN-loss units, like the other local solvers: the tilted objective (digest §1.6, the paper's L_k divided by n_k) is
+MEAN-loss units, like the other local solvers: the tilted objective (the paper's L_k divided by n_k) is
 
     L̄_k(θ) = ℓ̄_k(θ) + (1/n_k)(½ θᵀΛ_{−k}θ − η_{−k}ᵀθ),
 
