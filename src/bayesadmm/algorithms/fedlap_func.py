@@ -10,13 +10,14 @@ the predictions ŷ_i = softmax(f_{w_k}(x_i)) of its latest model on them. With �
     site:    v_k ← v_k + ρ_k (w_k − w_g)
     server:  w_g ← argmin_w Σ_k [Σ_{i∈M_k} τ_i ℓ(ŷ_i, w) − δ v_kᵀw] + ½δ‖w‖²
 
-The sign of the client's function-space terms is garbled in the paper; this follows the reading under which its
-claim holds: the client minimises against the cavity q_g/t̂_k, and the global posterior carries every memory term at
-the global predictions (Eq. 25 with all Hessians 0) while client k's own site carries its terms at its own ŷ_i (Eq. 24), which the cavity
-removes. Under this reading the paper's claim holds: when w_k = w_g and ŷ_i, ŷ_{i,g} are the predictions of that same
-w, every function-space term has zero gradient (∇ of ℓ(ŷ, w) w.r.t. the logits is softmax(f_w) − ŷ), so the fixed
-points are FedLap's. With no memory (`points_per_class=0`) or `tau_f=0` the algorithm is FedLap exactly: the server
-problem is then ½δ‖w‖² − δ(Σ v_k)ᵀw with the closed-form minimiser w_g = Σ_k v_k, which is used directly.
+The sign of the client's function-space terms is garbled in the paper; this follows the reading under which its claim
+holds: the client minimises against the cavity q_g/t̂_k, and the global posterior carries every memory term at the
+global predictions (Eq. 25 with all Hessians 0) while client k's own site carries its terms at its own ŷ_i (Eq. 24),
+which the cavity removes. Under this reading the paper's claim holds: when w_k = w_g and ŷ_i, ŷ_{i,g} are the
+predictions of that same w, every function-space term has zero gradient (∇ of ℓ(ŷ, w) w.r.t. the logits is softmax(f_w)
+− ŷ), so the fixed points are FedLap's. With no memory (`points_per_class=0`) or `tau_f=0` the algorithm is FedLap
+exactly: the server problem is then ½δ‖w‖² − δ(Σ v_k)ᵀw with the closed-form minimiser w_g = Σ_k v_k, which is used
+directly.
 
 Implementation choices (none stated by the paper unless cited):
 - The FedLap part is `fedlap.py`'s, operation for operation, so that without function-space terms the iterates are
