@@ -42,6 +42,9 @@ def _run(capsys, *args: str) -> tuple[int, str]:
         ("epochs=2.5", "epochs must be int, got '2.5'"),
         ("epochs=2.5e0", "epochs must be int, got '2.5e0'"),
         ("per_class=0", "per_class must be >= 1, got 0"),
+        ("beta2=2", "beta2 must lie in [0, 1), got 2.0"),
+        ("clip_radius=0", "clip_radius must be > 0"),
+        ("rho=inf", "need finite rho > 0"),
     ],
 )
 def test_a_bad_setting_is_exit_2_before_the_run_directory(tmp_path, capsys, data_dir, override, message):

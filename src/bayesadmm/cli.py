@@ -39,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--overwrite", action="store_true", help="replace a run already in the run directory")
     run.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    run.add_argument(
+        "--log",
+        default=None,
+        metavar="TRACKERS",
+        help="also log the metrics to tensorboard, mlflow or both (tensorboard,mlflow; same as log=...)",
+    )
     parser.set_defaults(run_parser=run)
     flower = commands.add_parser("flower", help="run on Flower (needs the flower extra: pip install -e '.[flower]')")
     flower_commands = flower.add_subparsers(dest="flower_command", required=True)
@@ -69,6 +75,41 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     resume.add_argument(
         "--stop-at", type=int, default=0, metavar="ROUND", help="stop again after this round (default: run to the end)"
+    )
+    sweep = commands.add_parser(
+        "sweep",
+        help="run a grid of runs (KEY=a,b,c or KEY=start:stop per axis), resumable, and compare them",
+        description="Runs every combination of the KEY=VALUES axes (a,b,c; or an integer range start:stop[:step]) "
+        "as `bayesadmm run`s in folders under --out, skipping finished ones and resuming interrupted ones, then "
+        "prints the comparison table of the grid. SOURCE: a scenario, several (a,b), a config file, or a sweep file "
+        '({"scenario": ..., "grid": {...}, "set": {...}}).',
+    )
+    sweep.add_argument("source", metavar="SOURCE")
+    sweep.add_argument("axes", nargs="*", metavar="KEY=VALUES")
+    sweep.add_argument("--out", type=Path, required=True, help="the sweep's folder (one subfolder per run)")
+    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time; each gets cores/jobs workers (default 1)")
+    sweep.add_argument("--rounds", default="10,25,50", help="rounds of the final table (default 10,25,50)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    tune = commands.add_parser(
+        "tune",
+        help="choose a method's hyperparameters on a validation split with Optuna (resumable), and report",
+        description="Trials of `bayesadmm run` with validation=0.1 (unless set), scored by the validation metric at "
+        "the last round, hopeless ones pruned; the study is kept in OUT/study.db, so the same command goes on "
+        "after a kill. Ends with OUT/report.md: the chosen values, every trial, and the command that runs the "
+        "chosen setting on the test set with several seeds.",
+    )
+    tune.add_argument("scenario", help="a preset or a config file")
+    tune.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="settings of every trial (method= at least)")
+    tune.add_argument("--out", type=Path, required=True, help="the tune's folder (study.db, trial-NNNN/, report.md)")
+    tune.add_argument("--trials", type=int, default=20, help="finished trials to run in all (default 20)")
+    tune.add_argument("--round-budget", type=int, default=0, help="or stop once the trials ran this many rounds")
+    tune.add_argument("--metric", default="val_acc", help="val_acc (maximised, default), val_nll, ... (minimised)")
+    tune.add_argument(
+        "--space",
+        action="append",
+        default=[],
+        metavar="NAME=SPEC",
+        help="add or replace a searched hyperparameter: NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c",
     )
     compare = commands.add_parser(
         "compare",
@@ -171,6 +212,7 @@ def _run(args) -> int:
                 raise ConfigError(f"cannot resume here: {device_problem}")
         else:
             overrides = list(args.overrides) + ([f"data_dir={args.data_dir}"] if args.data_dir else [])
+            overrides += [f"log={args.log}"] if args.log else []
             config, changed = resolve(args.scenario, overrides)
             for line in changed:
                 print(f"override: {line}")
@@ -206,6 +248,103 @@ def _run(args) -> int:
     if (run_dir / "curves.png").exists():
         print(f"metrics: {run_dir / 'metrics.jsonl'}; plot: {run_dir / 'curves.png'}")
     return result.exit_code
+
+
+def _sweep(args) -> int:
+    from bayesadmm.engine.loop import Interrupted
+    from bayesadmm.experiments.config import ConfigError
+    from bayesadmm.experiments.sweep import Sweep, grid, points, read_sweep_file, run_dirs
+    from bayesadmm.reports import compare
+
+    try:
+        if args.jobs < 1:
+            raise ConfigError("--jobs must be at least 1")
+        table_rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
+        source = Path(args.source)
+        if source.suffix == ".json" and source.is_file() and "grid" in json.loads(source.read_text()):
+            scenarios, axes = read_sweep_file(source)
+            axes.update(grid(args.axes))
+        else:
+            scenarios, axes = [s for s in args.source.split(",") if s], grid(args.axes)
+        todo = points(scenarios, axes, args.out)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+    print(f"sweep: {len(todo)} runs in {args.out} ({args.jobs} at a time)")
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, unit="round", dynamic_ncols=True)
+
+    def progress(done, total, finished, running) -> None:
+        if bar is None:
+            return
+        bar.total, bar.n = total, done
+        names = ", ".join(p.name for p in running[:2]) + (" ..." if len(running) > 2 else "")
+        bar.set_postfix_str(f"runs {len(finished)}/{len(todo)} done; now: {names or '-'}", refresh=False)
+        bar.refresh()
+
+    sweep = Sweep(todo, jobs=args.jobs, on_progress=progress)
+    try:
+        outcomes = sweep.run()
+    except ConfigError as exc:
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print("\nbayesadmm: interrupted; the same command goes on where it stopped", file=sys.stderr)
+        return 128 + (exc.signum if isinstance(exc, Interrupted) else 2)
+    finally:
+        if bar is not None:
+            bar.close()
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome.state] = counts.get(outcome.state, 0) + 1
+        if outcome.state in ("failed", "refused", "diverged"):
+            print(f"{outcome.point.name}: {outcome.state} {outcome.message}".rstrip())
+    print("runs: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    finished = run_dirs(outcomes)
+    if finished:
+        print(compare(finished, table_rounds, args.out))
+        print(f"wrote {args.out / 'table.md'} and {args.out / 'curves.png'}")
+    if counts.get("refused"):
+        return 2
+    return 1 if counts.get("failed") else 0
+
+
+def _tune(args) -> int:
+    from bayesadmm.experiments.config import ConfigError, resolve
+    from bayesadmm.experiments.tune import Tuning, report, space_for
+
+    try:
+        if args.trials < 1 or args.round_budget < 0:
+            raise ConfigError("--trials must be at least 1 and --round-budget at least 0")
+        config, _ = resolve(args.scenario, args.overrides)
+        space = space_for(config.method, args.space)
+        tuning = Tuning(
+            args.scenario, tuple(args.overrides), space, args.out, args.trials, args.round_budget, args.metric
+        )
+    except (ConfigError, ImportError, ValueError, FileNotFoundError) as exc:
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+
+    def finished(trial) -> None:
+        value = "" if trial.value is None else f" {args.metric}={trial.value:.4f}"
+        print(f"trial {trial.number}: {trial.state.name.lower()}{value} {trial.params}", flush=True)
+
+    tuning.on_trial = finished
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # this command prints one line per trial itself
+    print(f"tuning {config.method} on {args.scenario}: {', '.join(f'{p.name}={p.describe()}' for p in space.values())}")
+    try:
+        study = tuning.run()
+    except KeyboardInterrupt:
+        print("bayesadmm: interrupted; the same command goes on where it stopped", file=sys.stderr)
+        return 130
+    print(report(tuning, study))
+    print(f"wrote {args.out / 'report.md'} and {args.out / 'curves.png'}")
+    return 0
 
 
 def _compare(args) -> int:
@@ -278,6 +417,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     if args.command == "compare":
         return _compare(args)
+    if args.command == "sweep":
+        return _sweep(args)
+    if args.command == "tune":
+        return _tune(args)
     if args.command == "flower":
         return _flower_demo(args)
     if args.command == "paper":

@@ -107,7 +107,7 @@ def method_label(config: dict) -> str:
 # Config keys in which runs may differ and still be seeds of one setting: the seed itself, and what changes where or
 # how a run computed but not its numbers (the folder, the data's folder, the worker count, the checkpoint interval,
 # where a run was stopped to be resumed).
-NOT_SETTINGS = frozenset({"seed", "out", "data_dir", "workers", "checkpoint_every", "stop_at"})
+NOT_SETTINGS = frozenset({"seed", "out", "data_dir", "workers", "checkpoint_every", "stop_at", "log"})
 
 
 def _setting(config: dict) -> dict[str, str]:

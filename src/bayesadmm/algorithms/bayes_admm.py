@@ -26,6 +26,7 @@ Special cases (all checked by tests):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -98,9 +99,9 @@ def make(
     """
     gamma = rho if gamma is None else gamma
     server_rho = rho if server_rho is None else server_rho
-    if rho <= 0 or gamma <= 0 or server_rho < 0 or delta <= 0:
+    if not (0 < rho < math.inf and 0 < gamma < math.inf and 0 <= server_rho < math.inf and 0 < delta < math.inf):
         raise ValueError(
-            f"need rho > 0, gamma > 0, server_rho >= 0, delta > 0; got rho={rho}, gamma={gamma}, "
+            f"need finite rho > 0, gamma > 0, server_rho >= 0, delta > 0; got rho={rho}, gamma={gamma}, "
             f"server_rho={server_rho}, delta={delta}"
         )
 

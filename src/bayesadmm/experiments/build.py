@@ -9,11 +9,13 @@ Everything is deterministic in the config: each set-up step draws from its own g
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from bayesadmm import tracking
 from bayesadmm.algorithms import REGISTRY, Algorithm
 from bayesadmm.clients import TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
@@ -154,21 +156,45 @@ def run(
     progress: bool = True,
     overwrite: bool = False,
     built: Built | None = None,
+    on_round: Callable[[dict], None] | None = None,
 ) -> Result:
     """Run (or resume) the configured experiment; the engine's `Result` (exit code 0 done, 3 diverged). `built`:
-    the config's `build` if the caller has already made it (e.g. to check the settings before the run starts)."""
+    the config's `build` if the caller has already made it (e.g. to check the settings before the run starts);
+    `on_round(line)` is called with each round's metrics line, after the configured trackers (`log=`)."""
     built = built or build(config)
-    return run_federation(
-        built.federation,
-        built.settings,
-        config.run_dir(),
-        config=config.to_json(),
-        resume=resume,
-        progress=progress,
-        title=f"{config.scenario} — {config.method} (seed {config.seed})",
-        overwrite=overwrite,
-        on_start=lambda run_dir: _write_split(config, built),
-    )
+    title = f"{config.scenario} — {config.method} (seed {config.seed})"
+    trackers: list[tracking.Trackers] = []  # made at the first round, once the run directory's checks have passed
+
+    def each_round(line: dict) -> None:
+        if config.trackers() and not trackers:
+            trackers.append(tracking.for_run(config.trackers(), config.run_dir(), config.to_json(), title))
+        if trackers:
+            trackers[0](line)
+        if on_round is not None:
+            on_round(line)
+
+    status = "FAILED"
+    try:
+        result = run_federation(
+            built.federation,
+            built.settings,
+            config.run_dir(),
+            config=config.to_json(),
+            resume=resume,
+            progress=progress,
+            title=title,
+            overwrite=overwrite,
+            on_start=lambda run_dir: _write_split(config, built),
+            on_round=each_round if config.trackers() or on_round is not None else None,
+        )
+        status = "FINISHED"
+        return result
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    finally:
+        if trackers:
+            trackers[0].close(status)
 
 
 def _write_split(config: RunConfig, built: Built) -> None:

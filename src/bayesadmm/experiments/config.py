@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bayesadmm.algorithms import REGISTRY
 from bayesadmm.engine.loop import check_device
+from bayesadmm.tracking import TRACKERS, available
 
 # Passed by the engine, never set by users.
 ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "cosine_rounds", "name")
@@ -50,10 +51,15 @@ class RunConfig:
     checkpoint_every: int = 1  # write checkpoint.pt every this many rounds (and after the last)
     data_dir: str = ""
     out: str = ""  # run directory (default runs/<scenario>-<method>-s<seed>)
+    log: str = ""  # also send each round's metrics to: tensorboard, mlflow or both ("tensorboard,mlflow")
     hparams: dict = field(default_factory=dict)
 
     def run_dir(self) -> Path:
         return Path(self.out) if self.out else Path("runs") / f"{self.scenario}-{self.method}-s{self.seed}"
+
+    def trackers(self) -> list[str]:
+        """The trackers named by `log`."""
+        return [name.strip() for name in self.log.split(",") if name.strip()]
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -243,6 +249,11 @@ def _validate(config: RunConfig) -> None:
         problems.append(f"stop_at must be in [0, rounds={config.rounds}] (0: run all rounds), got {config.stop_at}")
     if config.workers < 0:
         problems.append(f"workers must be >= 0 (0: one per core), got {config.workers}")
+    for name in config.trackers():
+        if name not in TRACKERS:
+            problems.append(f"unknown tracker {name!r} in log; valid: {', '.join(TRACKERS)}")
+        elif available(name):
+            problems.append(str(available(name)))
     device_problem = check_device(config.device)
     if device_problem:
         problems.append(device_problem)

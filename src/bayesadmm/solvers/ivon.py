@@ -148,6 +148,13 @@ class IVONSolver:
         ]
         if not self.hess_init >= 0:
             problems.append(f"hess_init must be >= 0, got {self.hess_init}")
+        problems += [
+            f"{name} must lie in [0, 1), got {b}"
+            for name, b in (("beta1", self.beta1), ("beta2", self.beta2))
+            if not 0 <= b < 1
+        ]
+        if not self.clip_radius > 0:
+            problems.append(f"clip_radius must be > 0 (inf: no clipping), got {self.clip_radius}")
         if problems:
             raise ValueError("IVONSolver: " + "; ".join(problems))
 

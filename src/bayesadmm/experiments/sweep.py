@@ -1,0 +1,264 @@
+"""A grid of runs (methods × seeds × scenarios × any setting), run to the end however often it is stopped.
+
+    bayesadmm sweep fmnist-heterog10 method=fedavg,feddyn,ivon-admm seed=0:3 rounds=50 --out runs/table1
+
+Each point of the grid is one `bayesadmm run` in a child process, in a folder of its own under the sweep's folder
+(named by the point's values: `method=fedavg,seed=0`), with its output in logs/. What a point's folder holds decides
+what happens to it, so a sweep killed at any moment and started again loses nothing and repeats nothing finished:
+
+    completed or diverged (a result)                  -> skipped
+    a checkpoint (interrupted, failed, stopped, or
+    "running" from a process that was killed)         -> resumed from it
+    nothing finished                                  -> started (again)
+    a run of another configuration                    -> refused before anything starts
+
+The cores are shared, never oversubscribed: `jobs` runs at a time, each with `workers = cores // jobs` worker
+processes (one run using every core by default). A child's exit 2 (a user error, e.g. a missing data folder) stops
+the sweep from starting more runs: the others would fail the same way. At the end, `compare` makes the table of the
+whole grid (table.md, curves.png in the sweep's folder).
+
+Sweep files (JSON) hold the same thing: {"scenario": "fmnist-heterog10" or [...], "grid": {"method": ["fedavg",
+"feddyn"], "seed": "0:3"}, "set": {"rounds": 50}} (`set`: one value for every point).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bayesadmm.engine.loop import Interrupted
+from bayesadmm.engine.workers import default_workers
+from bayesadmm.experiments.config import ConfigError, resolve
+from bayesadmm.reports import NOT_SETTINGS
+
+FINAL = ("completed", "diverged")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of the grid: its scenario, its KEY=VALUE overrides, and its folder."""
+
+    scenario: str
+    overrides: tuple[str, ...]
+    run_dir: Path
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+@dataclass
+class Outcome:
+    point: Point
+    state: str  # skipped (already done), completed, diverged, stopped, failed, refused
+    message: str = ""
+
+
+def values(text: str) -> list[str]:
+    """A value list: "a,b,c", or an integer range "start:stop[:step]" (stop excluded, as in Python)."""
+    if ":" in text and all(part.strip().lstrip("-").isdigit() for part in text.split(":")):
+        bounds = [int(part) for part in text.split(":")]
+        if len(bounds) not in (2, 3) or (len(bounds) == 3 and bounds[2] == 0):
+            raise ConfigError(f"a range is start:stop or start:stop:step with step != 0, got {text!r}")
+        found = [str(v) for v in range(*bounds)]
+        if not found:
+            raise ConfigError(f"the range {text!r} is empty")
+        return found
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def grid(pairs: Sequence[str]) -> dict[str, list[str]]:
+    """KEY=VALUES pairs as axes, in the order given; a key given twice is an error."""
+    axes: dict[str, list[str]] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"sweep axes are KEY=VALUES (a,b,c or start:stop), got {pair!r}")
+        if key.strip() in axes:
+            raise ConfigError(f"{key.strip()} is given twice; list its values in one KEY=a,b,c")
+        axes[key.strip()] = values(text)
+        if not axes[key.strip()]:
+            raise ConfigError(f"{key.strip()} has no values")
+    return axes
+
+
+def read_sweep_file(path: Path) -> tuple[list[str], dict[str, list[str]]]:
+    """The scenarios and the axes of a sweep file (see the module's docstring)."""
+    try:
+        spec = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the sweep file {path}: {exc}") from None
+    if not isinstance(spec, dict) or "scenario" not in spec or not set(spec) <= {"scenario", "grid", "set"}:
+        raise ConfigError(
+            f'{path}: a sweep file is {{"scenario": ..., "grid": {{KEY: [values]}}, "set": {{KEY: value}}}}'
+        )
+    scenarios = spec["scenario"] if isinstance(spec["scenario"], list) else [spec["scenario"]]
+    axes: dict[str, list[str]] = {}
+    for key, given in dict(spec.get("grid", {})).items():
+        axes[key] = values(given) if isinstance(given, str) else [_text(v) for v in given]
+    for key, value in dict(spec.get("set", {})).items():
+        axes[key] = [_text(value)]
+    return [str(s) for s in scenarios], axes
+
+
+def _text(value) -> str:
+    return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+def points(scenarios: Sequence[str], axes: Mapping[str, list[str]], out: Path) -> list[Point]:
+    """Every combination, each checked as `bayesadmm run` would check it (an error names the point)."""
+    varying = [key for key, options in axes.items() if len(options) > 1]
+    made = []
+    for scenario in scenarios:
+        for combination in itertools.product(*axes.values()):
+            chosen = dict(zip(axes, combination, strict=True))
+            name = ",".join(f"{key}={chosen[key]}" for key in varying) or "run"
+            if len(scenarios) > 1:
+                name = f"{scenario},{name}" if varying else scenario
+            run_dir = Path(out) / name.replace("/", "_")
+            overrides = tuple(f"{k}={v}" for k, v in chosen.items()) + (f"out={run_dir}",)
+            try:
+                resolve(scenario, overrides)
+            except (ConfigError, FileNotFoundError) as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+            made.append(Point(scenario, overrides, run_dir))
+    return made
+
+
+def what_to_do(point: Point) -> str:
+    """skip, resume, start or refuse (with the reason after a colon), from what the point's folder holds."""
+    config, _ = resolve(point.scenario, point.overrides)
+    folder = point.run_dir
+    if not (folder / "config.json").exists():
+        return "start"
+    saved, wanted = _flat(json.loads((folder / "config.json").read_text())), _flat(config.to_json())
+    differs = sorted(k for k in set(saved) | set(wanted) if k not in NOT_SETTINGS and saved.get(k) != wanted.get(k))
+    if differs:
+        return f"refuse: {folder} holds a run of another configuration (differs in {', '.join(differs)})"
+    status = json.loads((folder / "status.json").read_text())["status"] if (folder / "status.json").exists() else ""
+    if status in FINAL and (status != "completed" or saved.get("rounds") == wanted["rounds"]):
+        return "skip"
+    return "resume" if (folder / "checkpoint.pt").exists() else "start"
+
+
+def _flat(config: dict) -> dict:
+    """A run's configuration with its hyperparameters beside the general keys (so a difference names the key)."""
+    return {**{k: v for k, v in config.items() if k != "hparams"}, **config.get("hparams", {})}
+
+
+@dataclass
+class Sweep:
+    """Runs `points` `jobs` at a time; `on_progress(done_rounds, total_rounds, finished, running)` is called about
+    once a second (the CLI draws a progress bar with an ETA from it)."""
+
+    points: list[Point]
+    jobs: int = 1
+    on_progress: Callable[[int, int, list[Outcome], list[Point]], None] | None = None
+    logs: Path | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+    _totals: dict[Point, int] = field(default_factory=dict)
+
+    def run(self) -> list[Outcome]:
+        """Run what is left of the grid; a SIGTERM or Ctrl-C stops every child cleanly (each checkpoints) and is
+        raised as `KeyboardInterrupt` (`Interrupted` for a SIGTERM)."""
+
+        def interrupt(signum, frame):
+            raise Interrupted(signum)
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
+        try:
+            return self._run()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _run(self) -> list[Outcome]:
+        plans = {p: what_to_do(p) for p in self.points}
+        configs = {p: resolve(p.scenario, p.overrides)[0] for p in self.points}
+        self._totals = {p: config.stop_at or config.rounds for p, config in configs.items()}
+        refused = [plan for plan in plans.values() if plan.startswith("refuse")]
+        if refused:
+            raise ConfigError(refused[0][len("refuse: ") :] + "; give the sweep another --out, or move that folder")
+        todo = [p for p in self.points if plans[p] != "skip"]
+        self.outcomes = [Outcome(p, "skipped") for p in self.points if plans[p] == "skip"]
+        workers = max(1, default_workers() // max(1, self.jobs))
+        running: dict[Point, subprocess.Popen] = {}
+        stop_starting = False
+        try:
+            while todo or running:
+                while todo and len(running) < self.jobs and not stop_starting:
+                    point = todo.pop(0)
+                    running[point] = self._start(point, plans[point], workers)
+                for point, process in list(running.items()):
+                    if process.poll() is not None:
+                        del running[point]
+                        outcome = _outcome(point, process.returncode)
+                        self.outcomes.append(outcome)
+                        stop_starting = stop_starting or outcome.state == "refused"
+                if stop_starting and not running:
+                    break
+                if self.on_progress is not None:
+                    self.on_progress(*self._rounds(), self.outcomes, list(running))
+                time.sleep(0.5)
+        finally:  # Ctrl-C or a SIGTERM: each child gets a SIGTERM, writes its checkpoint and ends; wait for them
+            for process in running.values():
+                if process.poll() is None:
+                    process.terminate()
+            for process in running.values():
+                process.wait()
+        if self.on_progress is not None:
+            self.on_progress(*self._rounds(), self.outcomes, [])
+        return self.outcomes
+
+    def _start(self, point: Point, plan: str, workers: int) -> subprocess.Popen:
+        command = [sys.executable, "-m", "bayesadmm"]
+        if plan == "resume":
+            command += ["resume", str(point.run_dir), "--quiet"]
+        else:
+            has_workers = any(o.startswith("workers=") for o in point.overrides)
+            extra = [] if has_workers else [f"workers={workers}"]
+            command += ["run", point.scenario, *point.overrides, *extra, "--quiet", "--overwrite"]
+        logs = self.logs or point.run_dir.parent / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{point.name}.log", "a") as log:
+            log.write(f"$ {' '.join(command)}\n")
+            log.flush()
+            # a session of its own: a Ctrl-C in the terminal reaches the sweep only, which stops each child once
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _rounds(self) -> tuple[int, int]:
+        """Rounds finished over the whole grid, and rounds in it."""
+        done = sum(min(_round_of(p.run_dir), total) for p, total in self._totals.items())
+        return done, sum(self._totals.values())
+
+
+def _round_of(folder: Path) -> int:
+    try:
+        return int(json.loads((folder / "status.json").read_text())["round"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _outcome(point: Point, code: int) -> Outcome:
+    try:
+        status = json.loads((point.run_dir / "status.json").read_text())
+    except (OSError, ValueError):
+        status = {}
+    if code == 2:
+        return Outcome(point, "refused", f"a user error: see logs/{point.name}.log")
+    state = {0: status.get("status", "completed"), 3: "diverged"}.get(code, "failed")
+    return Outcome(point, state, status.get("message", ""))
+
+
+def run_dirs(outcomes: Sequence[Outcome]) -> list[Path]:
+    """The folders of the runs that give a table row: finished ones (completed or diverged, now or before)."""
+    return [o.point.run_dir for o in outcomes if o.state in ("skipped", "completed", "diverged", "stopped")]
+
+
+__all__ = ["Point", "Outcome", "Sweep", "values", "grid", "read_sweep_file", "points", "what_to_do", "run_dirs"]

@@ -1,0 +1,297 @@
+"""Choosing a method's hyperparameters on the validation split (never the test set) with Optuna.
+
+    bayesadmm tune fmnist-heterog10 method=fedprox rounds=20 --trials 20 --out runs/tune-fedprox
+
+Each trial is a run (`experiments.build.run`) with `validation=` a held-out part of the training set (0.1 unless
+set), scored by its validation metric at its last round (`val_acc`, maximised, by default). A trial reports its
+metric every round, and Optuna's median pruner stops a trial whose curve is below the median of the earlier trials'
+at the same round (after a few rounds and trials), so hopeless settings cost little.
+
+The search space of each method is declared in search_spaces.json (the papers' grids where they give them; see
+`_about` there); `space` entries NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c add or replace parameters.
+
+The study lives in a SQLite file in the output folder (study.db; inspect it with Optuna's own tools, e.g.
+optuna-dashboard sqlite:///.../study.db), and each trial's run in trial-NNNN/. A tune killed at any moment and
+started again goes on: a trial cut off by the kill (found by its stopped heartbeat) is tried again with the same
+values, from its run's last checkpoint; finished trials count toward the budget (`trials`, or `round_budget` rounds
+over all trials). `report` writes report.md (the chosen values, every trial, and the command that runs the chosen
+setting on the test set with several seeds) and curves.png (each trial's validation curve).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from bayesadmm.experiments.config import ConfigError, RunConfig, method_parameters, resolve
+
+STUDY = "tune"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One searched hyperparameter: log-uniform or uniform in [low, high], or one of `choices`."""
+
+    name: str
+    kind: str  # log, range or choices
+    low: float = 0.0
+    high: float = 0.0
+    choices: tuple = ()
+
+    def suggest(self, trial) -> Any:
+        if self.kind == "choices":
+            return trial.suggest_categorical(self.name, list(self.choices))
+        return trial.suggest_float(self.name, self.low, self.high, log=self.kind == "log")
+
+    def describe(self) -> str:
+        if self.kind == "choices":
+            return ",".join(str(c) for c in self.choices)
+        return f"{self.kind}:{self.low:g}:{self.high:g}"
+
+
+def _param(name: str, spec: Mapping[str, Any]) -> Param:
+    if "choices" in spec:
+        return Param(name, "choices", choices=tuple(spec["choices"]))
+    kind = "log" if "log" in spec else "range"
+    low, high = (float(x) for x in spec[kind])
+    if not (low < high and (kind == "range" or low > 0)):
+        raise ConfigError(f"search space of {name}: need low < high (and low > 0 for log), got {low}, {high}")
+    return Param(name, kind, low, high)
+
+
+def parse_param(text: str) -> Param:
+    """NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c (numbers where they parse)."""
+    name, sep, value = text.partition("=")
+    if not sep or not value:
+        raise ConfigError(f"--space takes NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c; got {text!r}")
+    kind, _, bounds = value.partition(":")
+    if kind in ("log", "range"):
+        try:
+            low, high = (float(x) for x in bounds.split(":"))
+        except ValueError:
+            raise ConfigError(f"--space {name}: {kind}:LOW:HIGH with two numbers, got {value!r}") from None
+        return _param(name.strip(), {kind: [low, high]})
+    return Param(name.strip(), "choices", choices=tuple(_number(v) for v in value.split(",") if v.strip()))
+
+
+def _number(text: str):
+    try:
+        return int(text) if text.strip().lstrip("-").isdigit() else float(text)
+    except ValueError:
+        return text.strip()
+
+
+def space_for(method: str, extra: Sequence[str] = ()) -> dict[str, Param]:
+    """The declared search space of `method` with `extra` entries (NAME=...) added or replacing its own."""
+    table = json.loads(resources.files("bayesadmm.experiments").joinpath("search_spaces.json").read_text())
+    space = {name: _param(name, spec) for name, spec in table.get(method, {}).items()}
+    space.update({p.name: p for p in map(parse_param, extra)})
+    if not space:
+        raise ConfigError(f"{method} has no declared search space; give one with --space NAME=log:LOW:HIGH")
+    valid = method_parameters(method)
+    unknown = sorted(set(space) - set(valid))
+    if unknown:
+        raise ConfigError(f"{method} has no hyperparameters {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+    return space
+
+
+def _optuna():
+    try:
+        import optuna
+    except ImportError:
+        raise ImportError("tuning needs Optuna: pip install -e '.[tune]'") from None
+    return optuna
+
+
+@dataclass
+class Tuning:
+    """A tune of one method on one scenario: `fixed` are KEY=VALUE settings of every trial (method= among them)."""
+
+    scenario: str
+    fixed: tuple[str, ...]
+    space: dict[str, Param]
+    out: Path
+    trials: int = 20
+    round_budget: int = 0  # > 0: stop once the trials have run this many rounds in all
+    metric: str = "val_acc"
+    heartbeat: int = 5  # seconds; a trial silent for three of them is taken as killed and tried again
+    on_trial: Callable[[Any], None] | None = None  # called with each finished Optuna trial
+    base: RunConfig = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        given = dict(o.split("=", 1) for o in self.fixed)
+        self.fixed = tuple(self.fixed) + (() if "validation" in given else ("validation=0.1",))
+        self.base, _ = resolve(self.scenario, self.fixed)
+        if self.base.validation <= 0:
+            raise ConfigError("tuning chooses on a validation split: set validation= in (0, 1), e.g. 0.1")
+        if not self.metric.startswith("val_"):
+            raise ConfigError(f"the metric is a validation one (val_acc, val_nll, ...), got {self.metric!r}")
+
+    @property
+    def maximise(self) -> bool:
+        return not any(word in self.metric for word in ("nll", "ece", "rmse", "error"))
+
+    def study(self):
+        optuna = _optuna()
+        self.out.mkdir(parents=True, exist_ok=True)
+        storage = optuna.storages.RDBStorage(
+            f"sqlite:///{(self.out / 'study.db').resolve()}",
+            heartbeat_interval=self.heartbeat,
+            grace_period=3 * self.heartbeat,
+            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2),
+        )
+        return optuna.create_study(
+            study_name=STUDY,
+            storage=storage,
+            load_if_exists=True,
+            direction="maximize" if self.maximise else "minimize",
+            sampler=optuna.samplers.TPESampler(seed=self.base.seed),
+            pruner=optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=2),
+        )
+
+    def run(self):
+        """Run trials until the budget is spent; returns the Optuna study."""
+        study = self.study()
+        while not self._spent(study):
+            study.optimize(self._objective, n_trials=1, catch=())
+            if self.on_trial is not None:
+                self.on_trial(study.trials[-1])
+        return study
+
+    def _spent(self, study) -> bool:
+        counted = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED") or t.user_attrs.get("diverged")]
+        rounds = sum(int(t.user_attrs.get("rounds", 0)) for t in study.trials)
+        return len(counted) >= self.trials or (self.round_budget > 0 and rounds >= self.round_budget)
+
+    def _objective(self, trial) -> float:
+        from bayesadmm.experiments.build import run
+
+        optuna = _optuna()
+        frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
+        # a trial cut off by a kill (retried by Optuna) or an interrupt (enqueued again, below) carries its folder
+        # and goes on from that run's checkpoint, with the same values
+        continued = frozen.user_attrs.get("run_dir")
+        run_dir = self.out / (continued or f"trial-{trial.number:04d}")
+        values = {name: param.suggest(trial) for name, param in self.space.items()}
+        config, _ = resolve(self.scenario, (*self.fixed, *(f"{k}={v}" for k, v in values.items()), f"out={run_dir}"))
+        trial.set_user_attr("run_dir", run_dir.name)
+        history: list[float] = []
+
+        def on_round(line: dict) -> None:
+            value = line.get(self.metric)
+            if value is None:
+                raise ConfigError(f"the runs report no {self.metric}; metrics: {', '.join(sorted(line))}")
+            history.append(value)
+            trial.set_user_attr("rounds", int(line["round"]))
+            trial.report(value, int(line["round"]))
+            if trial.should_prune():
+                raise optuna.TrialPruned(f"round {line['round']}: {self.metric} {value:.4g} below the median")
+
+        resume = continued is not None and (run_dir / "checkpoint.pt").exists()
+        try:
+            result = run(config, resume=resume, progress=False, overwrite=not resume, on_round=on_round)
+        except KeyboardInterrupt:
+            trial.study.enqueue_trial(values, user_attrs={"run_dir": run_dir.name})
+            raise
+        if result.status == "diverged":
+            trial.set_user_attr("diverged", result.message)
+            return math.nan  # a failed trial: Optuna never chooses it
+        return float(result.history[-1][self.metric])
+
+    def test_command(self, values: Mapping[str, Any], seeds: str = "0:3") -> str:
+        """The command that runs `values` on the test set (no validation split) with several seeds."""
+        settings = [o for o in self.fixed if not o.startswith(("validation=", "out=", "seed="))]
+        chosen = [f"{k}={v}" for k, v in values.items()]
+        words = [
+            "bayesadmm",
+            "sweep",
+            self.scenario,
+            *settings,
+            *chosen,
+            f"seed={seeds}",
+            "--out",
+            str(self.out / "test"),
+        ]
+        return shlex.join(words)
+
+
+def report(tuning: Tuning, study) -> str:
+    """report.md and curves.png in the tune's folder; returns the report's text."""
+    from bayesadmm.reports import read_run
+
+    rows, curves = [], {}
+    for t in study.trials:
+        folder = tuning.out / t.user_attrs.get("run_dir", f"trial-{t.number:04d}")
+        value = "—" if t.value is None or math.isnan(t.value) else f"{t.value:.4f}"
+        state = "diverged" if t.user_attrs.get("diverged") else t.state.name.lower()
+        params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
+        rows.append(f"| {t.number} | {state} | {params} | {t.user_attrs.get('rounds', 0)} | {value} |")
+        if (folder / "metrics.jsonl").exists():
+            history = read_run(folder)[1]
+            curves[t.number] = [(line["round"], line[tuning.metric]) for line in history if tuning.metric in line]
+    done = [t for t in study.trials if t.state.name == "COMPLETE" and t.value is not None and not math.isnan(t.value)]
+    lines = [f"# Tuning {tuning.base.method} on {tuning.scenario} (validation split {tuning.base.validation})", ""]
+    if done:
+        best = study.best_trial
+        lines += [
+            f"Chosen: trial {best.number}, {tuning.metric} = {best.value:.4f} at round {best.user_attrs.get('rounds')}",
+            "",
+            "    " + ", ".join(f"{k}={v}" for k, v in best.params.items()),
+            "",
+            "On the test set with several seeds:",
+            "",
+            "    " + tuning.test_command(best.params),
+            "",
+        ]
+    else:
+        lines += ["No trial has finished yet.", ""]
+    space = ", ".join(f"{p.name}={p.describe()}" for p in tuning.space.values())
+    lines += [
+        f"Search space: {space}",
+        "",
+        f"| trial | state | values | rounds | {tuning.metric} |",
+        "|---|---|---|---|---|",
+    ]
+    text = "\n".join(lines + rows) + "\n"
+    (tuning.out / "report.md").write_text(text)
+    _plot(curves, study.best_trial.number if done else None, tuning, tuning.out / "curves.png")
+    return text
+
+
+def _plot(curves: Mapping[int, list[tuple[int, float]]], best: int | None, tuning: Tuning, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for number, points in sorted(curves.items()):
+        if points:
+            rounds, values = zip(*points, strict=True)
+            chosen = number == best
+            axes.plot(
+                rounds,
+                values,
+                color="C3" if chosen else "0.6",
+                lw=2.2 if chosen else 0.9,
+                zorder=3 if chosen else 1,
+                label=f"trial {number} (chosen)" if chosen else None,
+            )
+    axes.set_xlabel("round")
+    axes.set_ylabel(tuning.metric)
+    axes.set_title(f"{tuning.base.method} on {tuning.scenario}: each trial's validation curve")
+    if best is not None:
+        axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+__all__ = ["Param", "Tuning", "parse_param", "space_for", "report"]

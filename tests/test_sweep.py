@@ -1,0 +1,109 @@
+"""`bayesadmm sweep`: the grid is what was asked, a finished run is never repeated, a killed sweep started again
+gives the numbers of an uninterrupted one, and a folder of another configuration is refused."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bayesadmm import cli
+from bayesadmm.experiments.config import ConfigError
+from bayesadmm.experiments.sweep import grid, points, values
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    from tests.data.test_images import write_dataset
+
+    folder = tmp_path_factory.mktemp("fmnist")
+    write_dataset(folder, n_train=300, n_test=40)
+    return folder
+
+
+def _metrics(folder: Path) -> list[tuple[int, float]]:
+    lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [(line["round"], line["test_acc"]) for line in lines]
+
+
+def test_values_and_grid():
+    assert (
+        values("a,b,c") == ["a", "b", "c"] and values("0:3") == ["0", "1", "2"] and values("1:6:2") == ["1", "3", "5"]
+    )
+    assert grid(["method=fedavg,feddyn", "seed=0:2"]) == {"method": ["fedavg", "feddyn"], "seed": ["0", "1"]}
+    for bad, message in ((["seed=3:3"], "is empty"), (["seed=0:1", "seed=2"], "given twice"), (["lr"], "KEY=VALUES")):
+        with pytest.raises(ConfigError, match=message):
+            grid(bad)
+
+
+def test_points_are_named_by_what_varies_and_checked(tmp_path):
+    made = points(["fmnist-heterog10"], grid(["method=fedavg", "lr=0.1,0.01", "seed=0:2"]), tmp_path)
+    assert [p.name for p in made] == ["lr=0.1,seed=0", "lr=0.1,seed=1", "lr=0.01,seed=0", "lr=0.01,seed=1"]
+    with pytest.raises(ConfigError, match="lr=nan: lr must be a number, got nan"):
+        points(["fmnist-heterog10"], grid(["method=fedavg", "lr=0.1,nan"]), tmp_path)
+
+
+def _sweep(out: Path, data_dir: Path, *extra: str) -> list[str]:
+    axes = ["method=fedavg", "lr=0.05", "batch_size=64", "seed=0:2", f"data_dir={data_dir}", *extra]
+    return ["sweep", "fmnist-heterog10", *axes, "--out", str(out), "--quiet", "--rounds", "2"]
+
+
+def test_a_finished_sweep_repeats_nothing(tmp_path, data_dir, capsys):
+    out = tmp_path / "sweep"
+    assert cli.main(_sweep(out, data_dir, "rounds=2")) == 0
+    printed = capsys.readouterr().out
+    assert "runs: 2 completed" in printed and "| fedavg" in printed and (out / "table.md").exists()
+    before = {p: p.stat().st_mtime_ns for p in out.glob("seed=*/metrics.jsonl")}
+    assert cli.main(_sweep(out, data_dir, "rounds=2")) == 0
+    assert "runs: 2 skipped" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in out.glob("seed=*/metrics.jsonl")} == before
+    # the same folder with another setting is refused before anything runs
+    assert cli.main(_sweep(out, data_dir, "rounds=3", "epochs=2")) == 2
+    assert "holds a run of another configuration (differs in epochs, rounds)" in capsys.readouterr().err
+
+
+def test_a_killed_sweep_goes_on_to_the_uninterrupted_numbers(tmp_path, data_dir):
+    rounds = "rounds=10"
+    reference = tmp_path / "reference"
+    assert cli.main(_sweep(reference, data_dir, rounds, "workers=1")) == 0
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "bayesadmm", *_sweep(out, data_dir, rounds, "workers=1")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    status = out / "seed=0" / "status.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until the first run is in the middle of its rounds
+        if status.exists() and 2 <= json.loads(status.read_text())["round"] < 8:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM
+    assert json.loads(status.read_text())["status"] == "interrupted"
+    assert not (out / "seed=1" / "metrics.jsonl").exists() or _metrics(out / "seed=1") != _metrics(reference / "seed=1")
+    assert cli.main(_sweep(out, data_dir, rounds, "workers=1")) == 0
+    for seed in ("seed=0", "seed=1"):
+        assert _metrics(out / seed) == _metrics(reference / seed)
+    assert "resume" in (out / "logs" / "seed=0.log").read_text()
+
+
+def test_a_user_error_in_a_run_stops_the_sweep(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "sweep"
+    assert cli.main(_sweep(out, empty, "rounds=2")) == 2
+    printed = capsys.readouterr().out
+    assert "seed=0: refused" in printed and "seed=1" not in printed  # the second run was not started
+    assert "bayesadmm:" in (out / "logs" / "seed=0.log").read_text()
+
+
+def test_the_committed_sweep_files_expand(tmp_path):
+    from bayesadmm.experiments.sweep import read_sweep_file
+
+    expected = {"fmnist-table1.json": 2 * 8 * 3, "fmnist-heterog100.json": 3 * 3}
+    for name, count in expected.items():
+        scenarios, axes = read_sweep_file(Path(__file__).parents[1] / "sweeps" / name)
+        assert len(points(scenarios, axes, tmp_path)) == count

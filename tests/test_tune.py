@@ -1,0 +1,95 @@
+"""`bayesadmm tune`: trials are scored on the validation split only, the study resumes after a kill (a trial cut off
+goes on from its run's checkpoint with the same values), and every declared search space fits its method."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from bayesadmm import cli
+from bayesadmm.experiments.config import ConfigError
+from bayesadmm.experiments.tune import Tuning, parse_param, report, space_for
+
+optuna = pytest.importorskip("optuna")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    from tests.data.test_images import write_dataset
+
+    folder = tmp_path_factory.mktemp("fmnist")
+    write_dataset(folder, n_train=300, n_test=40)
+    return folder
+
+
+def _fixed(data_dir: Path, rounds: int) -> tuple[str, ...]:
+    return ("method=fedavg", f"rounds={rounds}", f"data_dir={data_dir}", "workers=1", "batch_size=64")
+
+
+def test_every_declared_search_space_fits_its_method():
+    import importlib.resources
+
+    table = json.loads(importlib.resources.files("bayesadmm.experiments").joinpath("search_spaces.json").read_text())
+    for method in (m for m in table if not m.startswith("_")):
+        assert space_for(method)  # names checked against the method's hyperparameters
+    assert parse_param("lr=log:1e-5:1e-2").kind == "log" and parse_param("mu=0.1,1").choices == (0.1, 1)
+    with pytest.raises(ConfigError, match="fedavg has no hyperparameters mu"):
+        space_for("fedavg", ["mu=0.1,1"])
+    with pytest.raises(ConfigError, match="low < high"):
+        parse_param("lr=log:1e-2:1e-5")
+
+
+def test_trials_see_only_the_validation_split_and_a_tune_goes_on(tmp_path, data_dir):
+    out = tmp_path / "tune"
+    tuning = Tuning("fmnist-heterog10", _fixed(data_dir, 2), space_for("fedavg"), out, trials=2, heartbeat=1)
+    study = tuning.run()
+    assert len(study.trials) == 2 and (out / "study.db").exists()
+    for folder in out.glob("trial-*"):
+        lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        assert lines and all("val_acc" in line and not any(k.startswith("test_") for k in line) for line in lines)
+    text = report(tuning, study)
+    assert "Chosen: trial" in text and "bayesadmm sweep fmnist-heterog10 method=fedavg" in text and "seed=0:3" in text
+    assert "validation=" not in text.split("On the test set")[1]  # the test command runs on the test set
+    more = Tuning("fmnist-heterog10", _fixed(data_dir, 2), space_for("fedavg"), out, trials=3, heartbeat=1).run()
+    assert len(more.trials) == 3  # the two finished trials count: one more was run
+
+
+def test_a_killed_tune_goes_on_from_the_cut_off_trials_checkpoint(tmp_path, data_dir):
+    out = tmp_path / "tune"
+    script = textwrap.dedent(
+        f"""
+        from bayesadmm.experiments.tune import Tuning, space_for
+        Tuning("fmnist-heterog10", {_fixed(data_dir, 12)!r}, space_for("fedavg"), {str(out)!r}, trials=1,
+               heartbeat=1).run()
+        """
+    )
+    process = subprocess.Popen([sys.executable, "-c", script])
+    status = out / "trial-0000" / "status.json"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if status.exists() and 2 <= json.loads(status.read_text())["round"] < 10:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    cut_at = json.loads(status.read_text())["round"]
+    time.sleep(3.5)  # past the heartbeat's grace period: the trial is known to be dead
+    study = Tuning("fmnist-heterog10", _fixed(data_dir, 12), space_for("fedavg"), out, trials=1, heartbeat=1).run()
+    states = [t.state.name for t in study.trials]
+    assert states == ["FAIL", "COMPLETE"] and study.trials[0].params == study.trials[1].params
+    lines = [json.loads(line) for line in (out / "trial-0000" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["round"] for line in lines] == list(range(1, 13)) and cut_at >= 2
+    assert not (out / "trial-0001").exists()  # the retry went on in the cut-off trial's folder
+
+
+def test_the_cli_refuses_a_tune_without_a_validation_split(tmp_path, capsys, data_dir):
+    args = ["tune", "fmnist-heterog10", *_fixed(data_dir, 2), "validation=0", "--out", str(tmp_path / "t")]
+    assert cli.main(args) == 2
+    assert "tuning chooses on a validation split" in capsys.readouterr().err
