@@ -1,10 +1,11 @@
 # `make demo` and `make test` set everything up themselves (scripts/setup.sh), then run. `make test` lints and
-# type-checks src/ (ruff, mypy) before the test suite.
+# type-checks src/ (ruff, mypy) and builds the documentation site (mkdocs, warnings are errors) before the test
+# suite. `make docs` serves the site at http://127.0.0.1:8000 and rebuilds it on every edit.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs/demo
 
-.PHONY: setup demo test figures
+.PHONY: setup demo test docs figures
 
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
@@ -16,7 +17,11 @@ test: setup
 	$(PY) -m ruff check src
 	$(PY) -m ruff format --check src
 	$(PY) -m mypy src/bayesadmm
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
 	$(PY) -m pytest --durations=15
+
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
 
 figures: setup
 	$(VENV)/bin/bayesadmm paper onestep --out docs/figures

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs, idempotently: a virtual environment (.venv, or $VENV) with the CPU build of
-# torch, the package with its test and Flower dependencies, and FashionMNIST (Debian package dataset-fashion-mnist) where the
-# machine has apt and we are root. Called by `make demo` and `make test`, so a fresh clone needs nothing else.
+# torch, the package with its test, Flower and documentation dependencies, and FashionMNIST (Debian package
+# dataset-fashion-mnist) where the machine has apt and we are root. Called by `make demo` and `make test`, so a
+# fresh clone needs nothing else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -12,15 +13,15 @@ if [ ! -x "$PY" ]; then
   python3 -m venv "$VENV"
 fi
 if ! "$PY" -c "import torch" 2>/dev/null; then
-  # Pinned on purpose: 2.13.0 is the CPU build that lies on this kind of machine's disk; an unpinned `torch` would
-  # pull a CUDA build of several GB. Any torch >= 2.4 works if you install it yourself first.
+  # Pinned on purpose: 2.13.0 is a CPU build; an unpinned `torch` would pull a CUDA build of several GB.
+  # Any torch >= 2.4 works if you install it yourself first.
   echo "setup: installing torch==2.13.0"
   "$PY" -m pip install --quiet --disable-pip-version-check torch==2.13.0
 fi
 stamp="$VENV/.bayesadmm-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "setup: installing bayesadmm with its test and Flower dependencies"
-  "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test,flower]"
+  echo "setup: installing bayesadmm with its test, Flower and documentation dependencies"
+  "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test,flower,docs]"
   # The flower extra allows flwr 1.41-1.42 because flwr 1.42.0 (the newest release) requires certifi>=2026.10.19,
   # a CA bundle newer than the package registry may serve; pip then settles on 1.41.0. 1.42.0's other requirements
   # are 1.41.0's except uv>=0.13.5, so we put 1.42.0 (and that uv) on top without the certifi floor: the code is

@@ -115,24 +115,36 @@ def run(
     progress: bool = True,
     on_round: Callable[[dict], None] | None = None,
 ) -> Result:
-    """Run a federated experiment; returns a `Result` (status, history of per-round metrics, final server state,
-    `result.posterior`, the run directory).
+    """Run a federated experiment and return its `Result`: the status, the metrics of every round, the final server
+    state and `result.posterior`, and the run directory.
 
-    model: any `torch.nn.Module` (its current parameters are the initial ones; its buffers are carried as
-        constants) or a `FlatModel`.
-    clients: a list of clients, or a mapping client id (int) → client, each an (X, y) pair of tensors, a
-        `torch.utils.data.Dataset` of (x, y) pairs, or a ready `bayesadmm.ClientData` object.
-    test: the evaluation set, an (X, y) pair or a Dataset.
-    algorithm, hparams: a registry name with its keyword hyperparameters, a factory, or an Algorithm (see
-        `algorithm_factory`). A factory must be a module-level function (or a partial of one) for workers > 1.
-    likelihood: `Classification()` (default), `GaussianRegression(noise)` or `NegLogLikelihood(fn)`.
-    metrics: extra metrics, name → fn(outputs (S, N, ...), targets) -> float; reported as test_<name> at the mean
-        and ens_test_<name> for the predictive.
-    rounds, seed, participation, eval_samples, workers, device, checkpoint_every, stop_at: see `Settings`.
-    out: the run directory (default: a new runs/run-<date-time>); `resume=True` continues the checkpoint in `out`
-        with the same arguments, giving the numbers an uninterrupted run would have. A run already in `out` is never
-        replaced unless `overwrite=True`, and one run directory has one writer at a time (`RunDirError` otherwise).
-    on_round: called with each round's metrics line (a dict).
+    Args:
+        model: any `torch.nn.Module` (its current parameters are the initial ones; its buffers are carried as
+            constants) or a `FlatModel`.
+        clients: a list of clients, or a mapping from client id (int) to client, each an (X, y) pair of tensors, a
+            `torch.utils.data.Dataset` of (x, y) pairs, or a ready `bayesadmm.ClientData` object.
+        test: the evaluation set, an (X, y) pair or a Dataset.
+        algorithm: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory, or an Algorithm (see
+            `algorithm_factory`). A factory must be a module-level function (or a partial of one) for workers > 1.
+        hparams: the algorithm's keyword hyperparameters.
+        likelihood: `Classification()` (default), `GaussianRegression(noise)` or `NegLogLikelihood(fn)`.
+        metrics: extra metrics, name → `fn(outputs (S, N, ...), targets) -> float`, reported as `test_<name>` at
+            the mean and `ens_test_<name>` for the predictive.
+        rounds: communication rounds.
+        seed: the seed every generator of (seed, round, client) derives from.
+        participation: the fraction of clients drawn each round.
+        eval_samples: posterior samples for the predictive's metrics.
+        workers: client updates in that many processes (0: one per core), with the numbers of one.
+        device: the torch device the clients train on and the evaluation runs on.
+        checkpoint_every: write the checkpoint every N rounds (and after the last).
+        stop_at: stop after this round, keeping the schedule of `rounds` (0: run all rounds).
+        out: the run directory (default: a new `runs/run-<date-time>`).
+        resume: continue the checkpoint in `out`, called with the same arguments; the numbers are those an
+            uninterrupted run would have.
+        overwrite: replace a run already in `out`; without it a run directory that holds a run raises
+            `RunDirError`, as does a second process writing the same directory.
+        progress: show a progress bar.
+        on_round: called with each round's metrics line (a dict).
     """
     settings = Settings(
         rounds=rounds,

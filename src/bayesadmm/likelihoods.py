@@ -1,6 +1,6 @@
 r"""Likelihoods ``p(y | f(x; θ))``: the training loss of a model's outputs and the metrics of its predictions.
 
-A :class:`Likelihood` is three pure functions of tensors, so the training loop and :func:`bayesadmm.metrics.evaluate`
+A ``Likelihood`` is three pure functions of tensors, so the training loop and ``bayesadmm.metrics.evaluate``
 work for any observation model:
 
     mean_nll(F, Y)    = (1/N) Σ_i −log p(y_i | f_i)                   the training loss, differentiable in F
@@ -11,7 +11,7 @@ with ``F`` the model outputs of ``N`` examples (``(N, ...)`` for ``mean_nll``, `
 draws for ``predictive``, ``S = 1`` at the posterior mean).  The implementations are frozen dataclasses of plain
 values, so they pickle into worker processes; names such as ``"gaussian"`` are mapped to them by the config layer.
 
-:class:`GaussianRegression` and :class:`NegLogLikelihood` score the posterior predictive as the exact mixture
+``GaussianRegression`` and ``NegLogLikelihood`` score the posterior predictive as the exact mixture
 ``(1/S) Σ_s p(y | f_s)`` through ``logsumexp``, which stays finite where the individual densities underflow.
 """
 
@@ -55,7 +55,7 @@ class Classification:
     """Categorical ``p(y | f) = softmax(f)_y`` over logits ``f (N, C)`` and integer labels ``y (N,)``.
 
     The predictive averages probabilities, not logits (the Monte-Carlo estimate of ``E_q[softmax(f(x; θ))]``), and
-    is scored by :func:`bayesadmm.metrics.classification_metrics`: ``acc``, ``nll``, ``ece`` (``bins`` equal-width
+    is scored by ``bayesadmm.metrics.classification_metrics``: ``acc``, ``nll``, ``ece`` (``bins`` equal-width
     confidence bins) and ``brier``.
     """
 
@@ -155,7 +155,7 @@ class NegLogLikelihood:
     """A user-written per-example negative log-likelihood ``fn(outputs (N, ...), targets (N, ...)) -> (N,)``.
 
     ``fn`` sees the targets as they are and the outputs as the model returns them, except that one extra trailing
-    dimension of size 1 is squeezed as in :class:`GaussianRegression` (so a ``Linear(·, 1)`` head does not
+    dimension of size 1 is squeezed as in ``GaussianRegression`` (so a ``Linear(·, 1)`` head does not
     broadcast ``(N, 1)`` against ``(N,)`` targets into ``(N, N)``).  It must be differentiable in the outputs for
     training, and picklable (a module-level function or a ``functools.partial`` of one, not a lambda) to reach
     worker processes.  The predictive keeps the draws, and the only metric is the mixture's

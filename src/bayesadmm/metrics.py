@@ -1,13 +1,13 @@
 r"""Test metrics of a model, at the posterior mean and under the posterior predictive, for any likelihood.
 
-:func:`evaluate` scores a trained posterior ``q`` on held-out data ``(x_i, y_i)``, ``i = 1, …, N``, in two ways:
+``evaluate`` scores a trained posterior ``q`` on held-out data ``(x_i, y_i)``, ``i = 1, …, N``, in two ways:
 
     mean prediction        the outputs f(x; m),                                m = E_q[θ]     (S = 1)
     posterior predictive   the outputs f(x; θ_s), s = 1, …, S,                 θ_s ~ q
 
-each turned into metrics by a :class:`bayesadmm.likelihoods.Likelihood` (classification by default).
+each turned into metrics by a ``bayesadmm.likelihoods.Likelihood`` (classification by default).
 
-Classification (:class:`~bayesadmm.likelihoods.Classification`): predicted class probabilities
+Classification (``Classification``): predicted class probabilities
 ``p_i = (1/S) Σ_s softmax(f(x_i; θ_s)) ∈ Δ^{C−1}`` (probabilities averaged, not logits: the Monte-Carlo estimate of
 ``E_q[p(y | x, θ)]``), with top-1 prediction ``ŷ_i = argmax_c p_ic`` and confidence ``c_i = max_c p_ic``:
 
@@ -18,7 +18,7 @@ Classification (:class:`~bayesadmm.likelihoods.Classification`): predicted class
 
 (Guo et al., 2017), where ``acc(B_b)`` and ``conf(B_b)`` are the mean correctness and mean confidence in bin ``b``.
 
-Regression (:class:`~bayesadmm.likelihoods.GaussianRegression`, ``y ~ N(f(x), σ²)``), with ``f_si = f(x_i; θ_s)``,
+Regression (``GaussianRegression``, ``y ~ N(f(x), σ²)``), with ``f_si = f(x_i; θ_s)``,
 ``f̄_i = (1/S) Σ_s f_si`` and ``v_i = σ² + (1/S) Σ_s (f_si − f̄_i)²`` (written for scalar targets; with ``D``
 outputs the densities multiply over the dimensions and rmse and coverage average over them):
 
@@ -28,7 +28,7 @@ outputs the densities multiply over the dimensions and rmse and coverage average
     coverage90         = coverage_0.9
     calibration_error  = mean_α |coverage_α − α|,     α ∈ {0.1, 0.2, …, 0.9, 0.95}
 
-Custom (:class:`~bayesadmm.likelihoods.NegLogLikelihood` of a per-example ``ℓ(f, y) = −log p(y | f)``):
+Custom (``NegLogLikelihood`` of a per-example ``ℓ(f, y) = −log p(y | f)``):
 
     nll                = −(1/N) Σ_i log (1/S) Σ_s exp(−ℓ(f_si, y_i))
 
@@ -101,12 +101,12 @@ def evaluate(
     """Metrics of the mean prediction and, for a distribution, of the posterior predictive (keys prefixed ``ens_``).
 
     ``posterior`` is anything with a ``.mean`` (``θ``-vector); if it also has ``.sample(n, generator)`` (a
-    :class:`bayesadmm.families.Posterior`) the predictive is estimated from ``samples`` draws made once, with
+    ``bayesadmm.families.Posterior``) the predictive is estimated from ``samples`` draws made once, with
     ``generator``, and shared by all batches, so the result does not depend on ``batch_size``.  A point estimate
-    (:class:`bayesadmm.algorithms.PointEstimate`) gives only the mean metrics.
+    (``bayesadmm.algorithms.PointEstimate``) gives only the mean metrics.
 
     The metrics are ``likelihood.metrics`` of the concatenated ``likelihood.predictive`` summaries (for the default
-    :class:`~bayesadmm.likelihoods.Classification`, ``acc``, ``nll``, ``ece``, ``brier``; its ``bins`` sets the ECE
+    ``Classification``, ``acc``, ``nll``, ``ece``, ``brier``; its ``bins`` sets the ECE
     bins), plus, for each ``name, fn`` in ``extra``, ``name = fn(outputs, y)`` with the whole set's outputs at the
     mean, shape ``(1, N, ...)``, and ``ens_name`` with those under the draws, ``(S, N, ...)``; ``fn`` returns a float.
     The outputs are kept in memory only when ``extra`` is given.

@@ -71,7 +71,7 @@ class GaussianFamily(abc.ABC):
     directly from the exponential-family form (``log_prob``, ``zeros``) and
     the Bayesian-learning-rule step of the families with a free precision.
 
-    A *precision-shaped* quantity is what :meth:`to_moments` returns as the
+    A *precision-shaped* quantity is what ``to_moments`` returns as the
     precision: a 0-dim tensor (isotropic), a ``(d,)`` vector (diagonal) or a
     ``(d, d)`` matrix (full).  A dual ``η = (v, −½V)`` has the layout of ``λ``;
     its curvature part ``V`` is precision-shaped (0 for the isotropic family,
@@ -104,7 +104,7 @@ class GaussianFamily(abc.ABC):
             raise ValueError(f"theta must have shape (..., {self.dim}), got {shape}")
 
     def is_valid(self, lam: Natural) -> bool:
-        """``True`` iff :meth:`validate` accepts ``lam`` (e.g. to reject a step)."""
+        """``True`` iff ``validate`` accepts ``lam`` (e.g. to reject a step)."""
         try:
             self.validate(lam)
         except ValueError:
@@ -154,7 +154,7 @@ class GaussianFamily(abc.ABC):
 
     @abc.abstractmethod
     def from_expectation(self, mu: Natural) -> Natural:
-        """``λ`` from ``μ`` (the inverse of :meth:`to_expectation`)."""
+        """``λ`` from ``μ`` (the inverse of ``to_expectation``)."""
 
     @abc.abstractmethod
     def sufficient_statistics(self, theta: Tensor) -> Natural:
@@ -210,7 +210,7 @@ class GaussianFamily(abc.ABC):
 
     @abc.abstractmethod
     def natural_gradient(self, lam: Natural, derivs: tuple[Tensor, Tensor]) -> Natural:
-        """``∇_μ E_q[ℓ]`` from ``derivs = (E_q[∇ℓ], E_q[∇²ℓ])``, the Hessian as :meth:`loss_hessian` gives it
+        """``∇_μ E_q[ℓ]`` from ``derivs = (E_q[∇ℓ], E_q[∇²ℓ])``, the Hessian as ``loss_hessian`` gives it
         (Khan & Rue 2023, Eqs. 10–11; BayesADMM Eqs. 48, 60)."""
 
     def natural_step(

@@ -5,9 +5,9 @@ A member of a family is the density
     q(θ) = h(θ) exp(<λ, T(θ)> − A(λ)),        θ ∈ R^d,
 
 represented only by its natural parameter ``λ`` (a tuple of tensors, see
-:mod:`bayesadmm.families.natural`).  The expectation parameter is
-``μ = E_q[T(θ)] = ∇A(λ)``, and the maps ``λ ↦ μ`` (:meth:`to_expectation`) and
-``μ ↦ λ`` (:meth:`from_expectation`) are mutual inverses.  Because
+``bayesadmm.families.natural``).  The expectation parameter is
+``μ = E_q[T(θ)] = ∇A(λ)``, and the maps ``λ ↦ μ`` (``to_expectation``) and
+``μ ↦ λ`` (``from_expectation``) are mutual inverses.  Because
 ``KL(q‖p)`` is the Bregman divergence of ``A``,
 
     KL(q‖p) = A(λ_p) − A(λ_q) − <μ_q, λ_p − λ_q>,
@@ -34,10 +34,10 @@ Families are frozen dataclasses holding only the dimension (and, for the
 isotropic family, ``s``); every method is a pure function of its tensor
 arguments and works in the dtype/device of those arguments.
 
-:class:`GaussianFamily` (``base.py``) is the interface the algorithms and
+``GaussianFamily`` (``base.py``) is the interface the algorithms and
 solvers program against; the families are in ``isotropic.py``,
 ``diagonal.py`` and ``full.py``, and this module gathers them with
-:class:`Posterior` and :func:`make_family`.  Besides the exponential-family maps it holds what differs between
+``Posterior`` and ``make_family``.  Besides the exponential-family maps it holds what differs between
 the families in BayesADMM's client and server problems (Eq. 15 and Eq. 54):
 the server's starting point, the split of a dual into ``(v, V)``, the natural
 gradient of an expected loss, one step of the Bayesian learning rule, the

@@ -135,7 +135,7 @@ class IsotropicGaussian(GaussianFamily):
         return float(x) * torch.eye(self.dim, dtype=x.dtype, device=x.device)
 
     def loss_hessian(self, loss, theta: Tensor) -> Tensor:
-        """The full Hessian (the Newton step on the mean, :meth:`natural_step`, uses it)."""
+        """The full Hessian (the Newton step on the mean, ``natural_step``, uses it)."""
         return loss.hess(theta)
 
     def natural_gradient(self, lam: Natural, derivs: tuple[Tensor, Tensor]) -> Natural:

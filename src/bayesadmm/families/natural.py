@@ -1,6 +1,6 @@
 """Pure arithmetic on parameter tuples.
 
-Every exponential-family object in :mod:`bayesadmm.families` stores its
+Every exponential-family object in ``bayesadmm.families`` stores its
 parameters as a plain tuple of tensors, ``Natural = tuple[Tensor, ...]``.  The
 same layout holds natural parameters ``λ``, expectation parameters
 ``μ = E_q[T(θ)]`` and dual variables ``η`` (which need not describe a valid
@@ -153,7 +153,7 @@ def flatten(a: Natural) -> Tensor:
 
 
 def unflatten(vec: Tensor, like: Sequence[Tensor]) -> Natural:
-    """Inverse of :func:`flatten`: split ``vec`` into the component shapes of ``like``."""
+    """Inverse of ``flatten``: split ``vec`` into the component shapes of ``like``."""
     if vec.dim() != 1:
         raise ValueError(f"expected a 1-D tensor, got shape {tuple(vec.shape)}")
     sizes = [x.numel() for x in like]

@@ -2,7 +2,7 @@ r"""Neural networks evaluated from one flat parameter vector.
 
 The federated algorithms keep a model's parameters as one flat 1-D tensor ``θ ∈ R^d``: the server's algebra on
 natural parameters (``λ = (s∘m, −½ s)`` for the diagonal family) is then elementwise arithmetic on vectors of length
-``d``, the same for every architecture.  A :class:`FlatModel` is the bridge from such a vector to an ``nn.Module``.
+``d``, the same for every architecture.  A ``FlatModel`` is the bridge from such a vector to an ``nn.Module``.
 With the module's parameters ``j = 1, …, J`` in ``named_parameters()`` order, of shapes ``shape_j`` and sizes ``n_j``,
 and offsets ``o_j = Σ_{i<j} n_i`` (so ``d = Σ_j n_j``):
 
@@ -15,8 +15,8 @@ directly.  The module is only a template of the computation: it lives on the ``m
 accidentally read its own weights would fail instead of silently using stale values.
 
 Why a second route for plain MLPs: ``functional_call`` swaps the module's parameters in and out on every call (named
-member walks, tie checks, a context manager): on this project's 2-core machine the papers' MLP's forward pass at batch
-32 took 0.345 ms that way against 0.246 ms without (`python benchmarks/overheads.py`, docs/performance.md).  A
+member walks, tie checks, a context manager): for the papers' MLP at batch 32, `python benchmarks/overheads.py`
+measured 0.345 ms per forward pass that way against 0.246 ms without, on a 2-core CPU (docs/performance.md).  A
 ``Sequential`` made only of ``Flatten``, ``Linear`` and elementwise activations is therefore run from a plan fixed at
 construction: the same ``F.linear``/activation calls the modules make, on views of ``θ``, so the numbers are the same
 bits (tests/models/test_functional.py checks values and gradients against ``functional_call``).  Any other module goes
@@ -87,14 +87,14 @@ class FlatModel:
     """An ``nn.Module`` seen as a function ``(θ, X) ↦ logits`` of a flat vector ``θ`` of length ``dim``.
 
     ``build`` is a zero-argument callable returning a freshly initialised module.  It is called once for the
-    template and again by :meth:`initial_params`, so it must build the same architecture every time; a
+    template and again by ``initial_params``, so it must build the same architecture every time; a
     ``functools.partial`` of a module-level function keeps the model picklable for worker processes.
 
     Buffers (BatchNorm's running statistics, for instance) are carried, not trained: their values at construction
     are kept in ``buffers`` and passed to every forward pass as constants, so ``(θ, X) ↦ logits`` stays a pure
     function of ``θ``.  The template is in eval mode (BatchNorm normalises with the carried statistics, Dropout is
     off), so ``forward`` is deterministic and all the randomness of an algorithm comes from its explicit generators.
-    Use :meth:`from_module` for a module you have already built and initialised.
+    Use ``from_module`` for a module you have already built and initialised.
     """
 
     build: Callable[[], nn.Module]
@@ -107,7 +107,7 @@ class FlatModel:
     @classmethod
     def from_module(cls, module: nn.Module) -> FlatModel:
         """The flat view of an existing module: its architecture, and its buffers as constants. Its current parameter
-        values are ``flatten(dict(module.named_parameters()))`` (what :meth:`initial_params` returns for it, the
+        values are ``flatten(dict(module.named_parameters()))`` (what ``initial_params`` returns for it, the
         generator unused); the module itself is copied, never changed."""
         if not isinstance(module, nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(module).__name__}")
@@ -143,7 +143,7 @@ class FlatModel:
         return self.flatten(dict(module.named_parameters())).detach()
 
     def flatten(self, params: Mapping[str, Tensor]) -> Tensor:
-        """``θ = concat_j vec(params[name_j])``, the inverse of :meth:`unflatten` (a new tensor)."""
+        """``θ = concat_j vec(params[name_j])``, the inverse of ``unflatten`` (a new tensor)."""
         names = [slot.name for slot in self._slots]
         if set(params) != set(names):
             raise ValueError(f"parameter names {sorted(params)} do not match the model's {sorted(names)}")

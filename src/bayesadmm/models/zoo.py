@@ -1,8 +1,8 @@
-"""The architectures of the experiments, each a factory returning a :class:`FlatModel`.
+"""The architectures of the experiments, each a factory returning a ``FlatModel``.
 
 Every factory passes the FlatModel a ``functools.partial`` of a module-level builder rather than a lambda, so models
 stay picklable (worker processes receive them).  A new architecture is one builder, one factory and one entry in
-:data:`MODELS`; inputs are images ``(N, ...)`` and outputs logits ``(N, num_classes)``.
+``MODELS``; inputs are images ``(N, ...)`` and outputs logits ``(N, num_classes)``.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def zenke_cnn(num_classes: int = 10, in_channels: int = 3) -> FlatModel:
     ``conv3×3-32 (same) → ReLU → conv3×3-32 (valid) → ReLU → maxpool 2`` (32 → 30 → 15),
     ``conv3×3-64 (same) → ReLU → conv3×3-64 (valid) → ReLU → maxpool 2`` (15 → 13 → 6),
     ``flatten (64·6·6 = 2304) → FC 512 → ReLU → FC num_classes``; 1 250 858 parameters for 10 classes and 3
-    input channels.  The original's dropout layers (0.25, 0.25, 0.5) are left out: a :class:`FlatModel` always
+    input channels.  The original's dropout layers (0.25, 0.25, 0.5) are left out: a ``FlatModel`` always
     evaluates its template in eval mode, where dropout is the identity, so they would be a no-op during training too.
     The model does not normalise its inputs.
     """
@@ -187,7 +187,7 @@ def resnet20(num_classes: int = 100, in_channels: int = 3, groups: int = 2) -> F
     and 3 with stride 2 (32 → 16 → 8) and a ``1×1 conv + GN`` projection shortcut; global average pooling; FC
     ``64 → num_classes``.  Convolutions have no bias (a normalisation follows each one) and He (fan-out) initial
     weights; GroupNorm starts at weight 1, bias 0.  BatchNorm is replaced by ``GroupNorm(groups, C)``: BatchNorm's
-    running statistics are buffers, which a :class:`FlatModel` does not support and which federated averaging of
+    running statistics are buffers, which a ``FlatModel`` does not support and which federated averaging of
     parameters would not handle; ``groups`` must divide every width (16, 32, 64), i.e. divide 16.
     272 474 parameters for 10 classes (278 324 for the default 100) with 3 input channels.
     The model does not normalise its inputs.
