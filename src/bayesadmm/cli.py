@@ -69,6 +69,16 @@ def _parser() -> argparse.ArgumentParser:
         help="kill the last SuperNode after round R, to see the run finish without it",
     )
     demo.add_argument("--round-timeout", type=float, default=120.0, help="seconds to wait for a round's replies")
+    flower_resume = flower_commands.add_parser(
+        "resume",
+        help="continue a Flower run from its checkpoint (flwr run ... resume=true)",
+        description="Starts `flwr run APP CONNECTION --run-config 'out=\"RUN_DIR\" resume=true'`: the ServerApp "
+        "continues RUN_DIR (a path on the SuperLink's machine) with the numbers of an uninterrupted run.",
+    )
+    flower_resume.add_argument("run_dir", type=Path)
+    flower_resume.add_argument("connection", help="the SuperLink connection in your Flower config")
+    flower_resume.add_argument("--app", type=Path, default=None, help="the Flower app (default: flower_app/)")
+    flower_resume.add_argument("--stop-at", type=int, default=0, metavar="ROUND", help="stop again after this round")
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--quiet", action="store_true")
@@ -361,6 +371,17 @@ def _compare(args) -> int:
     return 0
 
 
+def _flower_resume(args) -> int:
+    try:
+        from bayesadmm.flower.resume import resume, resume_argv
+
+        resume_argv(args.run_dir, args.connection, args.app, args.stop_at)  # checks the run directory first
+    except (ImportError, ValueError) as exc:
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+    return resume(args.run_dir, args.connection, args.app, args.stop_at)
+
+
 def _flower_demo(args) -> int:
     from bayesadmm.experiments.config import ConfigError, resolve
 
@@ -422,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "tune":
         return _tune(args)
     if args.command == "flower":
-        return _flower_demo(args)
+        return _flower_resume(args) if args.flower_command == "resume" else _flower_demo(args)
     if args.command == "paper":
         from bayesadmm.data.mnist_subset import MissingExtraError
 

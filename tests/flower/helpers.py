@@ -110,3 +110,45 @@ class LoopbackGrid(Grid):
 
     def send_and_receive(self, messages, *, timeout=None):   # pragma: no cover
         return self.pull_messages(self.push_messages(messages))
+
+
+class LocalDataGrid(LoopbackGrid):
+    """A LoopbackGrid whose node k is configured with `node_configs[k]` and, while it handles a message, sees only
+    its own file `files[k]`: every other client's file and the server's `server_files` are moved out of reach, so a
+    node that reads anything but its own data fails. `restart(k)` replaces client k's node by a new one (new node
+    id, empty Context.state), as a SuperNode that died and was started again."""
+
+    def __init__(self, client_app, node_configs: dict, files: dict, server_files=(), **options):
+        super().__init__(client_app, len(node_configs), **options)
+        self.files, self.server_files = {k: Path(f) for k, f in files.items()}, [Path(f) for f in server_files]
+        for k, node in self.node_ids.items():
+            self.contexts[node].node_config.update(node_configs[k])
+        self.client_of = {node: k for k, node in self.node_ids.items()}
+        self.reads: dict[int, int] = {}   # node → messages handled (the test checks every node was exercised)
+
+    def restart(self, k: int) -> int:
+        old = self.node_ids[k]
+        config = dict(self.contexts.pop(old).node_config)
+        new = max([*self.client_of, *self.contexts]) + 1   # a node id never used before
+        self.node_ids[k], self.client_of[new] = new, k
+        self.contexts[new] = Context(run_id=1, node_id=new, node_config=config, state=RecordDict(), run_config={})
+        return new
+
+    def push_messages(self, messages):
+        ids = []
+        for message in messages:
+            node = message.metadata.dst_node_id
+            others = [f for j, f in self.files.items() if j != self.client_of.get(node)] + self.server_files
+            moved = []
+            try:
+                for f in others:
+                    if f.exists():
+                        (f.parent / ".vault").mkdir(exist_ok=True)
+                        f.rename(f.parent / ".vault" / f.name)
+                        moved.append(f)
+                ids.extend(super().push_messages([message]))
+                self.reads[node] = self.reads.get(node, 0) + 1
+            finally:
+                for f in moved:
+                    (f.parent / ".vault" / f.name).rename(f)
+        return ids

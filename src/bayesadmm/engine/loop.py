@@ -486,7 +486,9 @@ def _rounds(
             generator=generator_for(settings.seed, round_, EVALUATION),
             extra=federation.metrics,
         )
-        line = metrics_line(round_, results, seconds, time.perf_counter() - began, len(chosen), federation.eval_set)
+        line = metrics_line(round_, results, seconds, time.perf_counter() - began, len(replies), federation.eval_set)
+        if len(replies) < len(chosen):  # a runner that reaches clients over a network may miss some (Flower)
+            line["absent_clients"] = [k for k in chosen if k not in replies]
         if not all(math.isfinite(v) for v in results.values()):
             return EXIT_DIVERGED, _diverged(round_, f"non-finite {federation.eval_set} metrics {results}"), server
         server = new_server

@@ -1,11 +1,14 @@
-"""Every registry algorithm on Flower (`pip install bayesadmm[flower]`).
+"""Any bayesadmm algorithm on Flower (`pip install bayesadmm[flower]`), each SuperNode training on its own data.
 
-* `server_app.make_server_app(config)`: a ServerApp whose one generic strategy calls the algorithm's `broadcast`
-  and `server_update`; `client_app.app`: a ClientApp that calls its `client_update` for the node's partition.
-* `records`: Messages <-> ArrayRecords, client states <-> Context.state records, lossless and pickle-free.
-* `simulation.run_simulation(config)`: the same run on Flower's Simulation Runtime.
-* `demo`: a loopback deployment with TLS (one SuperLink, N SuperNodes, `flwr run`), `bayesadmm flower demo`.
-* `flower_app/` (in the repository): the Flower app project `flwr run` starts.
+* `server_app.app`: a ServerApp that runs the engine's own round loop (`run_federation`) with
+  `runner.FlowerClients` as its transport; `client_app.app`: a ClientApp that runs `client_update` for the node's
+  client on its own data (`loaders`: ``data=PATH`` or ``loader=module:function`` in the node config);
+* `app_config`: the run config of `flwr run` → the engine's Settings and Federation, and the setup nodes build from;
+* `records`: Messages and client states (your own NamedTuples/dataclasses too) <-> records, lossless, no pickle;
+* `simulation.run_simulation(config)`: a preset on Flower's Simulation Runtime;
+* `demo`: loopback deployments with TLS (`bayesadmm flower demo`, `run_deployment`); `resume`: `flwr run` with
+  ``resume=true`` (`bayesadmm flower resume`);
+* `examples/flower/` and `flower_app/` (in the repository): the Flower app projects `flwr run` starts.
 
 The submodules import flwr; importing this package does not, so the rest of bayesadmm works without the extra.
 """

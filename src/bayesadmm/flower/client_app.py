@@ -1,26 +1,29 @@
-"""The Flower ClientApp: one SuperNode is one client of the local engine, and runs that client's `client_update`.
+"""The Flower ClientApp: one SuperNode is one client, and runs that client's `client_update` on its own data.
 
-Identity: the node's `--node-config` carries ``partition-id`` (and ``num-partitions``, checked against the run's
-``clients``); partition k here is client k of `bayesadmm run`, with the same data, because the node builds it with
-the engine's own deterministic `build` from the run configuration the server sends with every message, and draws
-its randomness from the engine's `generator_for(seed, round, k)`. So a Flower run reproduces a local run.
+Identity and data come from the node's ``--node-config``: ``partition-id=K`` (the client id; ``num-partitions``,
+if given, is checked against the run's clients), and ``data=PATH`` or ``loader=module:function`` (`loaders`).
+The model, likelihood and algorithm come from the setup the server sends with every message (`app_config`), so a
+node needs no configuration of the run. The update is the engine's own `train_client` (one torch thread, the
+generator of (seed, round, client)), so a Flower run gives a local run's numbers.
 
-State: the algorithm's per-client state (duals, local posteriors, ...) lives in the node's ``Context.state``
-between rounds, converted losslessly by `records`; a node without one starts from
-``init_client(init_server(theta0), k)``, exactly as the engine does.
+State: the client's state lives in the node's ``Context.state`` between rounds, with the version the server named;
+if the server expects another version (the node restarted, or a reply of it was lost) and sent none, the node
+answers ``need-state`` and the server sends its copy (`runner`).
 
 Messages handled:
-* ``query``: the node says which partition it holds (the server's discovery step);
-* ``train``: one `client_update`; the reply carries the algorithm's Message in ``"arrays"``, and
-  ``"num-examples"``, ``"partition-id"`` and the numeric entries of the update's info dict in ``"metrics"``.
-A numerical breakdown of the local solve (the engine's `BREAKDOWNS`) is reported in the reply, so the server can
-stop the run as "diverged" just as the engine does; any other exception becomes a Flower error reply.
+* ``query``: which client this node holds and how many examples it has (the server's discovery);
+* ``train``: one `client_update`; the reply carries the algorithm's Message in ``"arrays"``, the new client state,
+  and ``"num-examples"``, ``"partition-id"`` and the numeric entries of the update's info in ``"metrics"``.
+A numerical breakdown of the local solve (the engine's `BREAKDOWNS`) is reported in the reply, so the server stops
+the run as "diverged" just as the engine does; any other exception becomes a Flower error reply.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -28,53 +31,19 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from bayesadmm.algorithms import Algorithm
+from bayesadmm.clients import ClientData
 from bayesadmm.engine.loop import BREAKDOWNS
-from bayesadmm.engine.simulate import generator_for
-from bayesadmm.engine.workers import one_thread
-from bayesadmm.experiments.build import Built, build
-from bayesadmm.experiments.config import RunConfig
+from bayesadmm.engine.workers import train_client
+from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records
-
-# Keys of the records the server and the clients exchange (besides Flower's "arrays", "config", "metrics").
-RUN_CONFIG, ROUND, DTYPE = "run-config", "server-round", "dtype"
-PARTITION_ID, NUM_PARTITIONS, DATA_DIR = "partition-id", "num-partitions", "data-dir"
-BREAKDOWN = "breakdown"
+from bayesadmm.flower.app_config import algorithm_of, likelihood_of, model_of
+from bayesadmm.flower.loaders import node_data, preset_slice
+from bayesadmm.likelihoods import Classification
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-# a process that serves several rounds builds once
-_experiments: dict[tuple[str, str, str], tuple[Built, Algorithm]] = {}
-
-
-def partition_of(context: Context, config: RunConfig) -> int:
-    """The client id this node plays, from its node config; a clear error if it is missing or out of range."""
-    node_config = context.node_config
-    if PARTITION_ID not in node_config:
-        raise ValueError(
-            f"SuperNode {context.node_id} has no '{PARTITION_ID}' in its node config; start it with "
-            f'--node-config "{PARTITION_ID}=K {NUM_PARTITIONS}={config.clients}"'
-        )
-    k = int(node_config[PARTITION_ID])
-    total = int(node_config.get(NUM_PARTITIONS, config.clients))
-    if total != config.clients:
-        raise ValueError(
-            f"SuperNode {context.node_id}: {NUM_PARTITIONS}={total} but the run has clients={config.clients}"
-        )
-    if not 0 <= k < config.clients:
-        raise ValueError(f"SuperNode {context.node_id}: {PARTITION_ID}={k} is not in 0..{config.clients - 1}")
-    return k
-
-
-def experiment_for(config: RunConfig, dtype: str, data_dir: str = "") -> tuple[Built, Algorithm]:
-    """The engine's `build` for this config (data, split, model, algorithm), cached per process."""
-    if data_dir:
-        config = RunConfig(**{**config.to_json(), "data_dir": data_dir})
-    key = (records.config_to_json(config), dtype, data_dir)
-    if key not in _experiments:
-        _experiments.clear()
-        with default_dtype(dtype):
-            built = build(config)
-            _experiments[key] = (built, built.algorithm())
-    return _experiments[key]
+# a node process that serves several rounds builds its objects once (keys: the setup and its node config)
+_data: dict[tuple[str, str, int], ClientData] = {}
+_algorithms: dict[tuple[str, str], Algorithm] = {}
 
 
 @contextlib.contextmanager
@@ -90,55 +59,109 @@ def default_dtype(name: str):
         torch.set_default_dtype(old)
 
 
-def _run_config(message: Message) -> tuple[RunConfig, ConfigRecord]:
-    if "config" not in message.content or RUN_CONFIG not in message.content["config"]:
-        raise ValueError("message has no 'config' record with the run configuration; is the ServerApp bayesadmm's?")
-    config_record = records.get_record(message.content, "config", ConfigRecord)
-    return records.config_from_json(records.str_entry(config_record, RUN_CONFIG)), config_record
+def partition_of(context: Context, clients: int) -> int:
+    """The client id this node plays, from its node config; a clear error if it is missing or out of range."""
+    node_config = context.node_config
+    if p.PARTITION_ID not in node_config:
+        raise ValueError(
+            f"SuperNode {context.node_id} has no '{p.PARTITION_ID}' in its node config; start it with "
+            f'--node-config "{p.PARTITION_ID}=K data=PATH"'
+        )
+    k = int(node_config[p.PARTITION_ID])
+    total = int(node_config.get(p.NUM_PARTITIONS, clients))
+    if total != clients:
+        raise ValueError(f"SuperNode {context.node_id}: {p.NUM_PARTITIONS}={total} but the run has clients={clients}")
+    if not 0 <= k < clients:
+        raise ValueError(f"SuperNode {context.node_id}: {p.PARTITION_ID}={k} is not in 0..{clients - 1}")
+    return k
 
 
-def _data_dir(context: Context) -> str:
-    return str(context.node_config.get(DATA_DIR, "") or os.environ.get("BAYESADMM_DATA", "") or "")
+def _setup(message: Message) -> tuple[str, dict, ConfigRecord]:
+    if "config" not in message.content or p.SETUP not in message.content["config"]:
+        raise ValueError("message has no 'config' record with the run's setup; is the ServerApp bayesadmm's?")
+    config = records.get_record(message.content, "config", ConfigRecord)
+    text = records.str_entry(config, p.SETUP)
+    return text, json.loads(text), config
+
+
+def client_data(text: str, setup: Mapping[str, Any], node_config: Mapping[str, Any], k: int) -> ClientData:
+    """This node's data: its own file or loader; in a preset run without either, its slice of the preset."""
+    key = (text, json.dumps(dict(node_config), sort_keys=True, default=str), k)
+    if key not in _data:
+        _data.clear()
+        if "preset" in setup:
+            data = None
+            if node_config.get("data") or node_config.get("loader"):
+                model, _ = model_of(setup)  # the preset's model, from the arguments the server sent
+                data = node_data(node_config, model, Classification(), setup["device"])
+            if data is None:
+                data_dir = str(node_config.get(p.DATA_DIR, "") or os.environ.get("BAYESADMM_DATA", "") or "")
+                data = preset_slice(setup["preset"], k, data_dir)
+        else:
+            model, _ = model_of(setup)
+            data = node_data(node_config, model, likelihood_of(setup), setup["device"])
+            if data is None:
+                raise ValueError(
+                    "this SuperNode has no data: start it with --node-config "
+                    f'"{p.PARTITION_ID}={k} data=PATH" (a .npz/.pt file of X and y) or "loader=module:function"'
+                )
+        _data[key] = data
+    return _data[key]
+
+
+def algorithm_for(text: str, setup: Mapping[str, Any], sizes: str, data: ClientData) -> Algorithm:
+    """The run's algorithm, built as the server builds it (same factory, hyperparameters and client sizes)."""
+    key = (text, sizes)
+    if key not in _algorithms:
+        _algorithms.clear()
+        model = getattr(data, "model", None)
+        if model is None:
+            model, _ = model_of(setup)
+        by_id = {int(k): int(n) for k, n in json.loads(sizes).items()}
+        _algorithms[key] = algorithm_of(setup, model, by_id)()
+    return _algorithms[key]
 
 
 def handle_query(message: Message, context: Context) -> Message:
-    """Which client this node is (and that its node config fits the run)."""
-    config, _ = _run_config(message)
-    k = partition_of(context, config)
-    return Message(
-        RecordDict({"metrics": MetricRecord({PARTITION_ID: k, NUM_PARTITIONS: config.clients})}), reply_to=message
-    )
+    """Which client this node holds and its number of examples (and that its node config fits the run)."""
+    text, setup, _ = _setup(message)
+    k = partition_of(context, int(setup["clients"]))
+    with default_dtype(setup["dtype"]):
+        data = client_data(text, setup, context.node_config, k)
+    metrics = MetricRecord({p.PARTITION_ID: k, p.NUM_EXAMPLES: int(data.num_examples)})
+    return Message(RecordDict({"metrics": metrics}), reply_to=message)
 
 
 def handle_train(message: Message, context: Context) -> Message:
     """One round of this client: the algorithm's `client_update`, with the state kept in Context.state."""
-    config, config_record = _run_config(message)
-    k = partition_of(context, config)
-    round_ = records.int_entry(config_record, ROUND)
-    dtype = str(config_record.get(DTYPE, "float32"))
-    built, algorithm = experiment_for(config, dtype, _data_dir(context))
-    data = built.federation.clients(k)
-    metrics: dict[str, Any] = {PARTITION_ID: k, "num-examples": int(data.num_examples), "server-round": round_}
+    text, setup, config = _setup(message)
+    k = partition_of(context, int(setup["clients"]))
+    round_ = records.int_entry(config, p.ROUND)
+    expected, following = records.str_entry(config, p.VERSION), records.str_entry(config, p.NEXT_VERSION)
+    device = torch.device(setup["device"])  # records hold numpy arrays: back onto the run's device
+    metrics: dict[str, Any] = {p.PARTITION_ID: k, p.ROUND: round_}
     content = RecordDict()
-    with default_dtype(dtype):
-        device = torch.device(config.device)  # records hold numpy arrays: back onto the run's device
-        theta0 = built.federation.theta0.to(device)
-        state = records.load_state(context.state, device)
-        if state is None:
-            state = algorithm.init_client(algorithm.init_server(theta0), k)
+    with default_dtype(setup["dtype"]):
+        data = client_data(text, setup, context.node_config, k)
+        algorithm = algorithm_for(text, setup, records.str_entry(config, p.SIZES), data)
+        metrics[p.NUM_EXAMPLES] = int(data.num_examples)
+        if records.state_version(message.content) is not None:
+            state = records.load_state(message.content, device)
+        elif records.state_version(context.state) == expected:
+            state = records.load_state(context.state, device)
+        else:
+            content["metrics"] = MetricRecord({**metrics, p.NEED_STATE: 1})
+            return Message(content, reply_to=message)
         broadcast = records.record_to_message(records.get_record(message.content, "arrays", ArrayRecord), device)
         try:
-            with one_thread():  # as the local engine runs every client update, so the numbers are the same
-                state, reply, info = algorithm.client_update(
-                    state, broadcast, data, generator_for(config.seed, round_, k)
-                )
+            state, reply, info = train_client(algorithm, state, broadcast, data, int(setup["seed"]), round_, k)
         except BREAKDOWNS as exc:
-            metrics[BREAKDOWN] = 1
+            metrics[p.BREAKDOWN] = 1
             content["config"] = ConfigRecord({"error": f"{type(exc).__name__}: {exc}"})
             content["metrics"] = MetricRecord(metrics)
-            content["arrays"] = ArrayRecord()
             return Message(content, reply_to=message)
-        records.save_state(context.state, state)
+        records.save_state(context.state, state, following)
+    records.save_state(content, state, following)
     metrics.update({key: value for key, value in records.numeric_metrics(info).items() if key not in metrics})
     content["arrays"] = records.message_to_record(reply)
     content["metrics"] = MetricRecord(metrics)

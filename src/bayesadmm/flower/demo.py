@@ -6,19 +6,18 @@ separate machines):
 1. certificates: a throw-away CA and a server certificate for 127.0.0.1/localhost (`make_certificates`);
 2. `flower-superlink` with that certificate, on a free port (Fleet, Control and ServerApp APIs share it in flwr
    1.42), not installing app dependencies at run time (bayesadmm is already installed here);
-3. N `flower-supernode`s trusting the CA, each with ``--node-config "partition-id=k num-partitions=N"`` and its
-   own free port for its ClientApp API;
+3. N `flower-supernode`s trusting the CA, each with its own ``--node-config`` (for the demo
+   ``partition-id=k num-partitions=N data=client-k.pt``, its file of the preset's split, `write_node_files`) and
+   its own free port for its ClientApp API;
 4. a Flower config (``$FLWR_HOME/config.toml``, in the work directory, so the user's own ~/.flwr is untouched)
    naming that SuperLink, and `flwr run <flower_app> <connection> --run-config ...`;
 5. wait until the ServerApp writes a final status.json in the run directory (bounded by `timeout`); optionally kill
-   one SuperNode (its whole process group, ClientApps included) after a given round;
+   one SuperNode (its whole process group, ClientApps included) after a given round, and start it again;
 6. stop every process it started, whatever happened (process groups, SIGTERM then SIGKILL).
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import os
 import shlex
@@ -31,84 +30,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bayesadmm.flower.certificates import make_certificates
+
 APP_DIR = Path(__file__).resolve().parents[3] / "flower_app"
 CONNECTION = "bayesadmm-demo"
 
 
 class DeploymentError(RuntimeError):
     """The deployment did not come up or the run did not finish; the message says which and where the logs are."""
-
-
-def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """(ca.crt, server.pem, server.key): a CA valid for a day and a server certificate for 127.0.0.1, ::1 and
-    localhost signed by it. For a demo and tests only: on real machines use your own CA (docs/deploy.md)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
-    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bayesadmm demo CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = [
-        x509.DNSName("localhost"),
-        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        x509.IPAddress(ipaddress.ip_address("::1")),
-    ]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-
-    paths = directory / "ca.crt", directory / "server.pem", directory / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    paths[2].chmod(0o600)
-    return paths
 
 
 def free_port() -> int:
@@ -143,7 +72,9 @@ class Deployment:
 
     workdir: Path
     supernodes: int
+    node_configs: list[str] = field(default_factory=list)  # each SuperNode's --node-config (default: its partition)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+    argv: dict[str, list[str]] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
     port: int = 0
 
@@ -174,7 +105,7 @@ class Deployment:
                 cwd=self.workdir,
                 start_new_session=True,
             )
-        self.processes[name] = process
+        self.processes[name], self.argv[name] = process, argv
         return process
 
     def start(self, timeout: float = 60.0) -> Deployment:
@@ -212,7 +143,7 @@ class Deployment:
                     "--port",
                     str(free_port()),
                     "--node-config",
-                    f"partition-id={k} num-partitions={self.supernodes}",
+                    self.node_configs[k] if self.node_configs else f"partition-id={k} num-partitions={self.supernodes}",
                 ],
             )
         home = self.workdir / "flwr-home"
@@ -238,6 +169,10 @@ class Deployment:
         except ProcessLookupError:
             pass
         process.wait(timeout=10)
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start a killed process again with its arguments (a SuperNode rejoins the SuperLink as a new node)."""
+        return self._start(name, self.argv[name])
 
     def stop(self) -> None:
         for process in reversed(list(self.processes.values())):
@@ -292,10 +227,11 @@ def run_demo(
     timeout: float = 900.0,
     echo=print,
 ) -> dict:
-    """Run `scenario` on a loopback deployment; returns {"status", "run_dir", "metrics" (last line), "workdir"}.
+    """Run `scenario` on a loopback deployment, each SuperNode reading only its own file of the preset's split
+    (`write_node_files`); returns {"status", "run_dir", "metrics" (last line), "workdir", "killed"}.
 
-    `kill_after_round`: SIGKILL the last SuperNode once that round's metrics line is written (the run must then
-    complete with the others). `timeout` bounds the whole run."""
+        `kill_after_round`: SIGKILL the last SuperNode once that round's metrics line is written (the run must then
+        complete with the others). `timeout` bounds the whole run."""
     workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="bayesadmm-flower-"))
     out = Path(out).resolve() if out else (workdir / "run").resolve()
     run_config = {
@@ -304,25 +240,72 @@ def run_demo(
         "round-timeout": float(round_timeout),
         "overrides": " ".join([f"clients={supernodes}", f"rounds={rounds}", *map(shlex.quote, overrides)]),
     }
-    with Deployment(workdir, supernodes) as deployment:
+    node_configs = [
+        f'partition-id={k} num-partitions={supernodes} data="{path}"'
+        for k, path in enumerate(write_node_files(scenario, str(run_config["overrides"]), workdir / "data"))
+    ]
+    return run_deployment(
+        APP_DIR, run_config, node_configs, workdir, kill_after_round=kill_after_round, timeout=timeout, echo=echo
+    )
+
+
+def write_node_files(scenario: str, overrides: str, folder: Path) -> list[Path]:
+    """Each client's examples of a preset in a file of its own, `folder/client-K.pt` (the preparation step of a
+    deployment: each SuperNode then reads only its file)."""
+    from bayesadmm.experiments.build import build
+    from bayesadmm.experiments.config import resolve
+    from bayesadmm.flower.loaders import save_tensors
+
+    config, _ = resolve(scenario, shlex.split(overrides))
+    clients = build(config).federation.clients
+    files = []
+    for k in sorted(clients.sizes):
+        data = clients(k)
+        files.append(save_tensors(folder / f"client-{k}.pt", data.X, data.y))  # type: ignore[attr-defined]
+    return files
+
+
+def run_deployment(
+    app_dir: Path,
+    run_config: dict,
+    node_configs: list[str],
+    workdir: Path,
+    kill_after_round: int | None = None,
+    restart: bool = False,
+    timeout: float = 900.0,
+    echo=print,
+) -> dict:
+    """`flwr run app_dir` on a loopback deployment with TLS, one SuperNode per node config, until the run directory
+    (run_config["out"]) has a final status; returns {"status", "run_dir", "metrics" (last line), "workdir",
+    "killed"}. `kill_after_round`: SIGKILL the last SuperNode once that round's metrics line is written, and with
+    `restart` start it again at once (it rejoins as a new node and takes its client back)."""
+    out = Path(run_config["out"])
+    with Deployment(Path(workdir), len(node_configs), list(node_configs)) as deployment:
         deployment.start()
         echo(
-            f"SuperLink on 127.0.0.1:{deployment.port} (TLS, CA {deployment.ca}); {supernodes} SuperNodes; "
+            f"SuperLink on 127.0.0.1:{deployment.port} (TLS, CA {deployment.ca}); {len(node_configs)} SuperNodes; "
             f"logs in {workdir}"
         )
-        runner = deployment.flwr_run(APP_DIR, run_config)
-        deadline, killed = time.monotonic() + timeout, False
+        runner = deployment.flwr_run(app_dir, run_config)
+        deadline, killed, ended = time.monotonic() + timeout, False, 0.0
         while True:
             status = _status(out)
-            if status.get("status") in ("completed", "diverged", "failed"):
+            if status.get("status") in ("completed", "stopped", "diverged", "failed"):
                 break
             if kill_after_round is not None and not killed and _rounds_done(out) >= kill_after_round:
-                victim = f"supernode-{supernodes - 1}"
+                victim = f"supernode-{len(node_configs) - 1}"
                 deployment.kill(victim)
                 killed = True
-                echo(f"killed {victim} (client {supernodes - 1}) after round {kill_after_round}")
+                echo(f"killed {victim} (client {len(node_configs) - 1}) after round {kill_after_round}")
+                if restart:
+                    deployment.restart(victim)
+                    echo(f"started {victim} again")
             if runner.poll() is not None and runner.returncode != 0:
                 raise DeploymentError(f"flwr run failed (code {runner.returncode}); see {deployment.logs['flwr-run']}")
+            if runner.poll() is not None:  # the run ended: its final status is written before, give it a moment
+                ended = ended or time.monotonic()
+                if time.monotonic() - ended > 10:
+                    raise DeploymentError(f"the run ended without a final status; see {deployment.logs['flwr-run']}")
             if time.monotonic() > deadline:
                 raise DeploymentError(f"the run did not finish within {timeout:g} s; logs in {workdir}")
             time.sleep(0.5)

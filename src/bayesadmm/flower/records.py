@@ -10,8 +10,9 @@ Three conversions, none of which knows anything about an algorithm:
 * a `RunConfig` <-> a JSON string inside a `ConfigRecord`.
 
 The tree's encoding is `bayesadmm.trees` (shared with the engine's checkpoints). NamedTuple and dataclass types are
-stored by ``module:qualname`` and are only re-imported from the ``bayesadmm`` package, so reading a state never
-imports or runs code from anywhere else.
+stored by ``module:qualname`` and rebuilt, as in checkpoints, only if they come from the ``bayesadmm`` package or
+from a module this process has already imported (a user's algorithm imports its own state classes before any state
+arrives), so reading a state never imports a module it names, runs other code, or unpickles anything.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from bayesadmm.experiments.config import RunConfig
 
 STATE_ARRAYS = "bayesadmm.client-state"
 STATE_TREE = "bayesadmm.client-state.tree"
+STATE_VERSION = "version"
 
 
 class RecordError(ValueError):
@@ -116,7 +118,7 @@ def tree_to_records(tree: Any) -> tuple[ArrayRecord, ConfigRecord]:
     """Flatten `tree` (`bayesadmm.trees`) into its tensors (keys "0", "1", ... in traversal order) and a JSON
     description of the rest."""
     try:
-        structure, tensors = trees.flatten(tree, _bayesadmm_type)
+        structure, tensors = trees.flatten(tree)
     except trees.TreeError as exc:
         raise RecordError(str(exc)) from None
     arrays = {str(i): _array(tensor, f"state tensor {i}") for i, tensor in enumerate(tensors)}
@@ -129,37 +131,34 @@ def records_to_tree(arrays: ArrayRecord, structure: ConfigRecord, device: torch.
         raise RecordError("not a client-state record written by bayesadmm.flower.records")
     tensors = [_tensor(arrays[str(i)], f"state tensor {i}", device) for i in range(len(arrays))]
     try:
-        return trees.unflatten(json.loads(str_entry(structure, "tree")), tensors, _bayesadmm_class)
+        return trees.unflatten(json.loads(str_entry(structure, "tree")), tensors, trees.resolve_known)
     except trees.TreeError as exc:
         raise RecordError(str(exc)) from None
 
 
-def _bayesadmm_type(kind: type, path: str) -> None:
-    if kind.__module__.split(".")[0] != trees.TRUSTED_PACKAGE:
-        raise RecordError(f"{path}: {kind.__module__}.{kind.__qualname__} is not a bayesadmm type")
-
-
-def _bayesadmm_class(name: str) -> type:
-    if name.split(":")[0].split(".")[0] != trees.TRUSTED_PACKAGE:
-        raise RecordError(f"refusing to import {name}: client states only hold bayesadmm types")
-    return trees.resolve_known(name)
-
-
-def save_state(state: RecordDict, tree: Any) -> None:
-    """Store a client state in a Context.state RecordDict (replacing the previous one)."""
+def save_state(state: RecordDict, tree: Any, version: str = "") -> None:
+    """Store a client state in a RecordDict (a Context.state, or a message's content), replacing the previous one;
+    `version` names which state it is (the server's label of the client's last update)."""
     arrays, structure = tree_to_records(tree)
+    structure[STATE_VERSION] = version
     state[STATE_ARRAYS] = arrays
     state[STATE_TREE] = structure
 
 
 def load_state(state: RecordDict, device: torch.device | str | None = None) -> Any | None:
-    """The client state stored by `save_state` (its tensors on `device`), or None if this node has none yet (its
-    first round)."""
+    """The client state stored by `save_state` (its tensors on `device`), or None if there is none."""
     if STATE_TREE not in state:
         return None
     return records_to_tree(
         get_record(state, STATE_ARRAYS, ArrayRecord), get_record(state, STATE_TREE, ConfigRecord), device
     )
+
+
+def state_version(state: RecordDict) -> str | None:
+    """The version `save_state` stored with the state in `state`, or None if it holds no state."""
+    if STATE_TREE not in state:
+        return None
+    return str(get_record(state, STATE_TREE, ConfigRecord).get(STATE_VERSION, ""))
 
 
 # --- run configuration ----------------------------------------------------------------------------------------------

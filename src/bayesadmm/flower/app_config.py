@@ -1,0 +1,300 @@
+"""What a Flower run is: `flwr run`'s run config turned into the engine's `Settings` and `Federation` (server side),
+and the setup from which every SuperNode builds the same model, likelihood and algorithm (node side).
+
+Two kinds of run, told apart by the run config:
+
+* your own model (``model = "module:function"``): the server holds only the evaluation set (``eval-data``, a
+  .npz/.pt file of X and y), each SuperNode only its own examples (`loaders`); ``algorithm`` is a registry name or
+  a factory ``module:function`` (your own method), ``hparams`` its keyword arguments as ``"key=value ..."``;
+* a preset (``scenario`` and ``overrides``, as `bayesadmm run`): the server builds the preset as a local run does
+  (its evaluation set, and the client sizes that partition.json records); a node reads its own file if its node
+  config names one, else takes its slice of the preset (simulations and tests).
+
+The setup (a JSON dict sent with every message) holds what a node needs and nothing of anyone's data: the model and
+likelihood, the algorithm and its hyperparameters, the seed, dtype and device; the clients' sizes travel beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bayesadmm.algorithms import Algorithm
+from bayesadmm.engine.loop import Federation, Settings
+from bayesadmm.engine.simulate import generator_for
+from bayesadmm.experiments.config import RunConfig, resolve
+from bayesadmm.federated import algorithm_factory
+from bayesadmm.flower.loaders import entry_point, load_tensors
+from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
+from bayesadmm.models import FlatModel
+
+APP_CONFIG = "flower.json"  # in the run directory: the run config a resume starts from
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+_TUNABLE = ("stop-at", "round-timeout", "discovery-timeout")  # what a resume may change
+# every key of a run config (a preset's: scenario, overrides; your model's: model ... eval-data; both: the rest)
+KEYS = {
+    *("scenario", "overrides", "model", "algorithm", "hparams", "likelihood", "clients", "rounds", "seed"),
+    *("participation", "eval-samples", "device", "dtype", "eval-data", "out", "resume", "overwrite"),
+    *_TUNABLE,
+}
+INIT = 10**9 + 2  # the initial weights' stream, generator_for(seed, 0, INIT), as experiments.build's INIT
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Bounds on every wait, so a run with dead nodes still ends. Seconds."""
+
+    discovery: float = 120.0  # for the run's SuperNodes to connect and say which client they hold
+    round: float = 600.0  # for the replies of one round
+    poll: float = 0.1  # between two pulls of replies
+
+
+@dataclass(frozen=True)
+class FlowerRun:
+    """A Flower run as the ServerApp executes it: the engine's settings, the run directory, the setup the nodes
+    build from, how many clients to wait for, and (a preset run) its RunConfig."""
+
+    settings: Settings
+    run_dir: Path
+    setup: dict
+    clients: int
+    timeouts: Timeouts = Timeouts()
+    resume: bool = False
+    overwrite: bool = False
+    preset: RunConfig | None = None
+    eval_data: str = ""
+    app_config: dict = field(default_factory=dict)  # the run config, for flower.json
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _DTYPES[self.setup["dtype"]]
+
+    @property
+    def title(self) -> str:
+        if self.preset is not None:
+            return f"{self.preset.scenario} — {self.preset.method} (seed {self.preset.seed}, Flower)"
+        return f"{self.setup['algorithm']} (seed {self.settings.seed}, Flower)"
+
+    def config_record(self, sizes: Mapping[int, int]) -> dict:
+        """config.json: a preset's RunConfig (so `bayesadmm resume` reads it as a local run's), else the setup."""
+        if self.preset is not None:
+            return self.preset.to_json()
+        return {"flower": self.app_config, "clients": {str(k): n for k, n in sorted(sizes.items())}}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    names = {v: k for k, v in _DTYPES.items()}
+    if dtype not in names:
+        raise ValueError(f"unsupported dtype {dtype}; use float32 or float64")
+    return names[dtype]
+
+
+def preset_run(config: RunConfig, timeouts: Timeouts | None = None, resume: bool = False) -> FlowerRun:
+    """The Flower run of a preset RunConfig, in the current default dtype (the engine's precision follows it)."""
+    from bayesadmm.experiments.build import settings_of
+
+    setup = {
+        "preset": config.to_json(),
+        "seed": config.seed,
+        "device": config.device,
+        "dtype": dtype_name(torch.get_default_dtype()),
+        "clients": config.clients,
+    }
+    return FlowerRun(
+        settings_of(config), config.run_dir(), setup, config.clients, timeouts or Timeouts(), resume, preset=config
+    )
+
+
+def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
+    """The run a `flwr run` run config describes; ``resume = true`` continues the run in ``out`` with the run config
+    it was started with (only stop-at and the timeouts may change). Errors name the key and the fix."""
+    run_config = dict(run_config)
+    unknown = sorted(set(run_config) - KEYS)
+    if unknown:
+        raise ValueError(f"unknown run config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(KEYS))}")
+    if run_config.get("resume"):
+        out = str(run_config.get("out") or "")
+        path = Path(out) / APP_CONFIG
+        if not out or not path.exists():
+            raise ValueError(
+                f"resume=true needs out= naming a Flower run directory with {APP_CONFIG}; found none at {path}"
+            )
+        saved = json.loads(path.read_text())
+        tuned = {k: run_config[k] for k in _TUNABLE if k in run_config}
+        run_config = {**saved, "stop-at": 0, **tuned, "resume": True}  # as `bayesadmm resume`: to the end unless told
+    timeouts = Timeouts(
+        discovery=float(run_config.get("discovery-timeout", Timeouts.discovery)),
+        round=float(run_config.get("round-timeout", Timeouts.round)),
+    )
+    resume, overwrite = bool(run_config.get("resume")), bool(run_config.get("overwrite"))
+    if not run_config.get("model"):
+        overrides = shlex.split(str(run_config.get("overrides", "")))
+        if run_config.get("out"):
+            overrides.append(f"out={run_config['out']}")
+        if run_config.get("stop-at"):
+            overrides.append(f"stop_at={int(run_config['stop-at'])}")
+        config, _ = resolve(str(run_config.get("scenario") or "fmnist-heterog10"), overrides)
+        base = preset_run(config, timeouts, resume)
+        return FlowerRun(
+            base.settings,
+            base.run_dir,
+            base.setup,
+            base.clients,
+            timeouts,
+            resume,
+            overwrite,
+            base.preset,
+            app_config=_app_config(run_config),
+        )
+    dtype = str(run_config.get("dtype") or "float32")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r}: use float32 or float64")
+    if not run_config.get("eval-data"):
+        raise ValueError(
+            'model= is set but eval-data= is not: name the server\'s evaluation file (eval-data="test.npz")'
+        )
+    if int(run_config.get("clients") or 0) < 1:
+        raise ValueError("clients= must be the number of SuperNodes (clients) of the run, at least 1")
+    settings = Settings(
+        rounds=int(run_config.get("rounds") or 10),
+        seed=int(run_config.get("seed") or 0),
+        participation=float(run_config.get("participation") or 1.0),
+        eval_samples=int(run_config.get("eval-samples") or 32),
+        device=str(run_config.get("device") or "cpu"),
+        checkpoint_every=1,
+        stop_at=int(run_config.get("stop-at") or 0),
+    )
+    setup: dict[str, Any] = {
+        "model": str(run_config["model"]),
+        "algorithm": str(run_config.get("algorithm") or "ivon-admm"),
+        "hparams": parse_hparams(str(run_config.get("hparams") or "")),
+        "likelihood": str(run_config.get("likelihood") or "classification"),
+        "seed": settings.seed,
+        "device": settings.device,
+        "dtype": dtype,
+        "clients": int(run_config["clients"]),
+    }
+    run_dir = Path(run_config.get("out") or Path("runs") / datetime.now().strftime("flower-%Y%m%d-%H%M%S"))
+    return FlowerRun(
+        settings,
+        run_dir,
+        setup,
+        int(run_config["clients"]),
+        timeouts,
+        resume,
+        overwrite,
+        eval_data=str(run_config["eval-data"]),
+        app_config=_app_config(run_config),
+    )
+
+
+def _app_config(run_config: Mapping[str, Any]) -> dict:
+    return {k: v for k, v in run_config.items() if k not in ("resume", "overwrite")}
+
+
+def parse_hparams(text: str) -> dict[str, Any]:
+    """``"lr=0.1 epochs=2 name=x"`` → {"lr": 0.1, "epochs": 2, "name": "x"} (values read as JSON where they are)."""
+    hparams: dict[str, Any] = {}
+    for pair in shlex.split(text):
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"hparams: {pair!r} is not KEY=VALUE")
+        try:
+            hparams[key] = json.loads(value)
+        except json.JSONDecodeError:
+            hparams[key] = value
+    return hparams
+
+
+# --- what both sides build from the setup ------------------------------------------------------------------------
+
+
+def model_of(setup: Mapping[str, Any]) -> tuple[FlatModel, Callable[[], torch.Tensor]]:
+    """The run's model and a function giving its initial parameters (the server's; deterministic in the seed)."""
+    if "zoo" in setup:
+        from bayesadmm.models import make_model
+
+        zoo = make_model(setup["zoo"]["name"], **setup["zoo"]["kwargs"])
+        return zoo, lambda: zoo.initial_params(generator_for(int(setup["seed"]), 0, INIT))
+    make = entry_point(setup["model"], "model")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(setup["seed"]))
+        built = make()
+    if isinstance(built, FlatModel):
+        return built, lambda: built.initial_params(generator_for(int(setup["seed"]), 0, INIT))
+    if isinstance(built, torch.nn.Module):
+        flat = FlatModel.from_module(built)
+        return flat, lambda: flat.flatten(dict(built.named_parameters())).detach().clone()
+    raise TypeError(f"model {setup['model']} returned a {type(built).__name__}; it must return a torch.nn.Module")
+
+
+def likelihood_of(setup: Mapping[str, Any]) -> Likelihood:
+    """``classification`` or ``regression:NOISE`` (a Gaussian likelihood with that noise scale)."""
+    name = str(setup.get("likelihood", "classification"))
+    if name == "classification":
+        return Classification()
+    if name.startswith("regression:"):
+        return GaussianRegression(float(name.split(":", 1)[1]))
+    raise ValueError(f"likelihood={name!r}: use classification or regression:NOISE (e.g. regression:0.1)")
+
+
+def algorithm_of(setup: Mapping[str, Any], model: FlatModel, sizes: Mapping[int, int]) -> Callable[[], Algorithm]:
+    """The algorithm's factory: a preset's method, a registry name, or a user's factory ``module:function``."""
+    if "preset" in setup:
+        from bayesadmm.experiments.build import make_algorithm_factory
+
+        return make_algorithm_factory(RunConfig(**setup["preset"]), model, dict(sizes))
+    name = str(setup["algorithm"])
+    algorithm: Any = entry_point(name, "algorithm") if ":" in name else name
+    return algorithm_factory(algorithm, dict(setup["hparams"]), model, dict(sizes))
+
+
+@dataclass(frozen=True)
+class NodeClients:
+    """The server's view of clients whose data stays on their SuperNodes: their sizes only."""
+
+    sizes: dict[int, int]
+
+    def __call__(self, client: int):
+        raise RuntimeError(f"client {client}'s data is on its SuperNode; the server never reads it")
+
+
+def preset_federation(run: FlowerRun) -> tuple[Federation, Callable[[Path], None], dict]:
+    """A preset run's Federation (built as a local run builds it), what to record in the run directory on a fresh
+    start (partition.json, labels.png), and the setup completed with the preset model's arguments (so a node with a
+    file of its own builds the model without the preset's data)."""
+    from bayesadmm.experiments.build import _write_split, build
+
+    preset = run.preset
+    assert preset is not None
+    built = build(preset)
+    features = int(built.federation.eval_X[0].numel())
+    kwargs = {"num_classes": built.num_classes}
+    if preset.model in ("mlp", "logistic"):
+        kwargs["in_features"] = features
+    setup = {**run.setup, "zoo": {"name": preset.model, "kwargs": kwargs}}
+    return built.federation, lambda run_dir: _write_split(preset, built), setup
+
+
+def user_federation(run: FlowerRun, sizes: Mapping[int, int]) -> Federation:
+    """The server's Federation of a run of your own model: the discovered clients' sizes, the server's evaluation
+    set, the model's initial parameters."""
+    model, initial = model_of(run.setup)
+    X, y = load_tensors(run.eval_data)
+    device = run.settings.device
+    return Federation(
+        model,
+        NodeClients(dict(sizes)),
+        algorithm_of(run.setup, model, sizes),
+        initial().to(device),
+        X.to(device),
+        y.to(device),
+        likelihood_of(run.setup),
+    )

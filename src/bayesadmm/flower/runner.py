@@ -1,0 +1,257 @@
+"""`FlowerClients`: the engine's `ClientRunner` whose clients are SuperNodes, reached through a Flower `Grid`.
+
+The engine's loop (`run_federation`) chooses the participants, broadcasts, updates the server, evaluates and
+checkpoints; this runner only carries a round's messages. Per round, each chosen client's node gets a train Message
+(the broadcast, the setup, the round, and the version of the client state the server expects it to hold); the reply
+carries the algorithm's Message, the info scalars, and the client's new state.
+
+Client states: a node keeps its client's state between rounds (its Context.state), and the server keeps a copy of
+every state from the replies, which is what checkpoint.pt records (the same record as a local run's). So a node
+that lost its state (a restarted SuperNode, a new `flwr run` after a resume) or holds a different one (it trained a
+round whose reply came too late) is sent the server's copy with its next train message: the server sends the state
+whenever it does not know that node to hold the version it expects, and a node whose version differs asks for it.
+
+Absent clients (no reply in time, an error reply, no node) are left out of the round's replies and logged; a client
+that missed a round is not waited for again until it answers. Nodes that connect later (a restarted SuperNode) are
+asked which client they hold at the start of every round, and take that client over.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, ConfigRecordValues, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from bayesadmm.algorithms.base import Algorithm, DivergenceError
+from bayesadmm.engine.workers import checkpointed_states
+from bayesadmm.flower import protocol as p
+from bayesadmm.flower import records
+from bayesadmm.flower.app_config import Timeouts
+
+Log = Callable[..., None]
+
+
+def exchange(
+    grid: Grid, messages: dict[int, Message], wait_for: set[int], timeout: float, poll: float
+) -> dict[int, Message]:
+    """Push one message per key and pull the replies until every key in `wait_for` has answered (then take
+    whatever else has arrived) or `timeout` has passed. Returns {key: reply} for the replies received."""
+    keys = list(messages)
+    if not keys:
+        return {}
+    ids = dict(zip(grid.push_messages([messages[k] for k in keys]), keys, strict=True))
+    pending = set(ids)
+    replies: dict[int, Message] = {}
+    deadline = time.monotonic() + timeout
+    waited_out = False
+    while pending:
+        for reply in grid.pull_messages(list(pending)):
+            message_id = reply.metadata.reply_to_message_id
+            if message_id in pending:
+                pending.discard(message_id)
+                replies[ids[message_id]] = reply
+        if not pending or waited_out or time.monotonic() >= deadline:
+            break
+        if wait_for <= set(replies):
+            waited_out = True  # one more pull for replies already on their way, then stop
+            continue
+        time.sleep(poll)
+    return replies
+
+
+def query(
+    grid: Grid, node_ids: list[int], setup: str, timeout: float, poll: float, log: Log
+) -> dict[int, tuple[int, int]]:
+    """Ask nodes which client they hold: {node id: (client id, number of examples)} of those that answered."""
+    content = RecordDict({"config": ConfigRecord({p.SETUP: setup})})
+    messages = {n: Message(content, n, MessageType.QUERY, group_id="discovery") for n in node_ids}
+    found = {}
+    for node_id, reply in exchange(grid, messages, set(node_ids), timeout, poll).items():
+        if reply.has_error():
+            log(f"node {node_id} cannot take part: {reply.error.reason}", WARNING)
+            continue
+        metrics = records.get_record(reply.content, "metrics", MetricRecord)
+        found[node_id] = (records.int_entry(metrics, p.PARTITION_ID), records.int_entry(metrics, p.NUM_EXAMPLES))
+    return found
+
+
+def discover(
+    grid: Grid, setup: str, clients: int, timeouts: Timeouts, log: Log
+) -> tuple[dict[int, int], dict[int, int], set[int]]:
+    """({client: node}, {client: number of examples}, node ids asked): ask every connected SuperNode which client it
+    holds, until `clients` are known or the discovery timeout passes."""
+    deadline = time.monotonic() + timeouts.discovery
+    nodes: dict[int, int] = {}
+    sizes: dict[int, int] = {}
+    asked: set[int] = set()
+    while len(nodes) < clients and time.monotonic() < deadline:
+        fresh = [n for n in grid.get_node_ids() if n not in asked]
+        if not fresh:
+            time.sleep(min(1.0, max(timeouts.poll, 0.01)))
+            continue
+        answers = query(grid, fresh, setup, max(1.0, deadline - time.monotonic()), timeouts.poll, log)
+        asked.update(fresh)
+        for node_id, (k, size) in answers.items():
+            if k in nodes:
+                raise RuntimeError(
+                    f"nodes {nodes[k]} and {node_id} both hold client {k}; give each SuperNode "
+                    f'its own --node-config "{p.PARTITION_ID}=K"'
+                )
+            nodes[k], sizes[k] = node_id, size
+    return dict(sorted(nodes.items())), dict(sorted(sizes.items())), asked
+
+
+class FlowerClients:
+    """The clients of a run on SuperNodes (`nodes`: client id → node id, from `discover`). See the module's doc."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        algorithm: Algorithm,
+        ids: Sequence[int],
+        nodes: Mapping[int, int],
+        asked: set[int],
+        setup: str,
+        sizes: Mapping[int, int],
+        timeouts: Timeouts,
+        log: Log,
+        device: str,
+    ):
+        self.grid, self.algorithm, self.ids = grid, algorithm, list(ids)
+        self.nodes, self.asked = dict(nodes), set(asked)
+        self.setup, self.sizes = setup, json.dumps({str(k): n for k, n in sizes.items()})
+        self.timeouts, self.log, self.device = timeouts, log, device
+        self._states: dict[int, Any] = {}
+        self._versions: dict[int, str] = {}
+        self._held: dict[int, tuple[int, str]] = {}  # client → (node, version) the server knows that node holds
+        self._lost: set[int] = set()
+        self._run = uuid.uuid4().hex[:8]  # versions of this server process differ from any a node kept before
+        self.last_info: dict[int, dict[str, float]] = {}
+
+    def start(self, server: Any) -> None:
+        self._states = {k: self.algorithm.init_client(server, k) for k in self.ids}
+        self._versions = {k: f"{self._run}:0" for k in self.ids}
+
+    def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
+        self._states = checkpointed_states(checkpoint, run_dir, self.ids)
+        self._versions = {k: f"{self._run}:restored" for k in self.ids}  # every node is sent its state
+
+    def states(self) -> dict[int, Any]:
+        return dict(self._states)
+
+    def save(self, run_dir: Path, round_: int) -> dict:
+        return {"clients": self.states()}
+
+    def close(self) -> None:
+        pass
+
+    def _rejoin(self, round_: int) -> None:
+        """Ask nodes that connected since the last look which client they hold; each takes its client over."""
+        fresh = [n for n in self.grid.get_node_ids() if n not in self.asked]
+        if not fresh:
+            return
+        self.asked.update(fresh)
+        answers = query(self.grid, fresh, self.setup, self.timeouts.round, self.timeouts.poll, self.log)
+        for node_id, (k, _) in answers.items():
+            if k not in self._states:
+                self.log(f"node {node_id} holds client {k}, which is not in this run; ignored", WARNING)
+                continue
+            self.log(f"round {round_}: client {k} is back on node {node_id} (was node {self.nodes.get(k)})")
+            self.nodes[k] = node_id
+            self._held.pop(k, None)
+            self._lost.discard(k)  # a new node: waited for this round, as every other
+
+    def _message(self, k: int, round_: int, arrays: ArrayRecord, with_state: bool) -> Message:
+        version = self._versions[k]
+        config: dict[str, ConfigRecordValues] = {
+            p.SETUP: self.setup,
+            p.SIZES: self.sizes,
+            p.ROUND: round_,
+            p.VERSION: version,
+            p.NEXT_VERSION: f"{self._run}:{round_}",
+        }
+        content = RecordDict({"arrays": arrays, "config": ConfigRecord(config)})
+        if with_state:
+            records.save_state(content, self._states[k], version)
+        return Message(content, self.nodes[k], MessageType.TRAIN, group_id=str(round_))
+
+    def train(
+        self, round_: int, message: Mapping, chosen: Sequence[int], on_done: Callable[[int], None] | None = None
+    ) -> dict:
+        self._rejoin(round_)
+        connected = set(self.grid.get_node_ids())
+        reachable = [k for k in chosen if k in self.nodes and self.nodes[k] in connected]
+        arrays = records.message_to_record(message)
+        sent = {k: self._held.get(k) != (self.nodes[k], self._versions[k]) for k in reachable}
+        messages = {k: self._message(k, round_, arrays, sent[k]) for k in reachable}
+        wait_for = (set(reachable) - self._lost) or set(reachable)
+        answers = exchange(self.grid, messages, wait_for, self.timeouts.round, self.timeouts.poll)
+        again = [k for k, a in answers.items() if not a.has_error() and _metrics(a).get(p.NEED_STATE)]
+        if again:  # nodes that hold another state than expected: the same round again, with the state
+            self.log(f"round {round_}: clients {sorted(again)} get their state from the server")
+            retry = {k: self._message(k, round_, arrays, True) for k in again}
+            answers.update(exchange(self.grid, retry, set(again), self.timeouts.round, self.timeouts.poll))
+        replies, self.last_info = {}, {}
+        for k in chosen:
+            if k not in answers:
+                continue
+            answer = answers[k]
+            if answer.has_error():
+                self.log(f"round {round_}: client {k} (node {self.nodes[k]}) failed: {answer.error.reason}", WARNING)
+                continue
+            metrics = _metrics(answer)
+            if metrics.get(p.BREAKDOWN):
+                error = records.str_entry(records.get_record(answer.content, "config", ConfigRecord), "error")
+                raise DivergenceError(f"client {k}: {error}")
+            if metrics.get(p.NEED_STATE):
+                continue
+            replies[k] = records.record_to_message(
+                records.get_record(answer.content, "arrays", ArrayRecord), self.device
+            )
+            self._states[k] = records.load_state(answer.content, self.device)
+            self._versions[k] = f"{self._run}:{round_}"
+            self._held[k] = (self.nodes[k], self._versions[k])
+            self.last_info[k] = {
+                key: float(records.number(v, key)) for key, v in metrics.items() if key not in p.OWN_METRICS
+            }
+            if k in self._lost:
+                self.log(f"round {round_}: client {k} replies again (node {self.nodes[k]})")
+            if on_done is not None:
+                on_done(k)
+        self._log_absent(round_, chosen, replies, answers, connected)
+        if not replies:
+            raise RuntimeError(f"round {round_}: no client replied (flower.log says why)")
+        if len(replies) < len(chosen):
+            self.log(f"round {round_}: server update with the {len(replies)} replies of clients {sorted(replies)}")
+        return replies
+
+    def _log_absent(self, round_: int, chosen, replies, answers, connected) -> None:
+        absent = [k for k in chosen if k not in replies]
+        for k in absent:
+            if k not in self.nodes:
+                why = "no SuperNode holds it"
+            elif self.nodes[k] not in connected:
+                why = f"node {self.nodes[k]} is no longer connected to the SuperLink"
+            elif k in answers:
+                why = "Flower returned the error above instead of its reply"
+            elif k in self._lost:
+                why = f"node {self.nodes[k]} has not answered since an earlier round (not waited for)"
+            else:
+                why = f"node {self.nodes[k]} did not answer within {self.timeouts.round:g} s"
+            self.log(f"round {round_}: client {k} did not reply ({why})", WARNING)
+            self._held.pop(k, None)  # its node may have trained and kept a state the server did not get
+        self._lost = (self._lost | set(absent)) - set(replies)
+
+
+def _metrics(message: Message) -> MetricRecord:
+    return records.get_record(message.content, "metrics", MetricRecord)
+
+
+__all__ = ["FlowerClients", "discover", "exchange", "query", "INFO"]

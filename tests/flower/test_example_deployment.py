@@ -1,0 +1,91 @@
+"""examples/flower/ on a real loopback deployment with TLS (SuperLink, 3 SuperNodes, `flwr run`): each SuperNode is
+given only its own file; a SuperNode killed and started again within the run is picked up again with its client
+state; a run stopped after round 2 and resumed with `resume=true` gives the numbers of the local engine's run."""
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from helpers import assert_same_metrics, lines
+
+import bayesadmm
+from bayesadmm.flower.app_config import parse_hparams
+from bayesadmm.flower.demo import Deployment, DeploymentError, run_deployment
+from bayesadmm.flower.loaders import load_tensors
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower"
+sys.path.insert(0, str(EXAMPLE))
+from prepare import prepare  # noqa: E402
+
+
+def _setup(tmp_path):
+    files, test = prepare(tmp_path / "data", clients=3)
+    node_configs = [f'partition-id={k} data="{path}"' for k, path in enumerate(files)]
+    return files, test, node_configs
+
+
+def _wait(out: Path, states: tuple, runner, deployment, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = json.loads((out / "status.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            status = {}
+        if status.get("status") in states:
+            return status
+        if runner.poll() is not None:   # ended: its final status is written before it ends
+            deadline = min(deadline, time.monotonic() + 10)
+        time.sleep(0.5)
+    raise DeploymentError(f"no status {states} within {timeout} s; logs in {deployment.workdir}")
+
+
+def test_a_restarted_supernode_is_picked_up_again_with_its_state(tmp_path):
+    files, test, node_configs = _setup(tmp_path)
+    out = tmp_path / "run"
+    run_config = {"eval-data": str(test), "out": str(out), "rounds": 4, "round-timeout": 60.0}
+    result = run_deployment(EXAMPLE, run_config, node_configs, tmp_path / "deployment", kill_after_round=1,
+                            restart=True, timeout=300.0, echo=lambda text: None)
+    assert result["killed"] and result["status"]["status"] == "completed"
+    log = (out / "flower.log").read_text()
+    back = re.search(r"round (\d+): client 2 is back on node", log)
+    assert back, log
+    metrics = lines(out)
+    assert [line["round"] for line in metrics] == [1, 2, 3, 4]
+    # from the round it is back in, client 2 takes part again (the new node is waited for)
+    assert all(line["participants"] == 3 for line in metrics[int(back.group(1)) - 1:]), log
+    # TLS: the SuperNodes were given the CA, nothing ran with --insecure
+    config = (tmp_path / "deployment" / "flwr-home" / "config.toml").read_text()
+    assert "root-certificates" in config and "insecure" not in config
+
+
+def test_a_stopped_deployment_resumes_with_the_numbers_of_the_local_engine(tmp_path):
+    files, test, node_configs = _setup(tmp_path)
+    out = tmp_path / "run"
+    with Deployment(tmp_path / "deployment", 3, node_configs) as deployment:
+        deployment.start()
+        first = deployment.flwr_run(EXAMPLE, {"eval-data": str(test), "out": str(out), "rounds": 4, "stop-at": 2, "round-timeout": 120.0})
+        assert _wait(out, ("stopped", "failed"), first, deployment, 300)["status"] == "stopped"
+        first.wait(timeout=60)
+        deployment.processes.pop("flwr-run")
+        second = deployment.flwr_run(EXAMPLE, {"out": str(out), "resume": True})
+        assert _wait(out, ("completed", "failed"), second, deployment, 300)["status"] == "completed"
+    assert [line["round"] for line in lines(out)] == [1, 2, 3, 4]
+    # the same run on the local engine, from the same files
+    import mymodel
+
+    torch.set_default_dtype(torch.float32)   # the example's dtype (tests/conftest.py restores the default)
+    torch.manual_seed(0)
+    model = mymodel.make_model()
+    hparams = parse_hparams("lr=0.02 rho=0.5 gamma=1.0 delta=1.0 epochs=2 batch_size=16 hess_init=1.0")
+    local = bayesadmm.run(model, clients=[load_tensors(f) for f in files], test=load_tensors(test),
+                          algorithm="ivon-admm", hparams=hparams, rounds=4, eval_samples=16, out=tmp_path / "local",
+                          progress=False)
+    assert local.status == "completed"
+    assert_same_metrics(lines(tmp_path / "local"), lines(out), tol=1e-4)
