@@ -41,14 +41,17 @@ from torch import Tensor
 
 from bayesadmm.algorithms.base import (
     Algorithm,
+    CohortSolver,
     DivergenceError,
+    LocalStep,
     Message,
     PointEstimate,
     ServerInfo,
     SolveInfo,
     merge_replies,
+    update_from,
 )
-from bayesadmm.solvers.adam import LocalAdamProx, local_adam
+from bayesadmm.solvers.adam import LocalAdamProx, ProxProblem, local_adam
 from bayesadmm.solvers.newton import ProxNewton
 
 
@@ -92,12 +95,22 @@ def make(rho: float, delta: float, solver=_NEWTON, server_rho: float | None = No
     def broadcast(server: ServerState) -> Message:
         return {"theta": server.theta}
 
-    def client_update(state: ClientState, message: Message, loss, generator: torch.Generator):
+    def finish(state: ClientState, message: Message, loss, problem, result):
         theta_g = message["theta"]
-        result = solver.minimize(loss, state.dual, rho, theta_g, generator=generator)
         dual = state.dual + rho * (result.theta - theta_g)
         reply = {"theta": result.theta, "dual": dual}
         return ClientState(dual, result.theta), reply, SolveInfo(result.iterations, result.converged)
+
+    def prepare(state: ClientState, message: Message, loss) -> ProxProblem:
+        return ProxProblem(state.dual, rho, message["theta"])
+
+    def solve_and_finish(state: ClientState, message: Message, loss, generator: torch.Generator):
+        result = solver.minimize(loss, state.dual, rho, message["theta"], generator=generator)
+        return finish(state, message, loss, None, result)
+
+    # a solver that solves cohorts (`LocalAdamProx`) takes the same problem as one `ProxProblem`
+    local = LocalStep(solver, prepare, finish) if isinstance(solver, CohortSolver) else None
+    client_update = solve_and_finish if local is None else update_from(name, local)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         last = merge_replies(server.replies, replies)
@@ -111,7 +124,7 @@ def make(rho: float, delta: float, solver=_NEWTON, server_rho: float | None = No
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
 
 
 def make_nn(

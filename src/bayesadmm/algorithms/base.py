@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -40,6 +40,46 @@ class Algorithm(NamedTuple):
     client_update: Callable[[Any, Message, Any, torch.Generator], tuple[Any, Message, Info]]
     server_update: Callable[[Any, Mapping[int, Message]], tuple[Any, Info]]
     posterior: Callable[[Any], Any]
+    # client_update split around its local solve (`LocalStep`), where the solver can solve many clients' problems as
+    # one batched computation; None where it cannot (a runner then trains the clients one by one)
+    local: LocalStep | None = None
+
+
+class LocalStep(NamedTuple):
+    """A client update split around its local solve, so that a runner can solve a cohort's problems together:
+
+        problem = prepare(state, message, data)          the algorithm's own terms of the client's local problem
+        result  = solver.solve_problem(problem, data, generator)   (or `solve_cohort` over many clients at once)
+        finish(state, message, data, problem, result)    -> (new state, reply, info), as client_update returns
+
+    `client_update` is exactly this composition (`update_from`), so both routes share the algorithm's code."""
+
+    solver: CohortSolver
+    prepare: Callable[[Any, Message, Any], Any]
+    finish: Callable[[Any, Message, Any, Any, Any], tuple[Any, Message, Info]]
+
+
+@runtime_checkable
+class CohortSolver(Protocol):
+    """A local solver that solves one client's problem (`solve_problem`) or a cohort's (`solve_cohort`: the problems,
+    stacked data (`solvers.cohort.StackedClients`) and generators of several clients; results in the same order, each
+    as `solve_problem` gives it up to rounding)."""
+
+    def solve_problem(self, problem: Any, data: Any, generator: torch.Generator) -> Any: ...
+
+    def solve_cohort(self, problems: Sequence[Any], data: Any, generators: Sequence[torch.Generator]) -> list: ...
+
+
+def update_from(name: str, local: LocalStep) -> Callable[[Any, Message, Any, torch.Generator], tuple]:
+    """The client_update that `local` splits: prepare, solve, finish."""
+
+    def client_update(state, message: Message, data, generator: torch.Generator):
+        if generator is None:
+            raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
+        problem = local.prepare(state, message, data)
+        return local.finish(state, message, data, problem, local.solver.solve_problem(problem, data, generator))
+
+    return client_update
 
 
 class NoInfo(NamedTuple):

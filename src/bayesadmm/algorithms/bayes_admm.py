@@ -35,7 +35,9 @@ from torch import Tensor
 
 from bayesadmm.algorithms.base import (
     Algorithm,
+    CohortSolver,
     DivergenceError,
+    LocalStep,
     Message,
     ServerInfo,
     SolveInfo,
@@ -45,6 +47,7 @@ from bayesadmm.algorithms.base import (
 )
 from bayesadmm.families import GaussianFamily, Posterior
 from bayesadmm.families import natural as nat
+from bayesadmm.solvers.ivon import VariationalProblem
 
 Natural = tuple[Tensor, ...]
 
@@ -115,14 +118,23 @@ def make(
     def broadcast(server: ServerState) -> Message:
         return {**pack("lam", server.natural), "round": torch.tensor(server.round + 1)}
 
-    def client_update(state: ClientState, message: Message, loss, generator: torch.Generator):
-        lam_g = unpack("lam", message)
-        result = solver.solve(family, loss, lam_g, state.dual, rho, generator, round_=int(message["round"]))
-        dual = dual_step(family, state.dual, result.natural, lam_g, gamma)
+    def prepare(state: ClientState, message: Message, loss) -> VariationalProblem:
+        return VariationalProblem(family, unpack("lam", message), state.dual, rho, int(message["round"]))
+
+    def finish(state: ClientState, message: Message, loss, problem: VariationalProblem, result):
+        dual = dual_step(family, state.dual, result.natural, problem.lam_g, gamma)
         # The reply is the client's term of the server's sum, not λ_k and η_k apart: half the numbers to send, and
         # the arithmetic is done by the clients (in parallel) rather than by the server.
         reply = pack("contribution", client_contribution(result.natural, dual, server_rho))
         return ClientState(dual, result.natural), reply, SolveInfo(result.iterations, result.converged)
+
+    def client_update(state: ClientState, message: Message, loss, generator: torch.Generator):
+        p = prepare(state, message, loss)
+        result = solver.solve(p.family, loss, p.lam_g, p.eta, p.rho, generator, round_=p.round_)
+        return finish(state, message, loss, p, result)
+
+    # a solver that solves cohorts (`IVONSolver`) takes the same problem as one `VariationalProblem`
+    local = LocalStep(solver, prepare, finish) if isinstance(solver, CohortSolver) else None
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         last = merge_replies(server.replies, {k: unpack("contribution", r) for k, r in replies.items()})
@@ -134,4 +146,4 @@ def make(
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)

@@ -28,14 +28,16 @@ from torch import Tensor
 from bayesadmm.algorithms.base import (
     Algorithm,
     DivergenceError,
+    LocalStep,
     Message,
     PointEstimate,
     ServerInfo,
     StackBuffer,
     TrainingInfo,
     seen_clients,
+    update_from,
 )
-from bayesadmm.solvers.adam import local_adam
+from bayesadmm.solvers.adam import AdamProblem, local_adam
 
 # θ_g from the participants' replies {client id: {"theta": θ_k, "num-examples": N_k}}
 Average = Callable[[Mapping[int, Message]], Tensor]
@@ -91,11 +93,6 @@ def reply_for(theta: Tensor, data) -> Message:
     }
 
 
-def require_generator(name: str, generator) -> None:
-    if generator is None:
-        raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
-
-
 def averaging_server(name: str, average: Average):
     """init_server, broadcast, server_update and posterior of FedAvg and FedProx."""
 
@@ -131,9 +128,13 @@ def make(
     def init_client(server: ServerState, client_id: int) -> ClientState:
         return ClientState()
 
-    def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
-        require_generator(name, generator)
-        theta, steps = adam.train(data, message["theta"], generator)
+    def prepare(state: ClientState, message: Message, data) -> AdamProblem:
+        return AdamProblem(message["theta"])
+
+    def finish(state: ClientState, message: Message, data, problem: AdamProblem, result: tuple[Tensor, int]):
+        theta, steps = result
         return state, reply_for(theta, data), TrainingInfo(steps)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    local = LocalStep(adam, prepare, finish)
+    client_update = update_from(name, local)
+    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)

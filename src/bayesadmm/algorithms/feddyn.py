@@ -62,14 +62,16 @@ from torch import Tensor
 from bayesadmm.algorithms.base import (
     Algorithm,
     DivergenceError,
+    LocalStep,
     Message,
     PointEstimate,
     ServerInfo,
     StackBuffer,
     TrainingInfo,
     seen_clients,
+    update_from,
 )
-from bayesadmm.solvers.adam import local_adam
+from bayesadmm.solvers.adam import AdamProblem, local_adam
 
 
 class ServerState(NamedTuple):
@@ -115,13 +117,17 @@ def make(
     def broadcast(server: ServerState) -> Message:
         return {"theta": server.theta}
 
-    def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
-        if generator is None:
-            raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
+    def prepare(state: ClientState, message: Message, data) -> AdamProblem:
         theta_g = message["theta"]
-        theta, steps = adam.train(data, theta_g, generator, linear=-state.grad, prox_weight=alpha, prox_center=theta_g)
-        grad = state.grad - alpha * (theta - theta_g)
+        return AdamProblem(theta_g, linear=-state.grad, prox_weight=alpha, prox_center=theta_g)
+
+    def finish(state: ClientState, message: Message, data, problem: AdamProblem, result: tuple[Tensor, int]):
+        theta, steps = result
+        grad = state.grad - alpha * (theta - problem.theta0)
         return ClientState(grad), {"theta": theta}, TrainingInfo(steps)
+
+    local = LocalStep(adam, prepare, finish)
+    client_update = update_from(name, local)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         if not replies:
@@ -141,4 +147,4 @@ def make(
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)

@@ -56,13 +56,15 @@ from torch import Tensor
 from bayesadmm.algorithms.base import (
     Algorithm,
     DivergenceError,
+    LocalStep,
     Message,
     PointEstimate,
     ServerInfo,
     TrainingInfo,
     merge_replies,
+    update_from,
 )
-from bayesadmm.solvers.adam import local_adam
+from bayesadmm.solvers.adam import AdamProblem, local_adam
 
 
 class ServerState(NamedTuple):
@@ -192,16 +194,19 @@ def make(
     def broadcast(server: ServerState) -> Message:
         return {"theta": server.theta}
 
-    def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
-        if generator is None:
-            raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
+    def prepare(state: ClientState, message: Message, data) -> AdamProblem:
         check_client(name, sizes, state.client_id, data)
         theta_g = message["theta"]
-        prox = delta / data.num_examples
-        theta, steps = solver.train(data, theta_g, generator, linear=state.dual, prox_weight=prox, prox_center=theta_g)
-        dual = state.dual + rhos[state.client_id] * prox * (theta - theta_g)
+        return AdamProblem(theta_g, linear=state.dual, prox_weight=delta / data.num_examples, prox_center=theta_g)
+
+    def finish(state: ClientState, message: Message, data, problem: AdamProblem, result: tuple[Tensor, int]):
+        theta, steps = result
+        dual = state.dual + rhos[state.client_id] * problem.prox_weight * (theta - problem.theta0)
         reply = {"theta": theta, "dual": dual}
         return ClientState(state.client_id, dual, theta), reply, TrainingInfo(steps)
+
+    local = LocalStep(solver, prepare, finish)
+    client_update = update_from(name, local)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         check_known(name, sizes, replies)
@@ -214,4 +219,4 @@ def make(
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)

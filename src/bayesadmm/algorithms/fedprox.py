@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 import numbers
 
-import torch
+from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, Message, TrainingInfo
+from bayesadmm.algorithms.base import Algorithm, LocalStep, Message, TrainingInfo, update_from
 from bayesadmm.algorithms.fedavg import (
     Average,
     ClientState,
@@ -26,9 +26,8 @@ from bayesadmm.algorithms.fedavg import (
     UnweightedMean,
     averaging_server,
     reply_for,
-    require_generator,
 )
-from bayesadmm.solvers.adam import local_adam
+from bayesadmm.solvers.adam import AdamProblem, local_adam
 
 __all__ = ["ClientState", "ServerState", "make"]
 
@@ -53,10 +52,14 @@ def make(
     def init_client(server: ServerState, client_id: int) -> ClientState:
         return ClientState()
 
-    def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
-        require_generator(name, generator)
+    def prepare(state: ClientState, message: Message, data) -> AdamProblem:
         theta_g = message["theta"]
-        theta, steps = adam.train(data, theta_g, generator, prox_weight=mu, prox_center=theta_g)
+        return AdamProblem(theta_g, prox_weight=mu, prox_center=theta_g)
+
+    def finish(state: ClientState, message: Message, data, problem: AdamProblem, result: tuple[Tensor, int]):
+        theta, steps = result
         return state, reply_for(theta, data), TrainingInfo(steps)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    local = LocalStep(adam, prepare, finish)
+    client_update = update_from(name, local)
+    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)

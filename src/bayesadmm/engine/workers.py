@@ -538,10 +538,25 @@ class ClientPool:
 
 
 def client_runner(
-    make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int, algorithm: Algorithm | None = None
+    make_algorithm: Callable[[], Algorithm],
+    source,
+    seed: int,
+    workers: int,
+    algorithm: Algorithm | None = None,
+    cohort_size: int = 0,
 ) -> LocalClients | ClientPool:
     """The clients of `source` in this process for one worker (or one participant), with `algorithm` (made by
-    `make_algorithm` if not given), or in a pool of `workers` processes otherwise."""
+    `make_algorithm` if not given), or in a pool of `workers` processes otherwise. With `cohort_size` > 0, in this
+    process, the clients of a round are trained `cohort_size` at a time as one batched computation
+    (`engine.cohort.CohortClients`) where the algorithm's client update and the clients allow it."""
+    if cohort_size > 0:
+        from bayesadmm.engine.cohort import CohortClients, cohort_rows  # (engine.cohort builds on this module)
+
+        algorithm = algorithm or make_algorithm()
+        clients = {k: source(k) for k in sorted(source.sizes)}
+        rows = cohort_rows(algorithm, clients, source)
+        if rows is not None:
+            return CohortClients(algorithm, clients, seed, cohort_size, rows)
     if workers <= 1:
         return LocalClients(algorithm or make_algorithm(), {k: source(k) for k in sorted(source.sizes)}, seed)
     return ClientPool(make_algorithm, source, seed, workers)

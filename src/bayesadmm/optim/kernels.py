@@ -33,8 +33,11 @@ from torch import Tensor
 from bayesadmm import rng
 
 __all__ = [
+    "adam_step",
+    "adam_step_",
     "compile_enabled",
     "fused",
+    "sample_rows_step",
     "sample_step",
     "update_and_sample_step",
     "update_and_sample_step_",
@@ -132,6 +135,60 @@ def sample_step(
     eps = rng.counter_normal(key, mc_samples * d, mean.dtype, mean.device).view(mc_samples, d)
     sigma = torch.rsqrt(ess * (hess + delta))
     return mean + sigma * eps, eps
+
+
+def adam_step(
+    param: Tensor,
+    first: Tensor,
+    second: Tensor,
+    grad: Tensor,
+    weight1: Tensor,
+    beta2: Tensor,
+    weight2: Tensor,
+    step_size: Tensor,
+    root_correction: Tensor,
+    eps: Tensor,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One step of torch.optim.Adam's arithmetic on flat tensors, in its order of operations: the new (θ, m, v) from
+    the gradient, with weight1 = 1 − β₁, weight2 = 1 − β₂ (computed in double precision, as Adam does, not from
+    rounded β's), step_size = lr/(1 − β₁ᵗ) and root_correction = sqrt(1 − β₂ᵗ), all 0-d tensors, as ε."""
+    new_first = first.lerp(grad, weight1)
+    new_second = second * beta2 + weight2 * grad * grad
+    denom = new_second.sqrt() / root_correction + eps
+    return param + (-step_size) * new_first / denom, new_first, new_second
+
+
+@fused
+def adam_step_(
+    param: Tensor,
+    first: Tensor,
+    second: Tensor,
+    grad: Tensor,
+    weight1: Tensor,
+    beta2: Tensor,
+    weight2: Tensor,
+    step_size: Tensor,
+    root_correction: Tensor,
+    eps: Tensor,
+) -> None:
+    """`adam_step` with the new (θ, m, v) written into param, first and second (one pass once compiled: the
+    cohort's Adam updates many clients' parameters as one long vector)."""
+    new = adam_step(param, first, second, grad, weight1, beta2, weight2, step_size, root_correction, eps)
+    for state, value in zip((param, first, second), new, strict=True):
+        state.copy_(value)
+
+
+@fused
+def sample_rows_step(
+    mean: Tensor, hess: Tensor, delta: Tensor, ess: Tensor, keys: Tensor, mc_samples: int
+) -> tuple[Tensor, Tensor]:
+    """`sample_step` for several clients at once: row i of (θ (A, S, d), ε (A, S, d)) is `sample_step` of row i of
+    mean, hess, delta, ess (A, d) with key keys[i] (keys (A,), int64): each client's own stream of noise."""
+    rows, d = mean.shape
+    draws = torch.func.vmap(lambda key: rng.counter_normal(key, mc_samples * d, mean.dtype, mean.device))(keys)
+    eps = draws.view(rows, mc_samples, d)
+    sigma = torch.rsqrt(ess * (hess + delta))
+    return mean.unsqueeze(1) + sigma.unsqueeze(1) * eps, eps
 
 
 def update_step(

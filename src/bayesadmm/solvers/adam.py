@@ -17,16 +17,20 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import torch
 from torch import Tensor
 
 from bayesadmm import rng
 from bayesadmm.checks import all_finite
+from bayesadmm.solvers.cohort_adam import adam_cohort
 from bayesadmm.solvers.newton import PointResult
+
+if TYPE_CHECKING:
+    from bayesadmm.solvers.cohort import StackedClients
 
 
 def minibatches(
@@ -39,6 +43,16 @@ def minibatches(
         order = rng.randperm(num_examples, generator, device)
         for start in range(0, num_examples, batch_size):
             yield order[start : start + batch_size]
+
+
+class AdamProblem(NamedTuple):
+    """One client's problem for `LocalAdam` (the module docstring's a = linear, b = prox_weight, c = prox_center,
+    None: θ0), started from theta0."""
+
+    theta0: Tensor
+    linear: Tensor | None = None
+    prox_weight: Tensor | float = 0.0
+    prox_center: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,17 @@ class LocalAdam:
         if not all_finite(theta):
             raise FloatingPointError("local training diverged (non-finite parameters); lower the learning rate")
         return theta.detach(), steps
+
+    def solve_problem(self, problem: AdamProblem, data, generator: torch.Generator) -> tuple[Tensor, int]:
+        """`train` on a client's problem (its `AdamProblem`): (θ_k, number of steps)."""
+        return self.train(data, problem.theta0, generator, problem.linear, problem.prox_weight, problem.prox_center)
+
+    def solve_cohort(
+        self, problems: Sequence[AdamProblem], data: StackedClients, generators: Sequence[torch.Generator]
+    ) -> list[tuple[Tensor, int]]:
+        """`solve_problem` for each client of a cohort, all clients' steps taken together (`solvers.cohort`): the same
+        shuffles, and the same numbers up to rounding."""
+        return adam_cohort(self, problems, data, generators)
 
     def objective(
         self,
@@ -163,3 +188,24 @@ class LocalAdamProx:
             )
         theta, steps = self.adam.train(data, center, generator, linear=v, prox_weight=rho, prox_center=center)
         return PointResult(theta, steps, True)
+
+    def solve_problem(self, problem: ProxProblem, data, generator: torch.Generator) -> PointResult:
+        """`minimize` on a client's problem (its `ProxProblem`)."""
+        return self.minimize(data, problem.v, problem.rho, problem.center, generator)
+
+    def solve_cohort(
+        self, problems: Sequence[ProxProblem], data: StackedClients, generators: Sequence[torch.Generator]
+    ) -> list[PointResult]:
+        """`solve_problem` for each client of a cohort, their steps taken together (`LocalAdam.solve_cohort`)."""
+        adam_problems = [AdamProblem(p.center, p.v, p.rho, p.center) for p in problems]
+        return [
+            PointResult(theta, steps, True) for theta, steps in adam_cohort(self.adam, adam_problems, data, generators)
+        ]
+
+
+class ProxProblem(NamedTuple):
+    """One client's problem for `LocalAdamProx`: dual v, proximal weight ρ, centre θ_g."""
+
+    v: Tensor
+    rho: float
+    center: Tensor

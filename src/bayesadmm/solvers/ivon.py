@@ -27,8 +27,9 @@ per-example losses, or `problems.neural.ClassificationData` for neural networks.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -38,7 +39,11 @@ from bayesadmm.checks import all_finite, all_positive
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.optim import ivon
 from bayesadmm.solvers.adam import minibatches
+from bayesadmm.solvers.cohort_ivon import ivon_cohort
 from bayesadmm.solvers.von import SolveResult, SubproblemError
+
+if TYPE_CHECKING:
+    from bayesadmm.solvers.cohort import StackedClients
 
 # --- the step size of a round ---------------------------------------------------------------------------------------
 
@@ -158,44 +163,73 @@ class IVONSolver:
         if problems:
             raise ValueError("IVONSolver: " + "; ".join(problems))
 
-    def solve(
-        self, family, data, lam_g, eta, rho: float, generator: torch.Generator, init=None, round_: int = 1
-    ) -> SolveResult:
-        if not isinstance(family, DiagonalGaussian):
-            raise TypeError(f"IVON learns diagonal Gaussians, not the {family.name} family")
-        m_g, s_g = family.to_moments(lam_g)
+    def setup(self, problem: VariationalProblem, data, generator: torch.Generator) -> Setup:
+        """Everything a client's solve starts from (the first draw from its generator, the noise key, included)."""
+        if not isinstance(problem.family, DiagonalGaussian):
+            raise TypeError(f"IVON learns diagonal Gaussians, not the {problem.family.name} family")
+        m_g, s_g = problem.family.to_moments(problem.lam_g)
         n = data.num_examples
-        ess = n / (rho * self.tau)  # Eq. 67
+        ess = n / (problem.rho * self.tau)  # Eq. 67
         # v = τ v_k / n and u = τ u_k / n with (v_k, u_k) = (η₁, −2η₂), each computed into one new tensor (the same
         # operations in the same order; a fresh model-sized tensor costs about as much as the arithmetic)
-        v = torch.mul(eta[0], self.tau).div_(n)
-        u = torch.mul(eta[1], -2.0).mul_(self.tau).div_(n)
+        v = torch.mul(problem.eta[0], self.tau).div_(n)
+        u = torch.mul(problem.eta[1], -2.0).mul_(self.tau).div_(n)
         delta = s_g / ess
-        lr = self.schedule.step_size(self.lr, round_, self.hess_init, delta)
+        lr = self.schedule.step_size(self.lr, problem.round_, self.hess_init, delta)
 
-        state = self.start.initial_state(m_g, self.hess_init, round_, data)
+        state = self.start.initial_state(m_g, self.hess_init, problem.round_, data)
         ivon.check_noise_scale(state, ess, delta)  # h + δ > 0 (δ = s_g/ess > 0 as q_g is valid): checked once here
         # the weight noise: a counter-based stream keyed once per solve (drawn in IVON's fused sampling kernel);
         # the generator also shuffles the minibatches
         noise_key = rng.stream_key(generator)
+        # the hot loop skips the per-step elementwise checks; non-finite results are caught by `result`
+        terms = ivon.update_terms(
+            m_g,
+            lr=lr,
+            ess=ess,
+            delta=delta,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            prior_mean=m_g,
+            v=v,
+            u=u,
+            clip_radius=self.clip_radius,
+            check=False,
+        )
+        return Setup(state, terms, ess, delta, noise_key)
+
+    def result(self, problem: VariationalProblem, data, state: ivon.IVONState, setup: Setup, steps: int) -> SolveResult:
+        """The solve's posterior from its final IVON state after `steps` steps (told to the round start first)."""
+        self.start.finished(data, state)
+        mean, precision = ivon.posterior(state, setup.ess, setup.delta)
+        if not (all_finite(mean) and all_positive(precision)):
+            raise SubproblemError(
+                "IVON diverged on this client (non-finite mean or non-positive precision); lower lr or the dual step"
+            )
+        return SolveResult(problem.family.from_moments(mean, precision), steps, True)
+
+    def solve_problem(self, problem: VariationalProblem, data, generator: torch.Generator) -> SolveResult:
+        """`solve` on a client's problem (its `VariationalProblem`)."""
+        return self.solve(
+            problem.family, data, problem.lam_g, problem.eta, problem.rho, generator, round_=problem.round_
+        )
+
+    def solve_cohort(
+        self, problems: Sequence[VariationalProblem], data: StackedClients, generators: Sequence[torch.Generator]
+    ) -> list[SolveResult]:
+        """`solve_problem` for each client of a cohort, all clients' steps taken together (`solvers.cohort_ivon`):
+        the same shuffles and noise, and the same numbers up to rounding."""
+        return ivon_cohort(self, problems, data, generators)
+
+    def solve(
+        self, family, data, lam_g, eta, rho: float, generator: torch.Generator, init=None, round_: int = 1
+    ) -> SolveResult:
+        problem = VariationalProblem(family, lam_g, eta, rho, round_)
+        state, terms, ess, delta, noise_key = setup = self.setup(problem, data, generator)
         steps = 0
         try:
-            # the hot loop skips the per-step elementwise checks; non-finite results are caught below
             thetas, eps = ivon.sample(state, ess, delta, noise_key, self.mc_samples, check=False)
-            terms = ivon.update_terms(
-                m_g,
-                lr=lr,
-                ess=ess,
-                delta=delta,
-                beta1=self.beta1,
-                beta2=self.beta2,
-                prior_mean=m_g,
-                v=v,
-                u=u,
-                clip_radius=self.clip_radius,
-                check=False,
-            )
-            batches = minibatches(n, self.batch_size, self.epochs, generator, m_g.device)
+            batches = minibatches(data.num_examples, self.batch_size, self.epochs, generator, state.mean.device)
             idx = next(batches, None)
             while idx is not None:
                 grads = (
@@ -215,13 +249,28 @@ class IVONSolver:
                 steps += 1
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
             raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
-        self.start.finished(data, state)
-        mean, precision = ivon.posterior(state, ess, delta)
-        if not (all_finite(mean) and all_positive(precision)):
-            raise SubproblemError(
-                "IVON diverged on this client (non-finite mean or non-positive precision); lower lr or the dual step"
-            )
-        return SolveResult(family.from_moments(mean, precision), steps, True)
+        return self.result(problem, data, state, setup, steps)
+
+
+class VariationalProblem(NamedTuple):
+    """One client's problem for a BayesADMM solver (`solve`'s arguments): family, broadcast λ_g, dual η_k, ρ and the
+    round (1-based)."""
+
+    family: Any
+    lam_g: tuple[Tensor, ...]
+    eta: tuple[Tensor, ...]
+    rho: float
+    round_: int
+
+
+class Setup(NamedTuple):
+    """A client's IVON solve at its start (`IVONSolver.setup`)."""
+
+    state: ivon.IVONState
+    terms: ivon.UpdateTerms
+    ess: float
+    delta: Tensor
+    noise_key: Tensor
 
 
 def _grad(data, theta: Tensor, idx: Tensor) -> Tensor:

@@ -1,0 +1,94 @@
+"""Cohort training: a round's clients trained together, their local solves as one batched computation.
+
+`CohortClients` keeps the states of its clients like `LocalClients` (same start, restore, states and checkpoints) but
+trains the chosen clients of a round in cohorts of at most `cohort_size`: for each cohort it asks the algorithm for
+each client's local problem (`LocalStep.prepare`, the algorithm's own terms), solves them all with the local solver's
+`solve_cohort` (parameters stacked as rows, one batched gradient per step; `solvers.cohort`), and finishes each client
+(`LocalStep.finish`: its new state, reply and info). Each client draws on its own generator of (seed, round, client)
+exactly what `train_client` draws, in the same order, so the replies are the per-client ones up to the rounding of the
+batched products. An algorithm without a `LocalStep` (its local work does not batch: curvature or MCMC steps) is
+trained by `LocalClients`; `client_runner` chooses.
+
+Threads: like `LocalClients`, the cohorts run on one torch thread unless told otherwise (`single_thread=False`:
+torch's setting). On a CPU shared with other processes torch's threads wait on each other at every kernel, and a
+cohort round on several threads of busy cores can take many times as long as on one (compare
+`python benchmarks/cohort.py` with and without --threads 1).
+
+Results equal `LocalClients`'s up to rounding, not bit for bit, so a run with cohorts does not reproduce the bits of
+one without (or of a `ClientPool`); `client_runner` uses cohorts only when asked (`cohort_size`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
+from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.workers import LocalClients, one_thread
+from bayesadmm.solvers.cohort import ClientRows, client_rows
+
+# clients per batched computation: bounds the memory of the stacked states (about 10 model-sized vectors per client
+# for IVON); in benchmarks/cohort.py cohorts of 64 were faster than of 256 at 100 and 1000 clients
+DEFAULT_COHORT = 64
+
+
+def cohort_rows(algorithm: Algorithm, clients: Mapping[int, Any], source: Any = None) -> ClientRows | None:
+    """The clients' examples stacked for cohort training, or None where `algorithm` or the clients do not batch."""
+    if algorithm.local is None:
+        return None
+    return client_rows(clients, source)
+
+
+class CohortClients(LocalClients):
+    """The states and updates of `clients` (id → data), trained cohort by cohort in this process; `rows` are their
+    examples stacked (`cohort_rows`; made here if not given)."""
+
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        clients: Mapping[int, Any],
+        seed: int,
+        cohort_size: int = DEFAULT_COHORT,
+        rows: ClientRows | None = None,
+        single_thread: bool = True,
+    ):
+        super().__init__(algorithm, clients, seed)
+        if algorithm.local is None:
+            raise ValueError(f"{algorithm.name}: its client update does not batch (no LocalStep); use LocalClients")
+        if cohort_size < 1:
+            raise ValueError(f"cohort_size must be >= 1, got {cohort_size}")
+        rows = rows if rows is not None else client_rows(self.clients)
+        if rows is None:
+            raise ValueError("cohort training needs supervised clients of one model and likelihood")
+        self.local, self.rows, self.cohort_size = algorithm.local, rows, cohort_size
+        self.single_thread = single_thread
+
+    def train(
+        self, round_: int, message: Message, chosen: Sequence[int], on_done: Callable[[int], None] | None = None
+    ) -> dict[int, Message]:
+        """Update the `chosen` clients' states, `cohort_size` at a time in the order of `chosen`; returns their replies
+        in that order. After an exception the states of the cohorts already done are updated (as `LocalClients`)."""
+        replies: dict[int, Message] = {}
+        self.last_info = {}
+        chosen = list(chosen)
+        with one_thread() if self.single_thread else contextlib.nullcontext():
+            self._train(round_, message, chosen, replies, on_done)
+        return replies
+
+    def _train(self, round_: int, message: Message, chosen: list[int], replies: dict, on_done) -> None:
+        for start in range(0, len(chosen), self.cohort_size):
+            cohort = chosen[start : start + self.cohort_size]
+            datas = [self.clients[k] for k in cohort]
+            problems = [self.local.prepare(self._states[k], message, d) for k, d in zip(cohort, datas, strict=True)]
+            generators = [generator_for(self.seed, round_, k) for k in cohort]
+            results = self.local.solver.solve_cohort(problems, self.rows.cohort(cohort, self.clients), generators)
+            for k, data, problem, result in zip(cohort, datas, problems, results, strict=True):
+                self._states[k], replies[k], info = self.local.finish(self._states[k], message, data, problem, result)
+                self.last_info[k] = info_scalars(info)
+                if on_done is not None:
+                    on_done(k)
+
+
+__all__ = ["CohortClients", "cohort_rows", "DEFAULT_COHORT"]

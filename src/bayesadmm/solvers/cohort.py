@@ -1,0 +1,164 @@
+"""Several clients' minibatch gradients as one batched computation: what a cohort solver (`LocalAdam.solve_cohort`,
+`IVONSolver.solve_cohort`) needs of its clients' data.
+
+`StackedClients` holds a cohort's examples as rows of one X, y (client i of the cohort owns rows offsets[i] ..
+offsets[i] + sizes[i]) with the one model and likelihood they share. `plan_batches` draws each client's shuffles from
+that client's own generator, in the order `solvers.adam.minibatches` draws them (one permutation per epoch), and lays
+the minibatches out as a table: row t of client i is the minibatch of its step t. `batch_gradients` then takes step t
+for the active clients at once, `torch.func.vmap` of the mean loss's gradient over the clients' parameter vectors
+(for an MLP, batched matrix products).
+
+Clients of different sizes: the cohort is ordered by number of steps, most first, so the clients that take step t are
+a prefix (the active set shrinks as clients finish); minibatches of different sizes in one step (an epoch's last,
+smaller one) are padded, and each client's loss is then its examples' weighted sum with weights 1/(its batch size)
+(0 on the padding), the same mean up to rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.func import grad, vmap
+
+from bayesadmm import rng
+
+
+@dataclass(frozen=True)
+class StackedClients:
+    """A cohort's examples as rows of X, y; `clients` are their own data objects (for anything per client)."""
+
+    model: Any  # a FlatModel: forward(θ, X)
+    likelihood: Any  # mean_nll(outputs, targets)
+    X: Tensor
+    y: Tensor
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    clients: tuple[Any, ...]
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+
+class ClientRows(NamedTuple):
+    """Every client's examples as rows of one X, y on one device, with the model and likelihood they share."""
+
+    model: Any
+    likelihood: Any
+    X: Tensor
+    y: Tensor
+    offsets: Mapping[int, int]  # client id → its first row
+
+    def cohort(self, ids: Sequence[int], clients: Mapping[int, Any]) -> StackedClients:
+        return StackedClients(
+            self.model,
+            self.likelihood,
+            self.X,
+            self.y,
+            tuple(self.offsets[k] for k in ids),
+            tuple(int(clients[k].num_examples) for k in ids),
+            tuple(clients[k] for k in ids),
+        )
+
+
+def client_rows(clients: Mapping[int, Any], source: Any = None) -> ClientRows | None:
+    """The clients' examples as rows of one tensor: the source's own (a `TensorClients`: X, y, slices, no copy but
+    the move to its device) or the clients' X, y concatenated once. None where the clients cannot be stacked (not
+    supervised data, or not all of one model and likelihood)."""
+    datas = list(clients.values())
+    if not datas or not all(hasattr(d, "X") and hasattr(d, "model") and hasattr(d, "likelihood") for d in datas):
+        return None
+    model, likelihood = datas[0].model, datas[0].likelihood
+    if any(d.model is not model or d.likelihood != likelihood for d in datas):
+        return None
+    if any(d.X.shape[1:] != datas[0].X.shape[1:] or d.y.shape[1:] != datas[0].y.shape[1:] for d in datas):
+        return None
+    if source is not None and all(hasattr(source, a) for a in ("X", "y", "slices", "device")):
+        device = datas[0].X.device
+        offsets = {k: int(source.slices[k][0]) for k in clients}
+        return ClientRows(model, likelihood, source.X.to(device), source.y.to(device), offsets)
+    ids = list(clients)
+    bounds = [0, *itertools.accumulate(int(clients[k].num_examples) for k in ids)]
+    X = torch.cat([clients[k].X for k in ids])
+    y = torch.cat([clients[k].y for k in ids])
+    return ClientRows(model, likelihood, X, y, {k: bounds[i] for i, k in enumerate(ids)})
+
+
+class BatchPlan(NamedTuple):
+    """The cohort's minibatches, step by step, in the order `order` (positions in the cohort, most steps first)."""
+
+    order: list[int]  # cohort positions, by number of steps (most first; ties in cohort order)
+    steps: list[int]  # steps of each client, in `order`
+    rows: Tensor  # (K, T, B) rows of X of client order[i]'s step t (0 where padded), on the data's device
+    counts: Tensor  # (K, T) examples in that minibatch (0 after the client's last step), on the CPU
+    active: list[int]  # active[t]: how many clients (a prefix of `order`) take step t
+    width: list[int]  # width[t]: the one minibatch size of step t's active clients, or -1 where they differ
+
+
+def plan_batches(
+    data: StackedClients, batch_size: int, epochs: int, generators: Sequence[torch.Generator]
+) -> BatchPlan:
+    """Each client's `epochs` shuffles from its generator (one `rng.randperm` per epoch, in epoch order, as
+    `minibatches` draws them) laid out as minibatches of `batch_size`."""
+    blocks = [math.ceil(n / batch_size) for n in data.sizes]  # minibatches per epoch
+    steps = [epochs * b for b in blocks]
+    order = sorted(range(len(data)), key=lambda i: -steps[i])
+    most = max(steps)
+    rows = torch.zeros((len(data), most, batch_size), dtype=torch.int64)
+    counts = torch.zeros((len(data), most), dtype=torch.int64)
+    for slot, i in enumerate(order):
+        n, b = data.sizes[i], blocks[i]
+        table = torch.zeros((epochs, b * batch_size), dtype=torch.int64)
+        for epoch in range(epochs):  # drawn on the CPU generator as `minibatches` draws them
+            table[epoch, :n] = rng.randperm(n, generators[i], "cpu")
+        rows[slot, : steps[i]] = table.add_(data.offsets[i]).view(epochs * b, batch_size)
+        sizes = torch.full((b,), batch_size, dtype=torch.int64)
+        sizes[-1] = n - (b - 1) * batch_size
+        counts[slot, : epochs * b] = sizes.repeat(epochs)
+    ordered_steps = [steps[i] for i in order]
+    active = [sum(1 for s in ordered_steps if s > t) for t in range(most)]
+    width = []
+    for t in range(most):
+        column = counts[: active[t], t]
+        width.append(int(column[0]) if bool((column == column[0]).all()) else -1)
+    return BatchPlan(order, ordered_steps, rows.to(data.X.device), counts, active, width)
+
+
+def _mean_loss(model, likelihood, theta: Tensor, x: Tensor, y: Tensor) -> Tensor:
+    return likelihood.mean_nll(model.forward(theta, x), y)
+
+
+def _weighted_loss(model, likelihood, theta: Tensor, x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+    outputs = model.forward(theta, x)
+    per_example = vmap(lambda o, t: likelihood.mean_nll(o.unsqueeze(0), t.unsqueeze(0)))(outputs, y)
+    return (per_example * w).sum()
+
+
+def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tensor) -> Tensor:
+    """∇ of each active client's mean loss over its minibatch of step t, at its parameters: thetas (A, S, d) for the
+    A = plan.active[t] first clients of the plan and S samples each; returns (A, S, d)."""
+    active, samples, dim = thetas.shape
+    width = plan.width[t]
+    rows = plan.rows[:active, t, : max(width, 0) or None]  # (A, b)
+    if samples > 1:
+        rows = rows.repeat_interleave(samples, dim=0)
+    x, y = data.X[rows], data.y[rows]
+    flat = thetas.reshape(active * samples, dim)
+    if width > 0:
+        loss = functools.partial(_mean_loss, data.model, data.likelihood)
+        grads = vmap(grad(loss))(flat, x, y)
+    else:
+        counts = plan.counts[:active, t].to(thetas.device, thetas.dtype)
+        mask = torch.arange(rows.shape[1], device=thetas.device)[None, :] < counts[:, None]
+        weights = mask.to(thetas.dtype) / counts[:, None]
+        if samples > 1:
+            weights = weights.repeat_interleave(samples, dim=0)
+        loss = functools.partial(_weighted_loss, data.model, data.likelihood)
+        grads = vmap(grad(loss))(flat, x, y, weights)
+    return grads.view(active, samples, dim)

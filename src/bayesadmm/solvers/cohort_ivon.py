@@ -1,0 +1,98 @@
+"""`IVONSolver.solve` for a cohort of clients at once.
+
+Each client's solve starts as `solve` starts it (`IVONSolver.setup`: its moments, terms and the noise key drawn from its
+generator), its shuffles are drawn next from the same generator (`plan_batches`), and its posterior is read off as
+`solve` reads it (`IVONSolver.result`). In between, the clients' IVON states are the rows of (K, d) matrices and every
+step is batched: the minibatch gradients at the clients' samples (`batch_gradients`), IVON's update by the fused
+kernel `kernels.update_step_` on the rows of the active clients seen as one long vector (every per-client quantity,
+ess included, laid out per coordinate), and the next samples by `kernels.sample_rows_step` with each client's own
+noise block (`rng.block_key` of its key and its step). The arithmetic per coordinate is `solve`'s, so the results are
+its results up to the rounding of the batched products.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from bayesadmm import rng
+from bayesadmm.optim import ivon, kernels
+from bayesadmm.solvers.cohort import StackedClients, batch_gradients, plan_batches
+from bayesadmm.solvers.von import SolveResult, SubproblemError
+
+if TYPE_CHECKING:
+    from bayesadmm.solvers.ivon import IVONSolver, VariationalProblem
+
+
+def _rows(vectors: Sequence[Tensor], like: Tensor) -> Tensor:
+    """Per-client scalars or vectors (0-d or (d,)) as a new (K, d) matrix."""
+    return torch.stack([v.to(like.dtype).expand_as(like) for v in vectors])
+
+
+def ivon_cohort(
+    solver: IVONSolver,
+    problems: Sequence[VariationalProblem],
+    data: StackedClients,
+    generators: Sequence[torch.Generator],
+) -> list[SolveResult]:
+    """`solver.solve`'s result for each client's problem, in the order of `problems`."""
+    setups = [solver.setup(p, data.clients[i], generators[i]) for i, p in enumerate(problems)]
+    plan = plan_batches(data, solver.batch_size, solver.epochs, generators)
+    ordered = [setups[i] for i in plan.order]
+    first = ordered[0]
+    if any(s.state.step != first.state.step for s in ordered):
+        raise ValueError("cohort IVON needs every client's solve to start at the same step count")
+    like = first.state.mean
+    mean, hess, momentum = (_rows([getattr(s.state, f) for s in ordered], like) for f in ("mean", "hess", "momentum"))
+    fixed = {f: _rows([getattr(s.terms, f) for s in ordered], like) for f in ("delta", "prior_mean", "v", "u", "lr")}
+    ess = _rows([s.terms.ess for s in ordered], like)
+    keys = [s.noise_key for s in ordered]
+    k, d, samples, base = len(ordered), like.numel(), solver.mc_samples, first.state.step
+
+    def block_keys(count: int, step: int) -> Tensor:
+        return torch.stack([rng.block_key(key, step) for key in keys[:count]]).to(like.device)
+
+    def flat(x: Tensor, count: int) -> Tensor:
+        return x[:count].view(count * d)
+
+    try:
+        thetas, eps = kernels.sample_rows_step(
+            mean, hess, fixed["delta"], ess, block_keys(k, base), samples
+        )  # (K, S, d) each
+        for t, active in enumerate(plan.active):
+            grads = batch_gradients(data, plan, t, thetas[:active])
+            debias = 1.0 - first.terms.beta1_value ** (base + t + 1) if first.terms.debias else 1.0
+            kernels.update_step_(
+                flat(mean, active),
+                flat(hess, active),
+                flat(momentum, active),
+                grads.transpose(0, 1).reshape(samples, active * d),
+                eps[:active].transpose(0, 1).reshape(samples, active * d),
+                *(flat(fixed[f], active) for f in ("delta", "prior_mean", "v", "u", "lr")),
+                flat(ess, active),
+                first.terms.beta1,
+                first.terms.beta2,
+                torch.as_tensor(debias, dtype=like.dtype, device=like.device),
+                first.terms.clip_radius,
+            )
+            following = plan.active[t + 1] if t + 1 < len(plan.active) else 0
+            if following:  # the next step's samples of the clients that take it
+                thetas, eps = kernels.sample_rows_step(
+                    mean[:following],
+                    hess[:following],
+                    fixed["delta"][:following],
+                    ess[:following],
+                    block_keys(following, base + t + 1),
+                    samples,
+                )
+    except ValueError as exc:  # as `solve`: IVON's precision stopped being positive
+        raise SubproblemError(f"IVON's precision stopped being positive in a cohort solve: {exc}") from exc
+    results: list[SolveResult | None] = [None] * len(problems)
+    for slot, i in enumerate(plan.order):
+        steps = plan.steps[slot]
+        state = ivon.IVONState(mean[slot].clone(), hess[slot].clone(), momentum[slot].clone(), base + steps)
+        results[i] = solver.result(problems[i], data.clients[i], state, setups[i], steps)
+    return [r for r in results if r is not None]

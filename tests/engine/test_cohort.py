@@ -1,0 +1,182 @@
+"""Cohort training (`engine.cohort.CohortClients`): a round's clients trained as one batched computation give the
+per-client results (`LocalClients`, i.e. `train_client`) to 1e-10 in float64 and to rounding in float32, for every
+registered method whose client update batches (its `Algorithm.local`), with clients of different sizes, several
+epochs, partial participation and cohorts smaller than a round."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from torch import nn
+
+from bayesadmm.algorithms import REGISTRY
+from bayesadmm.clients import SupervisedData, TensorClients
+from bayesadmm.engine.cohort import CohortClients
+from bayesadmm.engine.workers import LocalClients
+from bayesadmm.federated import algorithm_factory
+from bayesadmm.models import FlatModel
+
+TOY = {"lr": 0.05, "epochs": 2, "batch_size": 8, "mu": 0.01, "alpha": 0.01, "rho": 0.5, "gamma": 0.5,
+       "delta": 1.0, "damping": 0.5, "precision": 10.0, "hess_init": 0.1}
+SIZES = {0: 24, 1: 13, 2: 5, 3: 24, 4: 17}  # full and partial minibatches, 1 to 3 per epoch
+# the methods whose local solver is Adam or IVON and whose client update batches: each must expose a LocalStep
+BATCHED = {"fedavg", "fedprox", "feddyn", "admm", "ama", "fedlap", "ivon-admm", "ivon-pvi"}
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _clients(dtype: torch.dtype) -> tuple[FlatModel, dict[int, SupervisedData]]:
+    gen = torch.Generator().manual_seed(0)
+    centres = 3.0 * torch.randn(3, 4, generator=gen, dtype=dtype)
+    model = FlatModel(_net)
+    clients = {}
+    for k, n in SIZES.items():
+        y = torch.cat([torch.full((n // 2,), k % 3), torch.randint(0, 3, (n - n // 2,), generator=gen)])
+        clients[k] = SupervisedData(model, centres[y] + torch.randn(n, 4, generator=gen, dtype=dtype), y)
+    return model, clients
+
+
+def _algorithm(name: str, model: FlatModel):
+    parameters = inspect.signature(REGISTRY[name]).parameters
+    hparams = {k: v for k, v in TOY.items() if k in parameters}
+    return algorithm_factory(REGISTRY[name], hparams, model, SIZES)()
+
+
+def _flat(tree) -> list[torch.Tensor]:
+    if torch.is_tensor(tree):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for key in sorted(tree, key=str) for t in _flat(tree[key])]
+    if isinstance(tree, (tuple, list)):
+        return [t for item in tree for t in _flat(item)]
+    return []
+
+
+def _run(runner, algorithm, theta0, rounds):
+    """`rounds` rounds (clients 0, 1, 2, 4 in round 2: partial participation); every round's replies."""
+    server = algorithm.init_server(theta0)
+    runner.start(server)
+    history = []
+    for r in range(1, rounds + 1):
+        chosen = [4, 0, 2, 1] if r == 2 else sorted(SIZES)
+        replies = runner.train(r, algorithm.broadcast(server), chosen)
+        assert list(replies) == chosen
+        history.append((replies, dict(runner.last_info)))
+        server, _ = algorithm.server_update(server, replies)
+    return server, runner.states(), history
+
+
+@pytest.fixture(autouse=True)
+def _eager():
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
+def test_the_methods_that_batch_are_the_adam_and_ivon_ones():
+    model, _ = _clients(torch.float64)
+    assert {name for name in REGISTRY if _algorithm(name, model).local is not None} == BATCHED
+
+
+@pytest.mark.parametrize("name", sorted(BATCHED))
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cohort_gives_the_per_client_results(name, dtype):
+    model, clients = _clients(dtype)
+    theta0 = model.initial_params(torch.Generator().manual_seed(1)).to(dtype)
+    algorithm = _algorithm(name, model)
+    sequential = _run(LocalClients(algorithm, clients, seed=3), algorithm, theta0, 3)
+    batched = _run(CohortClients(algorithm, clients, seed=3, cohort_size=3), algorithm, theta0, 3)
+    left, right = _flat(sequential[:2]) + _flat([h[0] for h in sequential[2]]), _flat(batched[:2]) + _flat(
+        [h[0] for h in batched[2]])
+    assert len(left) == len(right) and all(a.dtype == b.dtype == dtype for a, b in zip(left, right, strict=True))
+    tol = 1e-10 if dtype == torch.float64 else 64 * torch.finfo(torch.float32).eps  # float32: a few roundings
+    worst = max(float((a - b).abs().max() / (1 + a.abs().max())) for a, b in zip(left, right, strict=True))
+    assert worst <= tol, f"{name}: cohort and per-client results differ by {worst:.3g} (relative)"
+    assert [h[1] for h in sequential[2]] == [h[1] for h in batched[2]]  # the same info (steps) per client
+
+
+@pytest.mark.parametrize(("name", "extra", "cohort_size"), [
+    ("ivon-admm", {"mc_samples": 2}, 2),
+    ("ivon-admm", {"restart_at_q_g": True, "cosine_rounds": 3, "epochs": 1}, 5),
+    ("ivon-pvi", {"batch_size": 32}, 1),  # every client in one minibatch of its own size
+    ("feddyn", {"weight_decay": 0.01}, 4),
+    ("fedavg", {"weighted": True, "epochs": 3}, 5),
+])
+def test_cohort_gives_the_per_client_results_for_variants(name, extra, cohort_size):
+    model, clients = _clients(torch.float64)
+    theta0 = model.initial_params(torch.Generator().manual_seed(1))
+    parameters = inspect.signature(REGISTRY[name]).parameters
+    algorithm = algorithm_factory(REGISTRY[name], {k: v for k, v in TOY.items() if k in parameters} | extra,
+                                  model, SIZES)()
+    sequential = _run(LocalClients(algorithm, clients, seed=5), algorithm, theta0, 3)
+    batched = _run(CohortClients(algorithm, clients, seed=5, cohort_size=cohort_size), algorithm, theta0, 3)
+    for a, b in zip(_flat(sequential[:2]), _flat(batched[:2]), strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_methods_that_do_not_batch_keep_the_per_client_runner():
+    model, clients = _clients(torch.float64)
+    algorithm = _algorithm("fedlap-cov", model)
+    with pytest.raises(ValueError, match="does not batch"):
+        CohortClients(algorithm, clients, seed=0)
+    source = TensorClients.from_parts(model, {k: (d.X, d.y) for k, d in clients.items()})
+    from bayesadmm.engine.workers import client_runner
+    assert type(client_runner(lambda: algorithm, source, 0, 1, algorithm, cohort_size=8)) is LocalClients
+
+
+def test_cohort_reads_a_tensor_source_in_place():
+    model, clients = _clients(torch.float64)
+    source = TensorClients.from_parts(model, {k: (d.X, d.y) for k, d in clients.items()})
+    from bayesadmm.engine.workers import client_runner
+    algorithm = _algorithm("fedavg", model)
+    runner = client_runner(lambda: algorithm, source, 0, 1, algorithm, cohort_size=2)
+    assert isinstance(runner, CohortClients) and runner.rows.X.data_ptr() == source.X.data_ptr()
+    theta0 = model.initial_params(torch.Generator().manual_seed(1))
+    expected = _run(LocalClients(algorithm, {k: source(k) for k in SIZES}, seed=0), algorithm, theta0, 2)
+    got = _run(runner, algorithm, theta0, 2)
+    pairs = zip(_flat(expected[:2]), _flat(got[:2]), strict=True)
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-10) for a, b in pairs)
+
+
+def test_a_run_through_the_engine_with_cohorts_matches_the_per_client_run(tmp_path):
+    """The engine's loop with a cohort runner (`run_federation(runner=...)`, checkpoints included): the metrics of
+    the per-client run up to rounding."""
+    import json
+
+    from bayesadmm.engine import loop
+    from bayesadmm.engine.workers import client_runner
+    from bayesadmm.experiments.build import build
+    from bayesadmm.experiments.config import resolve
+
+    try:
+        config, _ = resolve("fmnist-heterog10", ["data_fraction=0.01", "clients=3", "epochs=1", "eval_samples=4",
+                                                 "method=fedavg", "rounds=2", "workers=1", f"out={tmp_path}"])
+        built = build(config)
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"FashionMNIST not available: {exc}")
+    federation = built.federation
+
+    def cohorts(algorithm, workers):
+        return client_runner(federation.make_algorithm, federation.clients, built.settings.seed, workers, algorithm,
+                             cohort_size=2)
+
+    def metrics(run_dir):
+        return [{k: v for k, v in json.loads(line).items() if k not in ("seconds", "eval_seconds")}
+                for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+    with torch.compiler.set_stance("force_eager"):
+        assert loop.run_federation(federation, built.settings, tmp_path / "a", progress=False).exit_code == 0
+        assert loop.run_federation(federation, built.settings, tmp_path / "b", progress=False,
+                                   runner=cohorts).exit_code == 0
+    per_client, cohort = metrics(tmp_path / "a"), metrics(tmp_path / "b")
+    assert len(per_client) == len(cohort) == 2
+    for a, b in zip(per_client, cohort, strict=True):
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            if isinstance(value, float):
+                assert b[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
+            else:
+                assert b[key] == value, key
