@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             module.run(args.out, **options)
         except (FileNotFoundError, MissingExtraError) as exc:  # the data loaders' errors say how to get the data
             print(f"bayesadmm: {exc}", file=sys.stderr)
-            return 1
+            return 2
         print(f"done in {time.perf_counter() - start:.1f} s")
     return 0
 

@@ -13,7 +13,6 @@ from bayesadmm.cli import main
 from conftest import needs_fmnist
 
 
-
 def test_outlier_command(tmp_path: Path):
     assert main(["paper", "outlier", "--out", str(tmp_path), "--rounds", "8"]) == 0
     result = json.loads((tmp_path / "outlier.json").read_text())

