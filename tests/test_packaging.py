@@ -3,8 +3,10 @@ and give a working `bayesadmm --help`, with the licence and the package data ins
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
 import venv
 import zipfile
 from pathlib import Path
@@ -18,7 +20,12 @@ pytest.importorskip("build")
 
 
 def _run(*command, cwd: Path | None = None) -> str:
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=600)
+    # a clean environment, outside the checkout: what other tests of the session left in os.environ (Ray sets
+    # PYTHONPATH) or the working directory must not put this checkout's sources before the installed artefact
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    done = subprocess.run(
+        command, cwd=cwd or tempfile.gettempdir(), env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
