@@ -145,7 +145,7 @@ class Tuning:
             f"sqlite:///{(self.out / 'study.db').resolve()}",
             heartbeat_interval=self.heartbeat,
             grace_period=3 * self.heartbeat,
-            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=2),
+            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
         )
         return optuna.create_study(
             study_name=STUDY,
