@@ -26,8 +26,8 @@ left out, so the limit is optimistic), summed over the clients' steps. The matri
 the same run on one thread (2048 × 2048 float32 products); the limit with N workers is flops / (N × throughput).
 `ratio` = measured time / limit: 1 would be a round that is nothing but large matrix products on every core.
 `r/round`: the same ratio per timed round, with the throughput measured again right after that round (best of 3
-products, workers idle), and the median over the rounds: this VM's speed drifts by tens of percent within minutes
-(the one throughput at the start measured 65 to 93 GFLOP/s in runs of one session), and the per-round limit drifts
+products, workers idle), and the median over the rounds: a virtual machine's speed can drift by tens of percent within
+minutes, and the per-round limit drifts
 with it, so this column is the one to compare across runs.
 With more than one worker count, each speed-up is printed beside what the machine leaves room for: workers × balance /
 contention (an estimate: both timings vary by ±15 % from run to run on this VM). `balance` is how evenly the pool's

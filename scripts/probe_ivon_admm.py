@@ -13,8 +13,7 @@ open or states differently from what we do. They probe Alg. 2 as written (h <- h
               (an optimizer state kept across rounds; the authors' code keeps IVON's momentum and step count, not h,
               which it resets to 0: that reading is `bayesadmm run ... restart_at_q_g=true`, a library option)
   keep-momentum  IVON's gradient momentum and its step count carry over from the client's previous round (so the
-              momentum is not debiased afresh), as the authors' code does; m and h start as usual. Probed in session
-              8 with the presets' restart (`restart_at_q_g=true stop_at=50` as overrides) for the NLL gap at round 50
+              momentum is not debiased afresh), as the authors' code does; m and h start as usual. Probed with the presets' restart (`restart_at_q_g=true stop_at=50` as overrides) for the NLL gap at round 50
   baseline    none of these (the published settings, Alg. 2 as written)
 
 The carry-over variants are the library's IVON solver with a round-start object of the probe's own (`CarryOver`, a

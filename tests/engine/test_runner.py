@@ -349,7 +349,7 @@ def test_validation_split_is_held_out_of_training_and_reported_as_val(tmp_path):
 
 @needs_fmnist
 def test_stop_at_then_resume_gives_the_uninterrupted_run(tmp_path):
-    """stop_at splits a long run across sessions: the schedule (cosine lr) still spans `rounds`."""
+    """stop_at splits a long run into parts: the schedule (cosine lr) still spans `rounds`."""
     whole, split = tmp_path / "whole", tmp_path / "split"
     common = ["fmnist-heterog10", *SMALL, "method=ivon-admm", "rounds=3", "--quiet"]
     assert main(["run", *common, f"out={whole}"]) == 0

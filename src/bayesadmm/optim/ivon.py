@@ -469,15 +469,17 @@ def _write(params: Sequence[Tensor], flat: Tensor) -> None:
 class IVON(torch.optim.Optimizer):
     r"""IVON for nn.Modules with a per-coordinate prior N(m_p, diag(s_p)⁻¹) and dual terms v, u (module docstring).
 
-    Usage follows ivon-opt::
+    Usage (the same pattern as the ivon-opt package's):
 
-        opt = IVON(model.parameters(), lr=0.1, ess=len(train_set), generator=torch.Generator().manual_seed(0))
-        for x, y in loader:
-            for _ in range(opt.mc_samples):
-                with opt.sampled_params(train=True):
-                    opt.zero_grad()
-                    loss_fn(model(x), y).backward()
-            opt.step()
+    ```python
+    opt = IVON(model.parameters(), lr=0.1, ess=len(train_set), generator=torch.Generator().manual_seed(0))
+    for x, y in loader:
+        for _ in range(opt.mc_samples):
+            with opt.sampled_params(train=True):
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+        opt.step()
+    ```
 
     Between steps the parameters hold the posterior mean m. Inside `sampled_params` they hold a sample θ = m + σε;
     on exit they are restored to m exactly and, with train=True, p.grad (as it stands, so zero it inside the context)
