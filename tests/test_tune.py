@@ -80,7 +80,7 @@ def test_a_killed_tune_goes_on_from_the_cut_off_trials_checkpoint(tmp_path, data
     process.send_signal(signal.SIGKILL)
     process.wait()
     cut_at = json.loads(status.read_text())["round"]
-    time.sleep(3.5)  # past the heartbeat's grace period: the trial is known to be dead
+    time.sleep(6.5)  # well past the heartbeat's grace period (3 s): the trial is known to be dead
     study = Tuning("fmnist-heterog10", _fixed(data_dir, 12), space_for("fedavg"), out, trials=1, heartbeat=1).run()
     states = [t.state.name for t in study.trials]
     assert states == ["FAIL", "COMPLETE"] and study.trials[0].params == study.trials[1].params

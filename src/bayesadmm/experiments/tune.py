@@ -159,6 +159,7 @@ class Tuning:
     def run(self):
         """Run trials until the budget is spent; returns the Optuna study."""
         study = self.study()
+        _optuna().storages.fail_stale_trials(study)  # a trial cut off by a kill is retried before the budget counts
         while not self._spent(study):
             study.optimize(self._objective, n_trials=1, catch=())
             if self.on_trial is not None:
