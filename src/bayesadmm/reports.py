@@ -110,7 +110,7 @@ def method_label(config: dict) -> str:
 NOT_SETTINGS = frozenset({"seed", "out", "data_dir", "workers", "checkpoint_every", "stop_at", "log"})
 
 
-def _setting(config: dict) -> dict[str, str]:
+def setting_of(config: dict) -> dict[str, str]:
     """A run's whole configuration as flat `key: JSON value` pairs, without `NOT_SETTINGS` (nested dicts such as
     `hparams` or bayesadmm.run's `settings` are flattened: their keys stand for themselves). A preset run's config
     from an older version may lack keys added since: they count as their defaults."""
@@ -121,7 +121,7 @@ def _setting(config: dict) -> dict[str, str]:
     flat: dict[str, str] = {}
     for key, value in config.items():
         if isinstance(value, dict) and key in ("hparams", "settings"):
-            flat.update(_setting(value))
+            flat.update(setting_of(value))
         elif key not in NOT_SETTINGS:
             flat[key] = json.dumps(value, sort_keys=True)
     return {k: v for k, v in flat.items() if k not in NOT_SETTINGS}
@@ -134,14 +134,14 @@ def setting_labels(configs: list[dict]) -> list[str]:
     (the seed, the folder, the worker count, ...) share a row."""
     by_method: dict[str, list[dict[str, str]]] = defaultdict(list)
     for config in configs:
-        by_method[method_label(config)].append(_setting(config))
+        by_method[method_label(config)].append(setting_of(config))
     varying = {
         method: sorted(key for key in set().union(*settings) if len({s.get(key) for s in settings}) > 1)
         for method, settings in by_method.items()
     }
     labels = []
     for config in configs:
-        method, setting = method_label(config), _setting(config)
+        method, setting = method_label(config), setting_of(config)
         shown = ", ".join(f"{key}={_plain(setting.get(key))}" for key in varying[method])
         labels.append(f"{method} [{shown}]" if shown else method)
     return labels

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from bayesadmm.engine.loop import Interrupted
 from bayesadmm.engine.workers import default_workers
-from bayesadmm.experiments.config import ConfigError, resolve
-from bayesadmm.reports import NOT_SETTINGS
+from bayesadmm.experiments.config import ConfigError, RunConfig, resolve
+from bayesadmm.reports import setting_of
 
 FINAL = ("completed", "diverged")
 
@@ -48,6 +48,7 @@ class Point:
     scenario: str
     overrides: tuple[str, ...]
     run_dir: Path
+    config: RunConfig = field(compare=False)  # the resolved configuration, checked when the point was made
 
     @property
     def name(self) -> str:
@@ -125,32 +126,32 @@ def points(scenarios: Sequence[str], axes: Mapping[str, list[str]], out: Path) -
             run_dir = Path(out) / name.replace("/", "_")
             overrides = tuple(f"{k}={v}" for k, v in chosen.items()) + (f"out={run_dir}",)
             try:
-                resolve(scenario, overrides)
+                config, _ = resolve(scenario, overrides)
             except (ConfigError, FileNotFoundError) as exc:
                 raise ConfigError(f"{name}: {exc}") from None
-            made.append(Point(scenario, overrides, run_dir))
+            made.append(Point(scenario, overrides, run_dir, config))
     return made
 
 
 def what_to_do(point: Point) -> str:
     """skip, resume, start or refuse (with the reason after a colon), from what the point's folder holds."""
-    config, _ = resolve(point.scenario, point.overrides)
     folder = point.run_dir
     if not (folder / "config.json").exists():
         return "start"
-    saved, wanted = _flat(json.loads((folder / "config.json").read_text())), _flat(config.to_json())
-    differs = sorted(k for k in set(saved) | set(wanted) if k not in NOT_SETTINGS and saved.get(k) != wanted.get(k))
+    saved, wanted = _identity(json.loads((folder / "config.json").read_text())), _identity(point.config.to_json())
+    differs = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
     if differs:
         return f"refuse: {folder} holds a run of another configuration (differs in {', '.join(differs)})"
     status = json.loads((folder / "status.json").read_text())["status"] if (folder / "status.json").exists() else ""
-    if status in FINAL and (status != "completed" or saved.get("rounds") == wanted["rounds"]):
+    if status in FINAL:  # the same configuration (rounds included) ran to its end
         return "skip"
     return "resume" if (folder / "checkpoint.pt").exists() else "start"
 
 
-def _flat(config: dict) -> dict:
-    """A run's configuration with its hyperparameters beside the general keys (so a difference names the key)."""
-    return {**{k: v for k, v in config.items() if k != "hparams"}, **config.get("hparams", {})}
+def _identity(config: dict) -> dict[str, str]:
+    """What makes a point's run that run: its settings as `compare` groups them (hyperparameters beside the general
+    keys, so a difference names the key), and its seed."""
+    return {**setting_of(config), "seed": json.dumps(config.get("seed"))}
 
 
 @dataclass
@@ -180,8 +181,7 @@ class Sweep:
 
     def _run(self) -> list[Outcome]:
         plans = {p: what_to_do(p) for p in self.points}
-        configs = {p: resolve(p.scenario, p.overrides)[0] for p in self.points}
-        self._totals = {p: config.stop_at or config.rounds for p, config in configs.items()}
+        self._totals = {p: p.config.stop_at or p.config.rounds for p in self.points}
         refused = [plan for plan in plans.values() if plan.startswith("refuse")]
         if refused:
             raise ConfigError(refused[0][len("refuse: ") :] + "; give the sweep another --out, or move that folder")
@@ -229,7 +229,7 @@ class Sweep:
         with open(logs / f"{point.name}.log", "a") as log:
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
-            # a session of its own: a Ctrl-C in the terminal reaches the sweep only, which stops each child once
+            # a process group of its own: a Ctrl-C in the terminal reaches the sweep only, which stops each child once
             return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _rounds(self) -> tuple[int, int]:
