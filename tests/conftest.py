@@ -21,6 +21,7 @@ def _float64_and_deterministic():
 
 def _have_fashion_mnist() -> bool:
     from bayesadmm.data import DatasetNotFoundError, load_image_dataset
+
     try:
         load_image_dataset("fashion-mnist", "train", download=False)
         return True
@@ -30,3 +31,14 @@ def _have_fashion_mnist() -> bool:
 
 # Tests on the real FashionMNIST files skip (with the reason) where they are absent; `make test` installs them.
 needs_fmnist = pytest.mark.skipif(not _have_fashion_mnist(), reason="FashionMNIST not installed (make setup does it)")
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory):
+    """A folder with a small synthetic FashionMNIST (300 training and 40 test images in the real IDX files), for
+    command-line tests that need a data_dir but not the real data."""
+    from tests.data.test_images import write_dataset
+
+    folder = tmp_path_factory.mktemp("fmnist")
+    write_dataset(folder, n_train=300, n_test=40)
+    return folder

@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 
 import pytest
 from tests.data.test_images import FILES, write_dataset
 
 from bayesadmm import cli
 from bayesadmm.experiments.config import ConfigError, resolve
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("fmnist")
-    write_dataset(folder, n_train=200, n_test=40)
-    return folder
 
 
 def _run(capsys, *args: str) -> tuple[int, str]:

@@ -17,15 +17,6 @@ from bayesadmm.experiments.config import ConfigError
 from bayesadmm.experiments.sweep import grid, points, values
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    from tests.data.test_images import write_dataset
-
-    folder = tmp_path_factory.mktemp("fmnist")
-    write_dataset(folder, n_train=300, n_test=40)
-    return folder
-
-
 def _metrics(folder: Path) -> list[tuple[int, float]]:
     lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     return [(line["round"], line["test_acc"]) for line in lines]

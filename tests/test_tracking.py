@@ -59,12 +59,9 @@ def test_the_library_sends_every_round_to_both(tmp_path):
     assert _same(_mlflow_history(uri, ml.run_id, "test_acc"), expected)
 
 
-def test_the_cli_logs_and_a_resume_shows_each_round_once(tmp_path, capsys):
-    from tests.data.test_images import write_dataset
-
-    write_dataset(tmp_path / "data", n_train=200, n_test=40)
+def test_the_cli_logs_and_a_resume_shows_each_round_once(tmp_path, capsys, data_dir):
     out = tmp_path / "run"
-    common = [f"--data-dir={tmp_path / 'data'}", "--quiet"]
+    common = [f"--data-dir={data_dir}", "--quiet"]
     args = ["run", "fmnist-heterog10", "method=fedavg", "rounds=3", "stop_at=2", f"out={out}", *common]
     assert cli.main([*args, "--log", "tensorboard,mlflow"]) == 0
     assert cli.main(["resume", str(out), "--quiet"]) == 0

@@ -20,15 +20,6 @@ from bayesadmm.experiments.tune import Tuning, parse_param, report, space_for
 optuna = pytest.importorskip("optuna")
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    from tests.data.test_images import write_dataset
-
-    folder = tmp_path_factory.mktemp("fmnist")
-    write_dataset(folder, n_train=300, n_test=40)
-    return folder
-
-
 def _fixed(data_dir: Path, rounds: int) -> tuple[str, ...]:
     return ("method=fedavg", f"rounds={rounds}", f"data_dir={data_dir}", "workers=1", "batch_size=64")
 
