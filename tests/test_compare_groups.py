@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from bayesadmm.reports import compare
 
 
@@ -35,5 +37,29 @@ def test_a_folder_given_twice_counts_once_and_dropped_runs_are_named(tmp_path):
     (tmp_path / "empty" / "config.json").write_text(json.dumps({"method": "fedavg", "seed": 1}))
     text = compare([tmp_path / "a", tmp_path / "a", tmp_path / "empty"], [3])
     assert _rows(text)["fedavg (m_g)"][0] == "1"
-    assert "counted once: 1 folder(s) given more than once" in text
-    assert f"dropped: {(tmp_path / 'empty').resolve()} (no finished round in metrics.jsonl)" in text
+    assert "counted once: 1 run(s) given more than once" in text
+    assert f"dropped: {tmp_path / 'empty'} (no finished round in metrics.jsonl)" in text
+
+
+def test_the_runs_behind_a_table_are_kept_as_one_file_that_rebuilds_the_table(tmp_path):
+    sweep = tmp_path / "sweep"
+    _run(sweep / "seed=0", 0.5, seed=0)
+    _run(sweep / "seed=1", 0.7, seed=1)
+    _run(tmp_path / "other", 0.9, seed=0, data_fraction=0.5)
+    table = compare([sweep, tmp_path / "other"], [3], out_dir=tmp_path / "table")  # a sweep's folder is its runs
+    kept = tmp_path / "table" / "runs.jsonl"
+    assert len(kept.read_text().splitlines()) == 3
+    rebuilt = compare([kept], [3], out_dir=tmp_path / "table")  # read and rewritten in place
+    assert _rows(rebuilt) == _rows(table)
+    assert _rows(table)["fedavg [data_fraction=1.0] (m_g)"][:2] == ["2", "60.0 ± 14.1"]
+    # a run given as a folder and inside the file is one run
+    assert "counted once: 1 run(s)" in compare([kept, tmp_path / "other"], [3])
+
+
+def test_a_damaged_runs_file_is_refused_naming_its_line(tmp_path):
+    bad = tmp_path / "runs.jsonl"
+    bad.write_text('{"name": "a"}\n')
+    with pytest.raises(ValueError, match=r"runs.jsonl:1 is not a run"):
+        compare([bad], [3])
+    with pytest.raises(FileNotFoundError, match="holds no runs"):
+        compare([tmp_path], [3])

@@ -14,7 +14,7 @@ import pytest
 
 from bayesadmm import cli
 from bayesadmm.experiments.config import ConfigError
-from bayesadmm.experiments.sweep import grid, points, values
+from bayesadmm.experiments.sweep import Grid, grid, points, read_sweep_file, values
 
 
 def _metrics(folder: Path) -> list[tuple[int, float]]:
@@ -33,10 +33,10 @@ def test_values_and_grid():
 
 
 def test_points_are_named_by_what_varies_and_checked(tmp_path):
-    made = points(["fmnist-heterog10"], grid(["method=fedavg", "lr=0.1,0.01", "seed=0:2"]), tmp_path)
+    made = points([Grid(["fmnist-heterog10"], grid(["method=fedavg", "lr=0.1,0.01", "seed=0:2"]))], tmp_path)
     assert [p.name for p in made] == ["lr=0.1,seed=0", "lr=0.1,seed=1", "lr=0.01,seed=0", "lr=0.01,seed=1"]
     with pytest.raises(ConfigError, match="lr=nan: lr must be a number, got nan"):
-        points(["fmnist-heterog10"], grid(["method=fedavg", "lr=0.1,nan"]), tmp_path)
+        points([Grid(["fmnist-heterog10"], grid(["method=fedavg", "lr=0.1,nan"]))], tmp_path)
 
 
 def _sweep(out: Path, data_dir: Path, *extra: str) -> list[str]:
@@ -56,6 +56,12 @@ def test_a_finished_sweep_repeats_nothing(tmp_path, data_dir, capsys):
     # the same folder with another setting is refused before anything runs
     assert cli.main(_sweep(out, data_dir, "rounds=3", "epochs=2")) == 2
     assert "holds a run of another configuration (differs in epochs, rounds)" in capsys.readouterr().err
+    # runs shortened by stop_at (a selection on the validation split) are done once they reach it
+    shortened = tmp_path / "shortened"
+    assert cli.main(_sweep(shortened, data_dir, "rounds=3", "stop_at=2")) == 0
+    assert "runs: 2 stopped" in capsys.readouterr().out
+    assert cli.main(_sweep(shortened, data_dir, "rounds=3", "stop_at=2")) == 0
+    assert "runs: 2 skipped" in capsys.readouterr().out
 
 
 def test_a_killed_sweep_goes_on_to_the_uninterrupted_numbers(tmp_path, data_dir):
@@ -91,10 +97,44 @@ def test_a_user_error_in_a_run_stops_the_sweep(tmp_path, capsys):
     assert "bayesadmm:" in (out / "logs" / "seed=0.log").read_text()
 
 
-def test_the_committed_sweep_files_expand(tmp_path):
-    from bayesadmm.experiments.sweep import read_sweep_file
+def test_a_sweep_file_of_several_grids_names_each_point_by_what_varies_over_all(tmp_path):
+    sweep_file = tmp_path / "table.json"
+    sweep_file.write_text(
+        json.dumps(
+            [
+                {"scenario": "fmnist-heterog10", "grid": {"seed": "0:2"}, "set": {"method": "ivon-admm", "lr": 1e-4}},
+                {"scenario": "fmnist-homog10", "grid": {"seed": "0:2"}, "set": {"method": "ivon-admm", "lr": 5e-4}},
+            ]
+        )
+    )
+    made = points(read_sweep_file(sweep_file), tmp_path)
+    assert [p.name for p in made] == [
+        "fmnist-heterog10,seed=0,lr=0.0001",
+        "fmnist-heterog10,seed=1,lr=0.0001",
+        "fmnist-homog10,seed=0,lr=0.0005",
+        "fmnist-homog10,seed=1,lr=0.0005",
+    ]
+    assert made[2].config.hparams["lr"] == 5e-4
+    twice = [Grid(["fmnist-heterog10"], {"seed": ["0"]})] * 2
+    with pytest.raises(ConfigError, match="has the point run twice"):
+        points(twice, tmp_path)
 
-    expected = {"fmnist-table1.json": 2 * 8 * 3, "fmnist-heterog100.json": 3 * 3}
+
+def test_the_committed_sweep_files_expand(tmp_path):
+    expected = {
+        "fmnist-heterog10.json": 8 * 3 + 3,
+        "fmnist-homog10.json": 8 * 3,
+        "fmnist-heterog100.json": 3 * 3,
+        "fmnist-alg2-as-written.json": 2 * 2 * 3 + 3,
+        "fmnist-chosen-lr.json": 2 * 3,
+        "fmnist-fedlap-func-chosen.json": 2 * 3,
+        "select-ivon-lr.json": 2 * 3,
+        "select-fedlap-func.json": 3 * 2,
+        "select-fedlap-func-tau.json": 2 * 3,
+    }
+    folder = Path(__file__).parents[1] / "sweeps"
+    assert set(expected) <= {p.name for p in folder.glob("*.json")}
     for name, count in expected.items():
-        scenarios, axes = read_sweep_file(Path(__file__).parents[1] / "sweeps" / name)
-        assert len(points(scenarios, axes, tmp_path)) == count
+        made = points(read_sweep_file(folder / name), tmp_path / name)
+        assert len(made) == count, name
+        assert len({p.name for p in made}) == count

@@ -52,6 +52,14 @@ def test_trials_see_only_the_validation_split_and_a_tune_goes_on(tmp_path, data_
     assert len(more.trials) == 3  # the two finished trials count: one more was run
 
 
+def test_the_test_command_runs_the_whole_schedule_on_the_test_set(tmp_path, data_dir):
+    # trials may stop early (stop_at) to save time; the chosen setting is run to the end of the same schedule
+    tuning = Tuning("fmnist-heterog10", (*_fixed(data_dir, 4), "stop_at=2"), space_for("fedavg"), tmp_path)
+    words = tuning.test_command({"lr": 0.01}).split()
+    assert "lr=0.01" in words and "rounds=4" in words and "seed=0:3" in words
+    assert not any(w.startswith(("stop_at=", "validation=")) for w in words)
+
+
 def test_a_killed_tune_goes_on_from_the_cut_off_trials_checkpoint(tmp_path, data_dir):
     out = tmp_path / "tune"
     script = textwrap.dedent(

@@ -126,9 +126,16 @@ def _parser() -> argparse.ArgumentParser:
         help="Table-1-style comparison of finished runs (accuracy, NLL and ECE "
         "at the given rounds, and seconds per round)",
     )
-    compare.add_argument("run_dirs", nargs="+", type=Path)
+    compare.add_argument(
+        "sources", nargs="+", type=Path, metavar="RUNS", help="run folders, sweep folders or runs.jsonl files"
+    )
     compare.add_argument("--rounds", default="10,25,50", help="comma-separated rounds (default 10,25,50)")
-    compare.add_argument("--out", type=Path, default=None, help="write table.md, table.tex and curves.png here")
+    compare.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write table.md, table.tex, curves.png and the runs behind them (runs.jsonl) here",
+    )
     compare.add_argument(
         "--paper",
         default=None,
@@ -263,20 +270,19 @@ def _run(args) -> int:
 def _sweep(args) -> int:
     from bayesadmm.engine.loop import Interrupted
     from bayesadmm.experiments.config import ConfigError
-    from bayesadmm.experiments.sweep import Sweep, grid, points, read_sweep_file, run_dirs
+    from bayesadmm.experiments.sweep import Grid, Sweep, grid, is_sweep_file, points, read_sweep_file, run_dirs
     from bayesadmm.reports import compare
 
     try:
         if args.jobs < 1:
             raise ConfigError("--jobs must be at least 1")
         table_rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
-        source = Path(args.source)
-        if source.suffix == ".json" and source.is_file() and "grid" in json.loads(source.read_text()):
-            scenarios, axes = read_sweep_file(source)
-            axes.update(grid(args.axes))
+        given = grid(args.axes)  # added to (or replacing) every grid's axes
+        if is_sweep_file(Path(args.source)):
+            grids = [Grid(g.scenarios, {**g.axes, **given}) for g in read_sweep_file(Path(args.source))]
         else:
-            scenarios, axes = [s for s in args.source.split(",") if s], grid(args.axes)
-        todo = points(scenarios, axes, args.out)
+            grids = [Grid([s for s in args.source.split(",") if s], given)]
+        todo = points(grids, args.out)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
@@ -316,7 +322,7 @@ def _sweep(args) -> int:
     finished = run_dirs(outcomes)
     if finished:
         print(compare(finished, table_rounds, args.out))
-        print(f"wrote {args.out / 'table.md'} and {args.out / 'curves.png'}")
+        print(f"wrote {args.out / 'table.md'}, {args.out / 'curves.png'} and {args.out / 'runs.jsonl'}")
     if counts.get("refused"):
         return 2
     return 1 if counts.get("failed") else 0
@@ -362,12 +368,13 @@ def _compare(args) -> int:
 
     try:
         rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
-        print(compare(args.run_dirs, rounds, args.out, paper=args.paper))
+        print(compare(args.sources, rounds, args.out, paper=args.paper))
     except (ValueError, FileNotFoundError) as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
     if args.out:
-        print(f"wrote {args.out / 'table.md'}, {args.out / 'table.tex'} and {args.out / 'curves.png'}")
+        written = ", ".join(str(args.out / name) for name in ("table.md", "table.tex", "curves.png", "runs.jsonl"))
+        print(f"wrote {written}")
     return 0
 
 

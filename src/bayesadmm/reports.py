@@ -11,7 +11,10 @@ import json
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
+
+from bayesadmm.results import RUNS_FILE, gather, write_runs_file
 
 METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))  # plotted
 # what a run's plot shows: the first two of these its metrics have (classification: accuracy and NLL; regression:
@@ -23,20 +26,6 @@ PLOTTABLE = (
     ("calibration_error", "interval calibration error", 1.0),
 )
 TABLE_METRICS = METRICS + (("ece", "ECE", 1.0),)  # tabulated
-
-
-def read_run(run_dir: Path) -> tuple[dict, list[dict]]:
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.json").exists():
-        raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
-    config = json.loads((run_dir / "config.json").read_text())
-    metrics_file = run_dir / "metrics.jsonl"
-    lines = (
-        [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-        if metrics_file.exists()
-        else []
-    )
-    return config, lines
 
 
 def _last3(history: list[dict], key: str, round_: int) -> float | None:
@@ -199,26 +188,23 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
     )
 
 
-def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None, paper: str | None = None) -> str:
-    """The comparison table (Markdown, returned and written with a LaTeX version) and an overlay plot. With
-    `paper` (a scenario name), a second table sets our accuracy and NLL beside the papers' (`paper_numbers`),
-    returned after the first and written to paper.md."""
+def compare(sources: Sequence[Path], rounds: list[int], out_dir: Path | None = None, paper: str | None = None) -> str:
+    """The comparison table (Markdown, returned and written with a LaTeX version) and an overlay plot of the runs in
+    `sources` (run folders, sweep folders or runs.jsonl files, `results.runs_in`). With `out_dir`, the runs behind
+    the table are also written there as one runs.jsonl, from which the same call rebuilds the table. With `paper`
+    (a scenario name), a second table sets our accuracy and NLL beside the papers' (`paper_numbers`), returned
+    after the first and written to paper.md."""
     groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
     scenarios, sets = set(), set()
-    unique = list(dict.fromkeys(Path(d).resolve() for d in run_dirs))  # a folder given twice is one run
-    notes = (
-        [f"counted once: {len(run_dirs) - len(unique)} folder(s) given more than once"]
-        if len(unique) < len(run_dirs)
-        else []
-    )
+    gathered, notes = gather(sources)
     runs = []
-    for run_dir, run in zip(unique, map(read_run, unique), strict=True):
-        if run[1]:
+    for run in gathered:
+        if run.history:
             runs.append(run)
         else:
-            notes.append(f"dropped: {run_dir} (no finished round in metrics.jsonl)")
-    labels = setting_labels([config for config, _ in runs])
-    for (config, history), label in zip(runs, labels, strict=True):
+            notes.append(f"dropped: {run.name} (no finished round in metrics.jsonl)")
+    labels = setting_labels([run.config for run in runs])
+    for (_, config, history, *_), label in zip(runs, labels, strict=True):
         scenarios.add(config.get("scenario", "?"))
         sets.add(eval_set(history))
         groups[(label, "m_g")].append(history)
@@ -259,6 +245,7 @@ def compare(run_dirs: list[Path], rounds: list[int], out_dir: Path | None = None
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "table.md").write_text(markdown + "\n")
         (out_dir / "table.tex").write_text(_latex(header, rows))
+        write_runs_file(out_dir / RUNS_FILE, runs)
         if beside is not None:
             (out_dir / "paper.md").write_text(beside + "\n")
         _plot_overlay(groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split)

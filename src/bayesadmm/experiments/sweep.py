@@ -6,11 +6,11 @@ Each point of the grid is one `bayesadmm run` in a child process, in a folder of
 (named by the point's values: `method=fedavg,seed=0`), with its output in logs/. What a point's folder holds decides
 what happens to it, so a sweep killed at any moment and started again loses nothing and repeats nothing finished:
 
-    completed or diverged (a result)                  -> skipped
-    a checkpoint (interrupted, failed, stopped, or
-    "running" from a process that was killed)         -> resumed from it
-    nothing finished                                  -> started (again)
-    a run of another configuration                    -> refused before anything starts
+    completed or diverged (a result), or stopped at its stop_at   -> skipped
+    a checkpoint (interrupted, failed, stopped earlier, or
+    "running" from a process that was killed)                     -> resumed from it
+    nothing finished                                              -> started (again)
+    a run of another configuration                                -> refused before anything starts
 
 The cores are shared, never oversubscribed: `jobs` runs at a time, each with `workers = cores // jobs` worker
 processes (one run using every core by default). A child's exit 2 (a user error, e.g. a missing data folder) stops
@@ -18,7 +18,7 @@ the sweep from starting more runs: the others would fail the same way. At the en
 whole grid (table.md, curves.png in the sweep's folder).
 
 Sweep files (JSON) hold the same thing: {"scenario": "fmnist-heterog10" or [...], "grid": {"method": ["fedavg",
-"feddyn"], "seed": "0:3"}, "set": {"rounds": 50}} (`set`: one value for every point).
+"feddyn"], "seed": "0:3"}, "set": {"rounds": 50}} (`set`: one value for every point), or a list of such grids.
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from bayesadmm.engine.loop import Interrupted
 from bayesadmm.engine.workers import default_workers
@@ -90,47 +91,82 @@ def grid(pairs: Sequence[str]) -> dict[str, list[str]]:
     return axes
 
 
-def read_sweep_file(path: Path) -> tuple[list[str], dict[str, list[str]]]:
-    """The scenarios and the axes of a sweep file (see the module's docstring)."""
+class Grid(NamedTuple):
+    """Scenarios and the axes over which each is run: every combination of the axes' values is a point."""
+
+    scenarios: list[str]
+    axes: dict[str, list[str]]
+
+
+def read_sweep_file(path: Path) -> list[Grid]:
+    """The grids of a sweep file: one {"scenario": ..., "grid": {...}, "set": {...}} object, or a list of them (a
+    table whose rows need different settings per scenario, e.g. a learning rate chosen per scenario)."""
     try:
         spec = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the sweep file {path}: {exc}") from None
-    if not isinstance(spec, dict) or "scenario" not in spec or not set(spec) <= {"scenario", "grid", "set"}:
-        raise ConfigError(
-            f'{path}: a sweep file is {{"scenario": ..., "grid": {{KEY: [values]}}, "set": {{KEY: value}}}}'
-        )
-    scenarios = spec["scenario"] if isinstance(spec["scenario"], list) else [spec["scenario"]]
-    axes: dict[str, list[str]] = {}
-    for key, given in dict(spec.get("grid", {})).items():
-        axes[key] = values(given) if isinstance(given, str) else [_text(v) for v in given]
-    for key, value in dict(spec.get("set", {})).items():
-        axes[key] = [_text(value)]
-    return [str(s) for s in scenarios], axes
+    specs = spec if isinstance(spec, list) else [spec]
+    grids = []
+    for one in specs:
+        if not isinstance(one, dict) or "scenario" not in one or not set(one) <= {"scenario", "grid", "set"}:
+            raise ConfigError(
+                f'{path}: a sweep file is {{"scenario": ..., "grid": {{KEY: [values]}}, "set": {{KEY: value}}}}'
+                " or a list of such objects"
+            )
+        scenarios = one["scenario"] if isinstance(one["scenario"], list) else [one["scenario"]]
+        axes: dict[str, list[str]] = {}
+        for key, given in dict(one.get("grid", {})).items():
+            axes[key] = values(given) if isinstance(given, str) else [_text(v) for v in given]
+        for key, value in dict(one.get("set", {})).items():
+            axes[key] = [_text(value)]
+        grids.append(Grid([str(s) for s in scenarios], axes))
+    return grids
+
+
+def is_sweep_file(path: Path) -> bool:
+    """Whether `path` is a sweep file rather than a run's config file (which has no "grid")."""
+    if Path(path).suffix != ".json" or not Path(path).is_file():
+        return False
+    try:
+        spec = json.loads(Path(path).read_text())
+    except ValueError:
+        return False
+    return isinstance(spec, list) or (isinstance(spec, dict) and "grid" in spec)
 
 
 def _text(value) -> str:
     return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
-def points(scenarios: Sequence[str], axes: Mapping[str, list[str]], out: Path) -> list[Point]:
-    """Every combination, each checked as `bayesadmm run` would check it (an error names the point)."""
-    varying = [key for key, options in axes.items() if len(options) > 1]
-    made = []
-    for scenario in scenarios:
-        for combination in itertools.product(*axes.values()):
-            chosen = dict(zip(axes, combination, strict=True))
-            name = ",".join(f"{key}={chosen[key]}" for key in varying) or "run"
-            if len(scenarios) > 1:
-                name = f"{scenario},{name}" if varying else scenario
-            run_dir = Path(out) / name.replace("/", "_")
-            overrides = tuple(f"{k}={v}" for k, v in chosen.items()) + (f"out={run_dir}",)
-            try:
-                config, _ = resolve(scenario, overrides)
-            except (ConfigError, FileNotFoundError) as exc:
-                raise ConfigError(f"{name}: {exc}") from None
-            made.append(Point(scenario, overrides, run_dir, config))
-    return made
+def points(grids: Sequence[Grid], out: Path) -> list[Point]:
+    """Every combination of every grid, each checked as `bayesadmm run` would check it (an error names the point).
+    A point's folder is named by its values of the keys that vary over the whole sweep (and its scenario, when
+    there are several)."""
+    combinations = [
+        (scenario, dict(zip(grid.axes, chosen, strict=True)))
+        for grid in grids
+        for scenario in grid.scenarios
+        for chosen in itertools.product(*grid.axes.values())
+    ]
+    keys = list(dict.fromkeys(key for _, chosen in combinations for key in chosen))
+    varying = [key for key in keys if len({chosen.get(key) for _, chosen in combinations}) > 1]
+    several = len({scenario for scenario, _ in combinations}) > 1
+    made: dict[str, Point] = {}
+    for scenario, chosen in combinations:
+        name = ",".join(f"{key}={chosen[key]}" for key in varying if key in chosen) or "run"
+        if several:
+            name = f"{scenario},{name}" if name != "run" else scenario
+        name = name.replace("/", "_")
+        if name in made:
+            raise ConfigError(f"the sweep has the point {name} twice; give each grid different values")
+        run_dir = Path(out) / name
+        overrides = tuple(f"{k}={v}" for k, v in chosen.items()) + (f"out={run_dir}",)
+        try:
+            config, _ = resolve(scenario, overrides)
+        except (ConfigError, FileNotFoundError) as exc:
+            raise ConfigError(f"{name}: {exc}") from None
+        made[name] = Point(scenario, overrides, run_dir, config)
+    return list(made.values())
 
 
 def what_to_do(point: Point) -> str:
@@ -144,6 +180,8 @@ def what_to_do(point: Point) -> str:
         return f"refuse: {folder} holds a run of another configuration (differs in {', '.join(differs)})"
     status = json.loads((folder / "status.json").read_text())["status"] if (folder / "status.json").exists() else ""
     if status in FINAL:  # the same configuration (rounds included) ran to its end
+        return "skip"
+    if status == "stopped" and 0 < point.config.stop_at <= _round_of(folder):  # it reached the point's stop_at
         return "skip"
     return "resume" if (folder / "checkpoint.pt").exists() else "start"
 
@@ -220,6 +258,8 @@ class Sweep:
         command = [sys.executable, "-m", "bayesadmm"]
         if plan == "resume":
             command += ["resume", str(point.run_dir), "--quiet"]
+            if point.config.stop_at:
+                command += ["--stop-at", str(point.config.stop_at)]
         else:
             has_workers = any(o.startswith("workers=") for o in point.overrides)
             extra = [] if has_workers else [f"workers={workers}"]
@@ -261,4 +301,16 @@ def run_dirs(outcomes: Sequence[Outcome]) -> list[Path]:
     return [o.point.run_dir for o in outcomes if o.state in ("skipped", "completed", "diverged", "stopped")]
 
 
-__all__ = ["Point", "Outcome", "Sweep", "values", "grid", "read_sweep_file", "points", "what_to_do", "run_dirs"]
+__all__ = [
+    "Grid",
+    "Point",
+    "Outcome",
+    "Sweep",
+    "values",
+    "grid",
+    "read_sweep_file",
+    "is_sweep_file",
+    "points",
+    "what_to_do",
+    "run_dirs",
+]

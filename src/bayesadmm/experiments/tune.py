@@ -207,8 +207,9 @@ class Tuning:
         return float(result.history[-1][self.metric])
 
     def test_command(self, values: Mapping[str, Any], seeds: str = "0:3") -> str:
-        """The command that runs `values` on the test set (no validation split) with several seeds."""
-        settings = [o for o in self.fixed if not o.startswith(("validation=", "out=", "seed="))]
+        """The command that runs `values` on the test set (no validation split) with several seeds, to the end of
+        the schedule (a trial's `stop_at`, which shortens a tune, is dropped)."""
+        settings = [o for o in self.fixed if not o.startswith(("validation=", "out=", "seed=", "stop_at="))]
         chosen = [f"{k}={v}" for k, v in values.items()]
         words = [
             "bayesadmm",
@@ -225,7 +226,7 @@ class Tuning:
 
 def report(tuning: Tuning, study) -> str:
     """report.md and curves.png in the tune's folder; returns the report's text."""
-    from bayesadmm.reports import read_run
+    from bayesadmm.results import read_run
 
     rows, curves = [], {}
     for t in study.trials:
