@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs/demo
 
-.PHONY: setup demo test docs figures
+.PHONY: setup demo test docs figures results-tables
 
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
@@ -28,3 +28,6 @@ figures: setup
 	$(VENV)/bin/bayesadmm paper logreg --out docs/figures
 	$(VENV)/bin/bayesadmm paper outlier --out docs/figures
 	$(VENV)/bin/bayesadmm paper fedep-toy --out docs/figures
+
+results-tables: setup
+	$(PY) scripts/results_tables.py

@@ -1,0 +1,65 @@
+"""Rebuild every table and plot of docs/results from the runs kept there, then refresh the tables its page quotes.
+
+    python scripts/results_tables.py          # or: make results-tables
+
+Each table folder holds the runs behind it as one runs.jsonl (written by `bayesadmm compare --out`); `compare` is
+run on it again with the table's rounds (and the papers' numbers for the test-set tables), rewriting table.md,
+paper.md and curves.png. Then every block of docs/results/README.md of the form
+
+    <!-- include: fmnist-heterog10/paper.md -->
+    ...anything...
+    <!-- end include -->
+
+gets, between its two markers, the current content of the named file, so the page shows exactly what `compare`
+wrote. A missing file is an error: the page must not quote a table that no command wrote.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from bayesadmm.reports import compare
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+SCENARIOS = ("fmnist-heterog10", "fmnist-homog10", "fmnist-heterog100")
+# the selections on the validation split end early (stop_at): their tables stop there
+SELECTION_ROUNDS = {"select-ivon-lr": [5, 10], "select-fedlap-func-tau": [5, 10], "select-fedlap-func": [10, 25]}
+BLOCK = re.compile(r"(<!-- include: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end include -->)", re.DOTALL)
+
+
+def tables(root: Path = RESULTS) -> list[tuple[Path, list[int], str | None]]:
+    """Each kept runs.jsonl with its table's rounds and the scenario whose published numbers it sits beside."""
+    found = []
+    for runs in sorted(root.glob("**/runs.jsonl")):
+        folder = runs.parent
+        selection = SELECTION_ROUNDS.get(folder.parent.name)
+        paper = folder.name if folder.name in SCENARIOS and not selection else None
+        found.append((runs, selection or [10, 25, 50], paper))
+    return found
+
+
+def rebuild_tables(root: Path = RESULTS) -> int:
+    for runs, rounds, paper in tables(root):
+        compare([runs], rounds, out_dir=runs.parent, paper=paper)
+    return len(tables(root))
+
+
+def embed(page: Path) -> int:
+    text = page.read_text()
+    count = 0
+
+    def replace(match: re.Match) -> str:
+        nonlocal count
+        source = page.parent / match.group("path")
+        if not source.is_file():
+            raise FileNotFoundError(f"{page}: {source} (quoted by an include block) does not exist")
+        count += 1
+        return match.group(1) + source.read_text().rstrip("\n") + "\n" + match.group(4)
+
+    page.write_text(BLOCK.sub(replace, text))
+    return count
+
+
+if __name__ == "__main__":
+    print(f"{rebuild_tables()} tables rebuilt; {embed(RESULTS / 'README.md')} quoted in {RESULTS / 'README.md'}")
