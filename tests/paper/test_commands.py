@@ -45,7 +45,7 @@ def test_logreg_command(tmp_path: Path):
 
 def test_cli_rejects_bad_input(tmp_path: Path, capsys):
     assert main(["paper", "outlier", "--out", str(tmp_path), "--set", "nope=1"]) == 2
-    assert "valid keys: admm_rho, bayes_rho" in capsys.readouterr().err
+    assert "valid keys: admm_rho, bayes_precision_step, bayes_rho" in capsys.readouterr().err
     assert main(["paper", "outlier", "--out", str(tmp_path), "--set", "bayes_rho=abc"]) == 2
     assert main(["paper", "outlier", "--out", str(tmp_path), "--rounds", "0"]) == 2
     with pytest.raises(SystemExit):

