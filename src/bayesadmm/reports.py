@@ -282,7 +282,13 @@ def _latex(header: list[str], rows: list[list[str]]) -> str:
 
 def _plot_overlay(groups, path: Path, title: str, split: str = "test") -> None:
     plt = _matplotlib()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    rows = len(groups)
+    # the legend goes under both panels: inside one it hides the curves once there are more than a few rows
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4 + 0.18 * ((rows + 2) // 3)), layout="constrained")
+    # one colour per method, its mean dashed and its predictive solid
+    methods = sorted({method for method, _ in groups})
+    palette = [*plt.get_cmap("tab10").colors, "black", "darkgoldenrod", "teal", "magenta", "navy", "lime"]
+    colour = {method: palette[i % len(palette)] for i, method in enumerate(methods)}
     for (method, where), histories in sorted(groups.items()):
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
         length = min(len(h) for h in histories)
@@ -290,20 +296,27 @@ def _plot_overlay(groups, path: Path, title: str, split: str = "test") -> None:
         for ax, (metric, label, scale) in zip(axes, METRICS, strict=True):
             series = [[scale * h[i][prefix + metric] for h in histories] for i in range(length)]
             mean = [statistics.fmean(s) for s in series]
-            ax.plot(rounds, mean, label=f"{method} ({where})", linestyle="-" if where == "predictive" else "--")
+            ax.plot(
+                rounds,
+                mean,
+                label=f"{method} ({where})",
+                color=colour[method],
+                linestyle="-" if where == "predictive" else "--",
+            )
             if len(histories) > 1:
                 std = [statistics.stdev(s) for s in series]
                 ax.fill_between(
                     rounds,
                     [m - s for m, s in zip(mean, std, strict=True)],
                     [m + s for m, s in zip(mean, std, strict=True)],
+                    color=colour[method],
                     alpha=0.15,
                 )
             ax.set_xlabel("round")
             ax.set_ylabel(f"{'validation' if split == 'val' else 'test'} {label}")
             ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize=8, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
