@@ -63,3 +63,17 @@ def test_a_damaged_runs_file_is_refused_naming_its_line(tmp_path):
         compare([bad], [3])
     with pytest.raises(FileNotFoundError, match="holds no runs"):
         compare([tmp_path], [3])
+
+
+def test_only_the_runs_asked_for_are_compared(tmp_path, capsys):
+    from bayesadmm import cli
+
+    _run(tmp_path / "a", 0.5, seed=0)
+    _run(tmp_path / "b", 0.9, seed=0, method="feddyn")
+    _run(tmp_path / "c", 0.7, seed=1, method="feddyn")
+    table = compare([tmp_path], [3], only={"method": ["fedavg"]})
+    assert set(_rows(table)) == {"fedavg (m_g)"} and "feddyn" not in table
+    assert cli.main(["compare", str(tmp_path), "--rounds", "3", "--only", "method=feddyn", "--only", "seed=1"]) == 0
+    assert "| feddyn (m_g) | 1 | 70.0 ± 0.0" in capsys.readouterr().out
+    assert cli.main(["compare", str(tmp_path), "--only", "method"]) == 2
+    assert "--only takes KEY=a,b,c" in capsys.readouterr().err

@@ -137,6 +137,13 @@ def _parser() -> argparse.ArgumentParser:
         help="write table.md, table.tex, curves.png and the runs behind them (runs.jsonl) here",
     )
     compare.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="KEY=VALUES",
+        help="compare only the runs whose KEY is one of VALUES (a,b,c), e.g. --only method=fedavg,feddyn",
+    )
+    compare.add_argument(
         "--paper",
         default=None,
         metavar="SCENARIO",
@@ -368,7 +375,13 @@ def _compare(args) -> int:
 
     try:
         rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
-        print(compare(args.sources, rounds, args.out, paper=args.paper))
+        only = {}
+        for pair in args.only:
+            key, sep, values = pair.partition("=")
+            if not sep or not key or not values:
+                raise ValueError(f"--only takes KEY=a,b,c, got {pair!r}")
+            only[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+        print(compare(args.sources, rounds, args.out, paper=args.paper, only=only))
     except (ValueError, FileNotFoundError) as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2

@@ -11,7 +11,7 @@ import json
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bayesadmm.results import RUNS_FILE, gather, write_runs_file
@@ -188,15 +188,24 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
     )
 
 
-def compare(sources: Sequence[Path], rounds: list[int], out_dir: Path | None = None, paper: str | None = None) -> str:
+def compare(
+    sources: Sequence[Path],
+    rounds: list[int],
+    out_dir: Path | None = None,
+    paper: str | None = None,
+    only: Mapping[str, Sequence[str]] | None = None,
+) -> str:
     """The comparison table (Markdown, returned and written with a LaTeX version) and an overlay plot of the runs in
     `sources` (run folders, sweep folders or runs.jsonl files, `results.runs_in`). With `out_dir`, the runs behind
     the table are also written there as one runs.jsonl, from which the same call rebuilds the table. With `paper`
     (a scenario name), a second table sets our accuracy and NLL beside the papers' (`paper_numbers`), returned
-    after the first and written to paper.md."""
+    after the first and written to paper.md. With `only` ({"method": ["fedavg", "feddyn"]}), only the runs whose
+    setting of each key is one of the values given (as `setting_labels` shows it) are compared."""
     groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
     scenarios, sets = set(), set()
     gathered, notes = gather(sources)
+    if only:
+        gathered = [run for run in gathered if _matches(run.config, only)]
     runs = []
     for run in gathered:
         if run.history:
@@ -251,6 +260,11 @@ def compare(sources: Sequence[Path], rounds: list[int], out_dir: Path | None = N
         _plot_overlay(groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split)
     text = markdown if beside is None else f"{markdown}\n\n{beside}"
     return "\n\n".join([text, "\n".join(notes)]) if notes else text
+
+
+def _matches(config: dict, only: Mapping[str, Sequence[str]]) -> bool:
+    setting = {**setting_of(config), "seed": json.dumps(config.get("seed"))}
+    return all(str(_plain(setting.get(key))) in {str(v) for v in allowed} for key, allowed in only.items())
 
 
 def _seconds_per_round(histories: list[list[dict]]) -> str:
