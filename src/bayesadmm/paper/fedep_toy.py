@@ -6,12 +6,12 @@ distribution of Sec. 3.1: Σ_k ∼ W⁻¹(Ψ, ν), μ_k ∼ N(μ_0, Σ_k/λ) wit
 (eigenvalues uniform on [1, 2], random rotation; the paper only says "a random SPD matrix"). The authors' code scales
 Σ_k by 1/λ as well, which changes none of the estimates below (they are invariant to a common scale of the Σ_k).
 
-Methods (digest §1.9): FedAvg = unweighted average of the client means; FedPA = product of the diagonal projections
-(mean and diag Σ_k) = FedEP round 1; FedEP = parallel EP in the diagonal family, no damping, uniform start, exact tilted
-distributions projected onto the diagonal family; FedEP (scaled identity) = the same with the projected precision
-replaced by diag(Λ_{−k}) + I ([CODE]). Error: Euclidean distance between the estimated and the exact global mean, mean ±
-std over `pairs` random client pairs. We run in float64, so FedEP reaches ~1e-15; the paper's 1.1e-7 is float32
-round-off (digest §5).
+Methods (Sec. 3.1 and 3.3): FedAvg = unweighted average of the client means; FedPA = product of the diagonal
+projections (mean and diag Σ_k) = FedEP round 1; FedEP = parallel EP in the diagonal family, no damping, uniform
+start, exact tilted distributions projected onto the diagonal family; FedEP (scaled identity) = the same with the
+projected precision replaced by diag(Λ_{−k}) + I (the authors' public code; the paper does not give it). Error:
+Euclidean distance between the estimated and the exact global mean, mean ± std over `pairs` random client pairs. We
+run in float64, so FedEP reaches ~1e-15; the paper's 1.1e-7 is float32 round-off.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class _Figure1(TypedDict):
     rounds: int
 
 
-# Fig. 1 ([CODE] values, digest §5.2)
+# Fig. 1 (the values of the authors' public code; the paper only plots them)
 FIG1: _Figure1 = {
     "means": ((7.0, -10.6), (0.2, 2.24)),
     "covariances": (((11.0, -5.3), (-5.3, 3.5)), ((5.0, 4.9), (4.9, 5.5))),
