@@ -1,4 +1,4 @@
-"""Cohort training against per-client training (issue #24 items 1 and 3): one round's client updates, timed
+"""Cohort training against per-client training: one round's client updates, timed
 alternately in one process, for 10, 100 and 1000 clients over the same FashionMNIST training set.
 
     python benchmarks/cohort.py [--method fedavg] [--clients 10 100 1000] [--fraction 1.0] [--repeats 3]

@@ -109,6 +109,7 @@ def run(
     device: str = "cpu",
     checkpoint_every: int = 1,
     stop_at: int = 0,
+    cohort: int = 0,
     out: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -138,6 +139,9 @@ def run(
         device: the torch device the clients train on and the evaluation runs on.
         checkpoint_every: write the checkpoint every N rounds (and after the last).
         stop_at: stop after this round, keeping the schedule of `rounds` (0: run all rounds).
+        cohort: train a round's clients that many at a time as one batched computation where the method's local
+            solver allows it (Adam and IVON), in this process; the per-client numbers up to rounding (0: one at a
+            time).
         out: the run directory (default: a new `runs/run-<date-time>`).
         resume: continue the checkpoint in `out`, called with the same arguments; the numbers are those an
             uninterrupted run would have.
@@ -155,6 +159,7 @@ def run(
         workers=workers,
         checkpoint_every=checkpoint_every,
         stop_at=stop_at,
+        cohort=cohort,
     )
     likelihood = likelihood or Classification()
     if not isinstance(likelihood, Likelihood):
@@ -187,6 +192,7 @@ def run(
                 "workers",
                 "checkpoint_every",
                 "stop_at",
+                "cohort",
             )
         },
         "algorithm": algorithm if isinstance(algorithm, str) else _name(algorithm),

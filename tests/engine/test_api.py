@@ -209,3 +209,26 @@ def test_a_device_this_machine_lacks_is_a_clear_error(tmp_path, monkeypatch):
         bayesadmm.run(_net(), clients, test, algorithm="fedavg", hparams=FEDAVG, device="cuda", progress=False,
                       out=tmp_path / "x")
     assert not (tmp_path / "x").exists()   # refused before anything is written
+
+
+@pytest.mark.parametrize("algorithm,hparams", [("fedavg", FEDAVG), ("ivon-admm", {**FEDAVG, "lr": 0.01, "rho": 0.5, "gamma": 0.5, "delta": 1.0})])
+def test_cohort_setting_trains_a_rounds_clients_together_with_the_per_client_numbers(tmp_path, monkeypatch,
+                                                                                     algorithm, hparams):
+    from bayesadmm.engine.cohort import CohortClients
+
+    trained = []
+    train = CohortClients.train
+    monkeypatch.setattr(CohortClients, "train", lambda self, *a, **k: trained.append(1) or train(self, *a, **k))
+    clients, test = _blobs(n_clients=4)
+    runs = {
+        cohort: bayesadmm.run(_net(), clients, test, algorithm=algorithm, hparams=hparams, rounds=2, cohort=cohort,
+                              progress=False, out=tmp_path / f"cohort{cohort}")
+        for cohort in (0, 4)
+    }
+    assert json.loads((tmp_path / "cohort4" / "config.json").read_text())["settings"]["cohort"] == 4
+    assert len(trained) == 2  # one batched call per round, in the cohort run only
+    for a, b in zip(runs[0].history, runs[4].history, strict=True):
+        for key in (k for k in a if k.endswith(("_acc", "_nll"))):
+            assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
+    with pytest.raises(ValueError, match="cohort must be an integer >= 0"):
+        bayesadmm.run(_net(), clients, test, cohort=-1, progress=False, out=tmp_path / "bad")

@@ -91,7 +91,9 @@ EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
 @dataclass(frozen=True)
 class Settings:
     """How a federation runs. `workers`: client updates in that many processes (0: one per core on the CPU, one on a
-    GPU), same numbers for any count; `stop_at`: stop after that round with the schedule of `rounds` (0: run all);
+    GPU), same numbers for any count; `cohort`: train a round's clients that many at a time as one batched
+    computation where the method's local solver allows it (`engine.cohort`; 0: one client at a time; the per-client
+    numbers up to rounding); `stop_at`: stop after that round with the schedule of `rounds` (0: run all);
     `checkpoint_every`: write the checkpoint every N rounds (and after the last)."""
 
     rounds: int = 10
@@ -102,6 +104,7 @@ class Settings:
     workers: int = 1
     checkpoint_every: int = 1
     stop_at: int = 0
+    cohort: int = 0
 
     def __post_init__(self) -> None:
         problems = []
@@ -109,7 +112,7 @@ class Settings:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 problems.append(f"{key} must be an integer >= 1, got {value!r}")
-        for key in ("seed", "workers", "stop_at"):
+        for key in ("seed", "workers", "stop_at", "cohort"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 problems.append(f"{key} must be an integer >= 0, got {value!r}")
@@ -325,7 +328,12 @@ def _run_locked(
     clients: ClientRunner
     if runner is None:
         clients = client_runner(
-            federation.make_algorithm, federation.clients, settings.seed, min(workers, most), algorithm
+            federation.make_algorithm,
+            federation.clients,
+            settings.seed,
+            min(workers, most),
+            algorithm,
+            cohort_size=settings.cohort,
         )
     else:
         clients = runner(algorithm, min(workers, most))

@@ -74,6 +74,7 @@ def settings_of(config: RunConfig) -> Settings:
         workers=config.workers,
         checkpoint_every=config.checkpoint_every,
         stop_at=config.stop_at,
+        cohort=config.cohort,
     )
 
 
