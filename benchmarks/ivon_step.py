@@ -2,22 +2,24 @@
 
     python benchmarks/ivon_step.py [--steps 500] [--repeats 5] [--threads N]
 
-Both optimizers run in the same loop shape (zero_grad, forward, backward, step) on the same batch; IVON adds its
-weight sampling (`sampled_params`). Three pairs are timed: the nn.Module optimizers (`bayesadmm.optim.IVON` against
-`torch.optim.Adam`), once with IVON's noise from torch's generator (the default, ivon-opt's stream) and once from the
-counter-based stream drawn in the fused sampling kernel (noise="counter"), and the flat-vector path the federated
-IVON solver uses (the functional IVON core on a `FlatModel`, updating and drawing the next sample in one fused
-kernel, against Adam on one flat parameter with the same functional forward). The paper's claim is "the same cost
-as Adam"; the ratio printed is measured in this one run (median over repeats of the ratio of neighbouring
-timings). The flat path is also timed against itself returning a new state each step instead of writing it into
-the old state's tensors (the solver's `inplace=True`). Last, the d standard normals IVON draws per step are timed
-alone (the counter-based stream, compiled as the sampling kernel draws it) against the flat Adam step: the share of
-Adam's step that the noise by itself costs.
+The optimizers run in the same plain training loop (zero_grad, forward, backward, step) on the same batch; IVON
+adds its weight sampling (`sampled_params(train=True)`). The nn.Module optimizers are timed in turn in one
+alternation: `torch.optim.Adam`, `bayesadmm.optim.IVON` with its noise from the counter-based stream drawn in the
+fused kernels (noise="counter") and from torch's generator (the default, ivon-opt's stream), and `ivon.IVON` from
+the public ivon-opt package where it is installed. Then the flat-vector path the federated IVON solver uses (the
+functional IVON core on a `FlatModel`, updating and drawing the next sample in one fused kernel) against Adam on
+one flat parameter with the same functional forward. The paper's claim is "the same cost as Adam"; each ratio
+printed is measured in this one run (median over repeats of the ratio of neighbouring timings). The flat path is
+also timed against itself returning a new state each step instead of writing it into the old state's tensors (the
+solver's `inplace=True`). Last, the d standard normals IVON draws per step are timed alone (the counter-based
+stream, compiled as the sampling kernel draws it, and torch.randn) against the flat Adam step: the share of Adam's
+step that the noise by itself costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -27,22 +29,38 @@ from bayesadmm import rng
 from bayesadmm.models import mlp
 from bayesadmm.optim import IVON, ivon
 
+try:  # the public ivon-opt package (GPL-3.0), timed alongside when installed
+    from importlib.metadata import version
 
-def _time_pair(a, b, steps: int, repeats: int) -> tuple[float, float, float]:
-    """Median seconds per call of a and b, and the median of the per-repeat ratios b/a: measured alternately so that
-    drift in the machine's speed (other load, frequency) affects both alike, and each ratio compares neighbours."""
+    import ivon as ivon_opt
+
+    ivon_version = version("ivon-opt")
+except ImportError:
+    ivon_opt, ivon_version = None, None
+
+
+def _time_alternating(fns, steps: int, repeats: int) -> tuple[list[float], list[float]]:
+    """Median seconds per call of each of fns, and the median of the per-repeat ratios to fns[0]: the loops run in
+    turn, `steps` calls each, `repeats` times, so that drift in the machine's speed (other load, frequency) affects
+    all alike and each ratio compares neighbours."""
     for _ in range(20):  # warm-up
-        a()
-        b()
-    runs_a, runs_b = [], []
+        for f in fns:
+            f()
+    runs: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for f, runs in ((a, runs_a), (b, runs_b)):
+        for f, times in zip(fns, runs, strict=True):
             start = time.perf_counter()
             for _ in range(steps):
                 f()
-            runs.append((time.perf_counter() - start) / steps)
-    ratios = [tb / ta for ta, tb in zip(runs_a, runs_b, strict=True)]
-    return statistics.median(runs_a), statistics.median(runs_b), statistics.median(ratios)
+            times.append((time.perf_counter() - start) / steps)
+    ratios = [statistics.median(t / t0 for t0, t in zip(runs[0], times, strict=True)) for times in runs]
+    return [statistics.median(times) for times in runs], ratios
+
+
+def _time_pair(a, b, steps: int, repeats: int) -> tuple[float, float, float]:
+    """`_time_alternating` of two: (seconds of a, seconds of b, median ratio b/a)."""
+    (t_a, t_b), (_, ratio) = _time_alternating((a, b), steps, repeats)
+    return t_a, t_b, ratio
 
 
 def main() -> None:
@@ -59,28 +77,29 @@ def main() -> None:
     flat = mlp()
     loss_fn = torch.nn.functional.cross_entropy
 
-    # nn.Module optimizers
-    adam_net, ivon_net = flat.build(), flat.build()
+    # nn.Module optimizers, all with the same hyperparameters and the same plain training loop
+    hyper = dict(lr=5e-5, ess=6000, hess_init=1e-3, beta2=0.9998)
+    adam_net = flat.build()
     adam = torch.optim.Adam(adam_net.parameters(), lr=1e-3)
-    ivon_opt = IVON(ivon_net.parameters(), lr=5e-5, ess=6000, hess_init=1e-3, beta2=0.9998,
-                    generator=torch.Generator().manual_seed(1))
-    counter_net = flat.build()
-    counter_opt = IVON(counter_net.parameters(), lr=5e-5, ess=6000, hess_init=1e-3, beta2=0.9998,
-                       generator=torch.Generator().manual_seed(1), noise="counter")
+    nets, opts = {}, {}
+    for name, noise in (("counter", "counter"), ("torch", "torch")):
+        nets[name] = flat.build()
+        opts[name] = IVON(nets[name].parameters(), generator=torch.Generator().manual_seed(1), noise=noise, **hyper)
+    if ivon_opt is not None:
+        nets["ivon-opt"] = flat.build()
+        opts["ivon-opt"] = ivon_opt.IVON(nets["ivon-opt"].parameters(), **hyper)
 
     def adam_step():
         adam.zero_grad()
         loss_fn(adam_net(x), y).backward()
         adam.step()
 
-    def ivon_step(opt=ivon_opt, net=ivon_net):
+    def ivon_step(name):
+        opt, net = opts[name], nets[name]
         with opt.sampled_params(train=True):
             opt.zero_grad()
             loss_fn(net(x), y).backward()
         opt.step()
-
-    def counter_ivon_step():
-        ivon_step(counter_opt, counter_net)
 
     # flat-vector path (what the federated IVON solver runs)
     theta = torch.nn.Parameter(flat.initial_params(torch.Generator().manual_seed(2)))
@@ -123,13 +142,19 @@ def main() -> None:
     def noise_only():
         draw_noise(noise_key)
 
-    rows = []
-    for label, a, b in (("nn.Module optimizers, IVON noise='torch' (ivon-opt's generator)", adam_step, ivon_step),
-                        ("nn.Module optimizers, IVON noise='counter'", adam_step, counter_ivon_step),
-                        ("flat vector (federated solver path)", flat_adam_step, flat_ivon_step)):
-        rows.append((label, *_time_pair(a, b, args.steps, args.repeats)))
+    labels = {"counter": "bayesadmm.optim.IVON, noise='counter'",
+              "torch": "bayesadmm.optim.IVON, noise='torch' (the default)",
+              "ivon-opt": f"ivon.IVON (ivon-opt {ivon_version})"}
+    names = list(opts)
+    times, ratios = _time_alternating([adam_step, *(functools.partial(ivon_step, n) for n in names)], args.steps,
+                                      args.repeats)
+    rows = [(labels[n], times[0], times[1 + i], ratios[1 + i]) for i, n in enumerate(names)]
+    rows.append(("flat vector (federated solver path)", *_time_pair(flat_adam_step, flat_ivon_step, args.steps,
+                                                                      args.repeats)))
     print(f"MLP 784-200-100-10, batch 32, torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"{args.steps} steps x {args.repeats} repeats, alternating (median)")
+    print("nn.Module loops: torch.optim.Adam and the IVONs in turn (zero_grad, forward, backward, step; IVON inside "
+          "sampled_params(train=True))")
     print("| loop | Adam ms/step | IVON ms/step | IVON / Adam (median of the repeats' ratios) |")
     print("|---|---|---|---|")
     for label, t_adam, t_ivon, ratio in rows:
@@ -140,10 +165,12 @@ def main() -> None:
     same = all(torch.equal(a, b) for a, b in zip(states[True]["ivon"][:3], states[False]["ivon"][:3], strict=True))
     print(f"flat IVON step writing the state in place: {1e3 * t_inplace:.3f} ms, returning new tensors: "
           f"{1e3 * t_new:.3f} ms (in place / new: {inplace_ratio:.2f}; the same states after the same steps: {same})")
-    t_adam, t_noise, share = _time_pair(flat_adam_step, noise_only, args.steps, args.repeats)
-    print(f"IVON's noise alone ({flat.dim} normals, compiled counter-based stream): {1e3 * t_noise:.3f} ms per step "
-          f"against {1e3 * t_adam:.3f} ms for the flat Adam step: {share:.2f} of it (the 1.3x target leaves 0.30 for "
-          f"all IVON adds)")
+    torch_gen = torch.Generator().manual_seed(4)
+    (t_adam, t_noise, t_torch_noise), (_, share, torch_share) = _time_alternating(
+        (flat_adam_step, noise_only, lambda: torch.randn(flat.dim, generator=torch_gen)), args.steps, args.repeats)
+    print(f"IVON's noise alone ({flat.dim} normals), per step, against {1e3 * t_adam:.3f} ms for the flat Adam step: "
+          f"compiled counter-based stream {1e3 * t_noise:.3f} ms ({share:.2f} of it), torch.randn "
+          f"{1e3 * t_torch_noise:.3f} ms ({torch_share:.2f} of it; the 1.3x target leaves 0.30 for all IVON adds)")
 
 
 if __name__ == "__main__":

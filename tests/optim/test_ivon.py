@@ -633,3 +633,136 @@ def test_counter_noise_state_dict_continues_without_the_generator():
         IVON(mlp().parameters(), lr=0.05, ess=24.0, noise="counter").load_state_dict(torch_noise.state_dict())
     with pytest.raises(ValueError, match="noise must be"):
         IVON(mlp().parameters(), lr=0.05, ess=24.0, noise="philox")
+
+
+# --- parameters as views of one flat buffer (flatten=True) against the copying path (flatten=False) -------------------
+
+def run_both_paths(noise, mc, steps=8, between=None, make=None):
+    """The same training from the same start with flatten=True and flatten=False: per step, the parameters, h and g
+    of each. `between(model, opt, step)` runs between step() and the next sampling (e.g. a write to the parameters)."""
+    x, y = regression_data()
+    g = torch.Generator().manual_seed(4)
+    m_p, v = 0.1 * torch.randn(38, generator=g), 0.01 * torch.randn(38, generator=g)
+    u = 1e-3 * torch.rand(38, generator=g)
+    runs = []
+    for flatten in (True, False):
+        model = make() if make else mlp()
+        opt = IVON(model.parameters(), lr=0.05, ess=24.0, hess_init=0.3, beta2=0.999, mc_samples=mc, prior_mean=m_p,
+                   prior_precision=torch.linspace(0.5, 2.0, 38), v=v, u=u, noise=noise, flatten=flatten,
+                   generator=torch.Generator().manual_seed(5))
+        trajectory = []
+        for t in range(steps):
+            train_step(model, opt, x, y, mc)
+            group = opt.param_groups[0]
+            trajectory.append((flat(model), group["hess"].clone(), group["momentum"].clone()))
+            if between:
+                between(model, opt, t)
+        runs.append((opt, trajectory))
+    return runs
+
+
+def assert_same_trajectories(a, b):
+    for step, (left, right) in enumerate(zip(a, b, strict=True)):
+        for name, p, q in zip(("mean", "hess", "momentum"), left, right, strict=True):
+            assert torch.equal(p, q), (step, name, (p - q).abs().max())
+
+
+@pytest.mark.parametrize("noise", ["torch", "counter"])
+@pytest.mark.parametrize("mc", [1, 2])
+def test_parameters_become_views_of_one_buffer_and_step_as_the_copying_path(noise, mc):
+    """Same bits as the copying path (which the ivon-opt cross-checks above pin down), with the parameters viewing one
+    buffer throughout, in order, and keeping their values at construction."""
+    model = mlp()
+    before = flat(model)
+    IVON(model.parameters(), lr=0.05, ess=24.0, noise=noise)
+    params = list(model.parameters())
+    assert torch.equal(flat(model), before)
+    assert len({p.untyped_storage().data_ptr() for p in params}) == 1
+    offsets = [p.storage_offset() for p in params]
+    assert offsets == [sum(q.numel() for q in params[:i]) for i in range(len(params))]
+
+    (fast, fast_run), (slow, slow_run) = run_both_paths(noise, mc)
+    assert fast._flats[0] is not None and slow._flats[0] is None
+    assert (fast_run[-1][0] - fast_run[0][0]).abs().max() > 1e-3  # it moved
+    assert_same_trajectories(fast_run, slow_run)
+
+
+def shrink_parameters(model, opt, step):
+    if step % 2 == 0:
+        for p in model.parameters():
+            p.data.mul_(0.9)
+
+
+def change_ess(model, opt, step):
+    opt.param_groups[0]["ess"] = 24.0 + step
+
+
+@pytest.mark.parametrize("noise", ["torch", "counter"])
+@pytest.mark.parametrize("between", [shrink_parameters, change_ess], ids=["parameters", "ess"])
+def test_changes_between_steps_are_used_by_the_next_sample(noise, between):
+    """With noise="counter" the step draws the next sample's noise ahead; the sample must still be taken around the
+    parameters as they are when sampled_params is entered, however they were written (here through .data), and with
+    the σ of the hyperparameters then (a new ess: drawn again)."""
+    (_, fast_run), (_, slow_run) = run_both_paths(noise, 1, between=between)
+    assert_same_trajectories(fast_run, slow_run)
+
+
+def test_groups_that_cannot_share_a_buffer_use_the_copying_path():
+    """A non-contiguous parameter keeps its layout (no buffer for its group), the other group still gets one; and a
+    group whose parameter's .data is replaced later falls back to copying from then on, with the same numbers."""
+
+    class Transposed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.w = torch.nn.Parameter(torch.randn(3, 2).t())  # non-contiguous
+            self.b = torch.nn.Parameter(torch.randn(2))
+            self.head = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.head(torch.tanh(x @ self.w.t() + self.b))
+
+    x, y = regression_data()
+    runs = []
+    for flatten in (True, False):
+        model = Transposed()
+        groups = [{"params": [model.w, model.b]}, {"params": list(model.head.parameters())}]
+        opt = IVON(groups, lr=0.05, ess=24.0, noise="counter", flatten=flatten,
+                   generator=torch.Generator().manual_seed(2))
+        assert not model.w.is_contiguous()
+        assert (opt._flats[0] is None, opt._flats[1] is None) == ((True, False) if flatten else (True, True))
+        trajectory = []
+        for t in range(6):
+            if t == 3:  # as module.to(...) does: the parameter now lives elsewhere
+                model.head.weight.data = model.head.weight.data.clone()
+            train_step(model, opt, x, y, 1)
+            trajectory.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+        assert opt._flats[1] is None
+        runs.append(trajectory)
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_state_dict_is_a_snapshot_while_h_and_g_are_updated_in_place():
+    model = mlp()
+    x, y = regression_data()
+    opt = IVON(model.parameters(), lr=0.05, ess=24.0, hess_init=0.3, generator=torch.Generator().manual_seed(1))
+    train_step(model, opt, x, y, 1)
+    saved = opt.state_dict()
+    hess, momentum = saved["param_groups"][0]["hess"].clone(), saved["param_groups"][0]["momentum"].clone()
+    train_step(model, opt, x, y, 1)
+    assert not torch.equal(opt.param_groups[0]["hess"], hess)
+    assert torch.equal(saved["param_groups"][0]["hess"], hess)
+    assert torch.equal(saved["param_groups"][0]["momentum"], momentum)
+
+
+def test_backward_after_the_parameters_changed_under_it_fails():
+    """Writes through the buffer bypass the parameters' version counters; the optimizer bumps them, so autograd
+    refuses a graph built on values since overwritten, as it does after any in-place write to a parameter."""
+    model = mlp()
+    x, y = regression_data()
+    opt = IVON(model.parameters(), lr=0.05, ess=24.0, generator=torch.Generator().manual_seed(1))
+    with opt.sampled_params(train=False):
+        loss = ((model(x) - y) ** 2).mean()
+    with pytest.raises(RuntimeError, match="inplace operation"):
+        loss.backward()

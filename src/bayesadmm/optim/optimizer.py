@@ -1,0 +1,661 @@
+"""`IVON`, a `torch.optim.Optimizer` for nn.Modules with the constructor and `sampled_params` protocol of the public
+`ivon-opt` package (0.1.3), built on the functional core of `optim.ivon` (the maths, its fixed points and the
+conventions shared with ivon-opt are in that module's docstring), so that the maths lives in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import cast, overload
+
+import torch
+from torch import Tensor
+from torch.autograd.graph import increment_version
+
+from bayesadmm import rng
+from bayesadmm.optim import kernels
+from bayesadmm.optim.ivon import (
+    IVONState,
+    UpdateTerms,
+    _check_beta,
+    _check_positive,
+    _kernel_args,
+    _scalar,
+    _vector,
+    check_noise_scale,
+    posterior,
+    sample,
+    update,
+    update_terms,
+)
+
+_Vec = Tensor | Sequence[Tensor] | float | None
+
+
+def _flatten(tensors: Iterable[Tensor]) -> Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def _flat_grads(params: Sequence[Tensor]) -> Tensor:
+    # A parameter the loss does not touch has p.grad None: its loss gradient is zero, but the prior and the duals
+    # still act on it, so it is updated rather than skipped.
+    return torch.cat([(p.grad.detach() if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def _write(params: Sequence[Tensor], flat: Tensor) -> None:
+    # In place, so the Parameter objects (and anything holding them) keep their storage; vector_to_parameters would
+    # instead make each parameter a view of `flat`.
+    with torch.no_grad():
+        for p, piece in zip(params, _views(flat, params), strict=True):
+            p.copy_(piece)
+
+
+def _views(flat: Tensor, params: Sequence[Tensor]) -> list[Tensor]:
+    """Consecutive pieces of `flat` shaped like `params`."""
+    views, offset = [], 0
+    for p in params:
+        views.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views
+
+
+def _can_share_one_buffer(params: Sequence[Tensor]) -> bool:
+    """Whether `params` can become views of one flat buffer without changing what any of them is: plain dense
+    tensors, contiguous (a channels-last weight would silently lose its memory format) and disjoint in memory (a
+    parameter listed twice, or two viewing one storage, would be pulled apart)."""
+    if any(
+        type(p) not in (torch.nn.Parameter, Tensor) or p.layout != torch.strided or not p.is_contiguous()
+        for p in params
+    ):
+        return False
+    spans = sorted((p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()) for p in params if p.numel())
+    return all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False))
+
+
+# The optimizer's own fused kernels (compiled like those in optim/kernels.py, whose functions they call). With
+# noise="counter", `step()` draws the next step's noise in the update's kernel, but the optimizer cannot hand over the
+# next θ = m + σε ready-made as the federated solver does: m is the parameters, which anyone may write between
+# `step()` and `sampled_params` (even through .data, which no version counter sees), and checking that they did not
+# costs a comparison pass that is dearer than a compiled call. So the kernels return the perturbation σε, which
+# depends only on h, δ, ess and the block of the stream (all the optimizer's own), and `sampled_params` adds it to m
+# as it then is: θ = m + (σε), the same two roundings as the kernels' m + σε (no contraction into fused
+# multiply-adds, see torch._inductor.config.cpp.enable_floating_point_contract_flag).
+
+
+def _perturbation(hess: Tensor, delta: Tensor, ess: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+    """(σε (d,), ε (1, d)) with σ = 1/sqrt(ess (h + δ)) and ε the block of the stream with key `key`."""
+    d = hess.shape[0]
+    eps = rng.counter_normal(key, d, hess.dtype, hess.device).view(1, d)
+    return torch.rsqrt(ess * (hess + delta)) * eps[0], eps
+
+
+_perturbation_step = kernels.fused(_perturbation)
+
+
+@kernels.fused
+def _update_and_perturb_step_(
+    mean: Tensor,
+    hess: Tensor,
+    momentum: Tensor,
+    grads: Tensor,
+    eps: Tensor,
+    delta: Tensor,
+    prior_mean: Tensor,
+    v: Tensor,
+    u: Tensor,
+    lr: Tensor,
+    ess: Tensor,
+    beta1: Tensor,
+    beta2: Tensor,
+    debias: Tensor,
+    clip_radius: Tensor,
+    key: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """`kernels.update_step_`, then `_perturbation` from the new h: one loop once compiled."""
+    new = kernels.update_step(
+        mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias, clip_radius
+    )
+    for state, value in zip((mean, hess, momentum), new, strict=True):
+        state.copy_(value)
+    return _perturbation(new[1], delta, ess, key)
+
+
+class _FlatGroup:
+    """A param group whose parameters are views of one flat buffer, `mean`, which holds m between steps: the compiled
+    kernels read and write the parameters there, with no gathering or scattering of the mean.
+
+    saved: m while the parameters hold a sample. grads (grad_views: its pieces): where a step's first sample gathers
+    its gradient (a copy: zero_grad sets p.grad to None and backward then allocates it afresh, which is cheaper than
+    accumulating into views of one buffer). ptrs: each parameter's address, to notice one whose .data was replaced
+    (`IVON._live`). terms, key, refs, generation: the kernel inputs (`UpdateTerms`) and what they were built from
+    (`IVON._terms`).
+    ahead: (token, σε, ε) of the next sample, drawn by the step's fused kernel with noise="counter".
+    """
+
+    __slots__ = (
+        "params",
+        "mean",
+        "ptrs",
+        "saved",
+        "grads",
+        "grad_views",
+        "terms",
+        "key",
+        "refs",
+        "generation",
+        "ahead",
+    )
+
+    def __init__(self, params: list[Tensor]):
+        self.params = params
+        self.mean = _flatten(params)
+        for p, view in zip(params, _views(self.mean, params), strict=True):
+            p.data = view
+        self.ptrs = [p.data_ptr() for p in params]
+        self.saved = torch.empty_like(self.mean)
+        self.grads = torch.empty_like(self.mean)
+        self.grad_views = _views(self.grads, params)
+        self.terms: UpdateTerms | None = None
+        self.key: tuple | None = None
+        self.refs: list = []
+        self.generation = 0
+        self.ahead: tuple | None = None
+
+    def intact(self, params: list[Tensor]) -> bool:
+        """Whether `params` are still this group's parameters, each still viewing its piece of the buffer."""
+        return params is self.params and all(p.data_ptr() == ptr for p, ptr in zip(params, self.ptrs, strict=True))
+
+    def forget(self) -> None:
+        """Drop the kernel inputs and the sample drawn ahead (the prior, duals or state were set from outside)."""
+        self.key, self.refs, self.ahead = None, [], None
+
+    def gather_grads(self, first: bool) -> Tensor:
+        """The parameters' gradients as one flat vector (None: zero, as in `_flat_grads`): a step's first sample's
+        into `grads`, a later one's into a new vector (the first is still needed)."""
+        flat = self.grads if first else torch.empty_like(self.mean)
+        for p, piece in zip(self.params, self.grad_views if first else _views(flat, self.params), strict=True):
+            if p.grad is None:
+                piece.zero_()
+            else:
+                piece.copy_(p.grad)
+        return flat
+
+    def written(self) -> None:
+        """Tell autograd that the parameters changed: writes through the buffer pass by their own version counters
+        (p.data was re-pointed), and a graph that saved a parameter before the write must fail its backward, as
+        after an in-place write to the parameter itself, rather than use the new values."""
+        increment_version(self.params)
+
+
+class IVON(torch.optim.Optimizer):
+    r"""IVON for nn.Modules with a per-coordinate prior N(m_p, diag(s_p)⁻¹) and dual terms v, u (module docstring).
+
+    Usage (the same pattern as the ivon-opt package's):
+
+    ```python
+    opt = IVON(model.parameters(), lr=0.1, ess=len(train_set), generator=torch.Generator().manual_seed(0))
+    for x, y in loader:
+        for _ in range(opt.mc_samples):
+            with opt.sampled_params(train=True):
+                opt.zero_grad()
+                loss_fn(model(x), y).backward()
+        opt.step()
+    ```
+
+    Between steps the parameters hold the posterior mean m. Inside `sampled_params` they hold a sample θ = m + σε;
+    on exit they are restored to m exactly and, with train=True, p.grad (as it stands, so zero it inside the context)
+    and ε are recorded for the next `step()`, which averages all recorded samples.
+
+    Hyperparameters (per parameter group, like ivon-opt): lr, ess, hess_init, beta1, beta2, weight_decay, clip_radius,
+    rescale_lr, debias. δ = prior_precision / ess when a prior precision is set, else δ = weight_decay (ivon-opt's
+    s_p = ess·weight_decay). rescale_lr=True steps with α = lr·(hess_init + δ), per coordinate when δ is; use
+    rescale_lr=False for a natural-gradient step of size lr (lr = 1 being a full Newton step).
+
+    prior_mean, prior_precision, v, u cover all parameters of all groups, in group order: a flat vector, a sequence
+    of tensors shaped like the parameters, or (prior_precision only) a float. Change them later with `set_prior` and
+    `set_duals`.
+
+    Noise: noise="torch" (default) draws ε from `generator` with torch's generator (None: the global RNG, as
+    ivon-opt does); the generator is the caller's and not part of `state_dict`: save its `get_state()` alongside to
+    resume identically. noise="counter" draws ε from the counter-based stream of `rng.counter_normal` inside IVON's
+    fused kernels (`optim.kernels`), keyed once per group from `generator`: the cheaper of the two (torch's
+    generator alone costs about half an Adam step on a CPU), and the key and draw count are in `state_dict`, so a
+    reloaded optimizer continues the same noise by itself. With it, `step()` draws the next sample's noise in the
+    same kernel as the update, and the next `sampled_params` uses it unless h or the hyperparameters changed in
+    between (then it draws the same block of the stream again).
+
+    Memory: with flatten=True (default) each group's parameters become views of one flat buffer at construction
+    (p.data is re-pointed; the values are kept), so that a step runs the compiled kernels on the parameters in
+    place, and IVON's h and g are updated in place too (`state_dict()` returns copies). A group whose parameters
+    cannot share one buffer (non-contiguous, overlapping, or a tensor subclass), or where a parameter's .data is
+    later replaced (e.g. by `module.to(dtype)`), is instead copied between its parameters and flat vectors at every
+    step: the same numbers, a few passes over the parameters slower. Pass flatten=False for that from the start,
+    e.g. where other tensors view a parameter's memory and must keep seeing it.
+
+    The hyperparameters, prior and duals are validated when they change (h + δ > 0 included), not at every step;
+    the update keeps h + δ positive.
+
+    Left out of ivon-opt's options: hess_approx (only "price", the Stein estimator above) and sync (distributed).
+    """
+
+    _HYPER = ("lr", "ess", "hess_init", "beta1", "beta2", "weight_decay", "clip_radius", "rescale_lr", "debias")
+    _TERMS_FROM = (*_HYPER, "prior_mean", "prior_precision", "v", "u", "hess")
+
+    def __init__(
+        self,
+        params,
+        lr: float,
+        ess: float,
+        hess_init: float = 1.0,
+        beta1: float = 0.9,
+        beta2: float = 0.99999,
+        weight_decay: float | None = None,
+        mc_samples: int = 1,
+        clip_radius: float = math.inf,
+        rescale_lr: bool = True,
+        debias: bool = True,
+        prior_mean: _Vec = None,
+        prior_precision: _Vec = None,
+        v: _Vec = None,
+        u: _Vec = None,
+        generator: torch.Generator | None = None,
+        noise: str = "torch",
+        flatten: bool = True,
+    ):
+        if noise not in ("torch", "counter"):
+            raise ValueError(f"noise must be 'torch' or 'counter', got {noise!r}")
+        if weight_decay is not None and prior_precision is not None:
+            raise ValueError("give either weight_decay or prior_precision (= ess * weight_decay), not both")
+        if weight_decay is None and prior_precision is None:
+            weight_decay = 1e-4  # ivon-opt's default
+        if mc_samples < 1:
+            raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
+        self.mc_samples = int(mc_samples)
+        self.generator = generator
+        self.noise = noise
+        self._sampling = False
+        self._flatten = bool(flatten)
+        self._flats: list[_FlatGroup | None] = []  # one per param group, in order
+        defaults = dict(
+            lr=lr,
+            ess=ess,
+            hess_init=hess_init,
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=weight_decay,
+            clip_radius=clip_radius,
+            rescale_lr=rescale_lr,
+            debias=debias,
+        )
+        super().__init__(params, defaults)
+        self.set_prior(prior_mean, prior_precision)
+        self.set_duals(v, u)
+
+    # -- groups and their state --
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        params = group["params"]
+        if len({(p.dtype, p.device) for p in params}) != 1:
+            raise ValueError("all parameters of a group must share dtype and device (they form one flat vector)")
+        self._check_hyper(group)
+        p0 = params[0]
+        group["numel"] = sum(p.numel() for p in params)
+        group["hess"] = torch.full((group["numel"],), float(group["hess_init"]), dtype=p0.dtype, device=p0.device)
+        group["momentum"] = torch.zeros_like(group["hess"])
+        group["step"] = 0
+        if self.noise == "counter":
+            # one stream per group; "draws" counts the samples taken from it (one block of `numel` draws each)
+            group["noise_key"], group["draws"] = rng.stream_key(self.generator), 0
+        for key in ("prior_mean", "prior_precision", "v", "u"):
+            group.setdefault(key, None)
+        group["_samples"] = []
+        self._flats.append(_FlatGroup(params) if self._flatten and _can_share_one_buffer(params) else None)
+
+    @staticmethod
+    def _check_hyper(group: dict) -> None:
+        _check_positive("lr", group["lr"])
+        _check_positive("ess", group["ess"])
+        _check_beta("beta1", group["beta1"])
+        _check_beta("beta2", group["beta2"])
+        if not group["hess_init"] >= 0:
+            raise ValueError(f"hess_init must be >= 0, got {group['hess_init']}")
+        wd = group["weight_decay"]
+        if wd is not None and not wd >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {wd}")
+        if not group["clip_radius"] > 0:
+            raise ValueError(f"clip_radius must be > 0, got {group['clip_radius']}")
+
+    def _delta(self, group: dict) -> Tensor | float:
+        if group["prior_precision"] is not None:
+            return group["prior_precision"] / group["ess"]
+        if group["weight_decay"] is None:
+            raise ValueError("this group has neither a prior precision nor a weight decay")
+        return float(group["weight_decay"])
+
+    def _lr(self, group: dict) -> Tensor | float:
+        if not group["rescale_lr"]:
+            return group["lr"]
+        return group["lr"] * (group["hess_init"] + self._delta(group))
+
+    def _live(self, index: int) -> _FlatGroup | None:
+        """Group `index`'s flat buffer, or None where it has none or its parameters stopped viewing it (a .data was
+        replaced): such a group goes on with the copying path for good, which finds the parameters where they are."""
+        flat = self._flats[index] if index < len(self._flats) else None
+        if flat is not None and not flat.intact(self.param_groups[index]["params"]):
+            self._flats[index] = flat = None
+        return flat
+
+    def _mean(self, index: int) -> Tensor:
+        """Group `index`'s parameters as one flat vector: the live buffer where there is one (not to be written),
+        else a copy."""
+        flat = self._live(index)
+        return flat.mean if flat is not None else _flatten(self.param_groups[index]["params"])
+
+    def _state(self, index: int) -> IVONState:
+        g = self.param_groups[index]
+        return IVONState(self._mean(index), g["hess"], g["momentum"], g["step"])
+
+    def _terms(self, group: dict, flat: _FlatGroup) -> UpdateTerms:
+        """The group's kernel inputs (`update_terms`), rebuilt and validated (h + δ > 0 included) only when something
+        they are made of changed: building them is about a dozen conversions and three model-sized allocations, the
+        check of h + δ two passes and a sync, together more than the update itself. Tensors are recognised by
+        identity and version counter, so replacing one or changing it in place both count; `refs` keeps them alive
+        so that their ids stay theirs."""
+        sources = [group[name] for name in self._TERMS_FROM]
+        # h changes at every step, in place: only a new h tensor (set_posterior, load_state_dict) counts
+        key = tuple((id(x), x._version if x is not sources[-1] else 0) if torch.is_tensor(x) else x for x in sources)
+        if key != flat.key or flat.terms is None:
+            self._check_hyper(group)
+            delta = self._delta(group)
+            flat.terms = update_terms(
+                flat.mean,
+                lr=self._lr(group),
+                ess=group["ess"],
+                delta=delta,
+                beta1=group["beta1"],
+                beta2=group["beta2"],
+                prior_mean=group["prior_mean"],
+                v=group["v"],
+                u=group["u"],
+                clip_radius=group["clip_radius"],
+                debias=group["debias"],
+            )
+            check_noise_scale(
+                IVONState(flat.mean, group["hess"], group["momentum"], group["step"]), group["ess"], delta
+            )
+            flat.key, flat.refs, flat.ahead = key, sources, None
+            flat.generation += 1
+        return flat.terms
+
+    @staticmethod
+    def _ahead_token(group: dict, flat: _FlatGroup) -> tuple:
+        """What a perturbation σε drawn ahead depends on: the kernel inputs (δ, ess), h and the block of the stream."""
+        return flat.generation, group["hess"]._version, group["draws"], id(group["noise_key"])
+
+    @overload
+    def _split(self, name: str, value: None, allow_scalar: bool = False) -> list[None]: ...
+    @overload
+    def _split(
+        self, name: str, value: Tensor | Sequence[Tensor] | float, allow_scalar: bool = False
+    ) -> list[Tensor]: ...
+    @overload
+    def _split(self, name: str, value: _Vec, allow_scalar: bool = False) -> list[Tensor | None]: ...
+    def _split(self, name: str, value: _Vec, allow_scalar: bool = False) -> Sequence[Tensor | None]:
+        """A flat vector / per-parameter tensors / (optionally) a float over all groups -> one flat tensor per group."""
+        if value is None:
+            return [None] * len(self.param_groups)
+        params = [p for g in self.param_groups for p in g["params"]]
+        p0 = params[0]
+        total = sum(p.numel() for p in params)
+        if not torch.is_tensor(value) and isinstance(value, (int, float)):
+            if not allow_scalar:
+                raise ValueError(f"{name} must be a tensor or a sequence of tensors")
+            flat = torch.full((total,), float(value), dtype=p0.dtype, device=p0.device)
+        elif torch.is_tensor(value):
+            if tuple(value.shape) != (total,):
+                raise ValueError(
+                    f"{name} as a tensor must be flat with {total} entries, got shape {tuple(value.shape)}"
+                )
+            flat = value.detach().to(dtype=p0.dtype, device=p0.device).clone()
+        else:
+            value = list(value)
+            if len(value) != len(params) or any(
+                tuple(x.shape) != tuple(p.shape) for x, p in zip(value, params, strict=True)
+            ):
+                raise ValueError(
+                    f"{name} as a sequence must hold one tensor shaped like each parameter, got shapes "
+                    f"{[tuple(x.shape) for x in value]}"
+                )
+            flat = _flatten(value).to(dtype=p0.dtype, device=p0.device)
+        parts: list[Tensor] = []
+        offset = 0
+        for g in self.param_groups:
+            parts.append(flat[offset : offset + g["numel"]].clone())
+            offset += g["numel"]
+        return parts
+
+    def set_prior(self, mean: _Vec = None, precision: _Vec = None) -> None:
+        """Set the prior N(m_p, diag(s_p)⁻¹); mean=None is m_p = 0, precision=None is s_p = ess·weight_decay."""
+        means = self._split("prior_mean", mean)
+        precisions = self._split("prior_precision", precision, allow_scalar=True)
+        for s in precisions:
+            if s is not None and bool((s < 0).any()):
+                raise ValueError("prior_precision must be >= 0")
+        for g, m_p, s_p in zip(self.param_groups, means, precisions, strict=True):
+            if s_p is None and g["weight_decay"] is None:
+                raise ValueError("precision=None needs a weight_decay for every group")
+            g["prior_mean"], g["prior_precision"] = m_p, s_p
+        for g in self.param_groups:
+            if not bool((g["hess"] + self._delta(g) > 0).all()):
+                raise ValueError(
+                    "h + delta must be > 0: with hess_init = 0 give a positive prior precision or weight_decay"
+                )
+
+    def set_duals(self, v: _Vec = None, u: _Vec = None) -> None:
+        """Set the dual terms of Alg. 2 (None: zero)."""
+        for g, v_g, u_g in zip(self.param_groups, self._split("v", v), self._split("u", u), strict=True):
+            g["v"], g["u"] = v_g, u_g
+
+    # -- sampling and stepping --
+
+    @contextmanager
+    def sampled_params(self, train: bool = False) -> Iterator[None]:
+        """Inside, the parameters hold θ = m + σε; on exit m is restored and (train=True) p.grad, ε are recorded."""
+        if self._sampling:
+            raise RuntimeError("sampled_params is not re-entrant")
+        self._sampling = True
+        # per group already overwritten: (its flat buffer or None, the mean to restore), and ε
+        overwritten: list[tuple[_FlatGroup | None, Tensor]] = []
+        eps: list[Tensor] = []
+        try:
+            for i, g in enumerate(self.param_groups):
+                flat = self._live(i)
+                if flat is not None:
+                    eps.append(self._sample_into(g, flat))
+                    overwritten.append((flat, flat.saved))
+                    continue
+                state = self._state(i)
+                if self.noise == "counter":
+                    delta = self._delta(g)
+                    check_noise_scale(state, g["ess"], delta)  # raises where `sample` would, without computing σ
+                    thetas, e = kernels.sample_step(
+                        state.mean,
+                        state.hess,
+                        _vector(delta, state.mean),
+                        _scalar(g["ess"], state.mean),
+                        rng.block_key(g["noise_key"], g["draws"]),
+                        1,
+                    )
+                    g["draws"] += 1
+                else:
+                    thetas, e = sample(state, g["ess"], self._delta(g), self.generator, mc_samples=1)
+                eps.append(e[0])
+                _write(g["params"], thetas[0])
+                overwritten.append((None, state.mean))
+            yield
+            if train:
+                for g, (flat, _), e in zip(self.param_groups, overwritten, eps, strict=True):
+                    if flat is not None and flat.intact(g["params"]):
+                        grads = flat.gather_grads(first=not g["_samples"])
+                    else:
+                        grads = _flat_grads(g["params"])
+                    g["_samples"].append((grads, e))
+        finally:
+            # after an error part-way through sampling, only the groups already overwritten have a mean to restore
+            for g, (flat, mean) in zip(self.param_groups, overwritten, strict=False):
+                if flat is not None and flat.intact(g["params"]):
+                    flat.mean.copy_(mean)
+                    flat.written()
+                else:
+                    _write(g["params"], mean)
+            self._sampling = False
+
+    def _sample_into(self, group: dict, flat: _FlatGroup) -> Tensor:
+        """Keep m in flat.saved and write θ = m + σε into the parameters' buffer; returns ε (d,)."""
+        terms, mean = self._terms(group, flat), flat.mean
+        if self.noise == "counter":
+            ahead, flat.ahead = flat.ahead, None
+            if ahead is not None and ahead[0] == self._ahead_token(group, flat):
+                _, perturbation, e = ahead
+            else:
+                key = rng.block_key(group["noise_key"], group["draws"])
+                perturbation, e = _perturbation_step(group["hess"], terms.delta, terms.ess, key)
+            group["draws"] += 1
+            e = e[0]
+        else:
+            e = rng.randn((1, mean.numel()), self.generator, mean.dtype, mean.device)[0]
+            # σε with `sample`'s roundings (σ = rsqrt(ess (h + δ))), in place to save allocations
+            perturbation = (group["hess"] + terms.delta).mul_(group["ess"]).rsqrt_().mul_(e)
+        flat.saved.copy_(mean)
+        mean.add_(perturbation)
+        flat.written()
+        return e
+
+    @torch.no_grad()
+    # torch types the closure as returning a float; here, as in torch's own optimizers, it returns the loss tensor
+    def step(self, closure: Callable[[], Tensor] | None = None) -> Tensor | None:  # type: ignore[override]
+        """One IVON step from the recorded samples. A closure is called mc_samples times (it must enter
+        `sampled_params(train=True)` itself, like ivon-opt's); the mean of its losses is returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                # a sum of tensors (mc_samples >= 1), never sum's start value 0
+                loss = cast(Tensor, sum(closure() for _ in range(self.mc_samples))) / self.mc_samples
+        for i, g in enumerate(self.param_groups):
+            samples = g["_samples"]
+            if not samples:
+                raise RuntimeError(
+                    "step() needs at least one sample: compute the loss gradient inside "
+                    "`with optimizer.sampled_params(train=True):` first"
+                )
+            if len(samples) == 1:
+                grads, eps = samples[0][0].unsqueeze(0), samples[0][1].unsqueeze(0)
+            else:
+                grads, eps = torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+            flat = self._live(i)
+            if flat is not None:
+                self._step_flat(g, flat, grads, eps)
+            else:
+                self._check_hyper(g)
+                new = update(
+                    self._state(i),
+                    grads,
+                    eps,
+                    lr=self._lr(g),
+                    ess=g["ess"],
+                    delta=self._delta(g),
+                    beta1=g["beta1"],
+                    beta2=g["beta2"],
+                    prior_mean=g["prior_mean"],
+                    v=g["v"],
+                    u=g["u"],
+                    clip_radius=g["clip_radius"],
+                    debias=g["debias"],
+                    # every input was validated: the hyperparameters just above, prior and duals when set, the
+                    # curvature when the samples were drawn; the per-step elementwise checks cost more than
+                    # the update itself
+                    check=False,
+                )
+                _write(g["params"], new.mean)
+                g["hess"], g["momentum"], g["step"] = new.hess, new.momentum, new.step
+            g["_samples"] = []
+        return loss
+
+    def _step_flat(self, group: dict, flat: _FlatGroup, grads: Tensor, eps: Tensor) -> None:
+        """The update written into the parameters' buffer, h and g; with noise="counter" fused with drawing the
+        perturbation σε of the sample the next `sampled_params` takes (one compiled call per step instead of two)."""
+        terms = self._terms(group, flat)
+        args = _kernel_args(IVONState(flat.mean, group["hess"], group["momentum"], group["step"]), grads, eps, terms)
+        group["step"] += 1
+        if self.noise == "torch":
+            kernels.update_step_(*args)
+            flat.written()
+            return
+        perturbation, e = _update_and_perturb_step_(*args, rng.block_key(group["noise_key"], group["draws"]))
+        flat.written()
+        flat.ahead = (self._ahead_token(group, flat), perturbation, e)
+
+    # -- the posterior --
+
+    def get_posterior(self) -> tuple[Tensor, Tensor]:
+        """(m, s) over all parameters (group order, flat), s = ess (h + δ) the diagonal precision."""
+        parts = [posterior(self._state(i), g["ess"], self._delta(g)) for i, g in enumerate(self.param_groups)]
+        return torch.cat([m for m, _ in parts]), torch.cat([s for _, s in parts])
+
+    def set_posterior(
+        self,
+        mean: Tensor | Sequence[Tensor],
+        precision: Tensor | Sequence[Tensor] | float,
+        reset_momentum: bool = False,
+    ) -> None:
+        """Set m (into the parameters) and h = s/ess − δ. Momentum and step count are kept unless reset_momentum."""
+        means = self._split("mean", mean)
+        precisions = self._split("precision", precision, allow_scalar=True)
+        for s in precisions:
+            if not bool((s > 0).all()):
+                raise ValueError("precision must be > 0")
+        for g, m, s in zip(self.param_groups, means, precisions, strict=True):
+            _write(g["params"], m)
+            g["hess"] = s / g["ess"] - self._delta(g)
+            g["_samples"] = []
+            if reset_momentum:
+                g["momentum"], g["step"] = torch.zeros_like(g["momentum"]), 0
+        self._forget()
+
+    def _forget(self) -> None:
+        for flat in self._flats:
+            if flat is not None:
+                flat.forget()
+
+    # -- checkpoints: the state lives in the param groups --
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        for g in sd["param_groups"]:
+            g.pop("_samples", None)  # recorded samples belong to an unfinished step
+            # copies: a group with a flat buffer updates h and g in place, and a state dict is a snapshot
+            g["hess"], g["momentum"] = g["hess"].clone(), g["momentum"].clone()
+        return sd
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)  # (copies the groups' tensors: ours to update in place)
+        for g in self.param_groups:
+            p0 = g["params"][0]
+            if self.noise == "counter" and "noise_key" not in g:
+                raise ValueError(
+                    "this state dict is of an IVON with noise='torch'; load it into one with the same "
+                    "noise, or set noise='torch'"
+                )
+            if g["numel"] != sum(p.numel() for p in g["params"]):
+                raise ValueError("loaded state dict does not match the size of the parameters")
+            for key in ("hess", "momentum", "prior_mean", "prior_precision", "v", "u"):
+                if g.get(key) is not None:
+                    g[key] = g[key].to(dtype=p0.dtype, device=p0.device)
+            g["_samples"] = []
+        self._forget()
+
+__all__ = ["IVON"]
