@@ -131,6 +131,7 @@ def test_the_committed_sweep_files_expand(tmp_path):
         "select-ivon-lr.json": 2 * 3,
         "select-fedlap-func.json": 3 * 2,
         "select-fedlap-func-tau.json": 2 * 3,
+        "fmnist-heterog10-tuned.json": 5 * 3,
     }
     folder = Path(__file__).parents[1] / "sweeps"
     assert set(expected) <= {p.name for p in folder.glob("*.json")}
