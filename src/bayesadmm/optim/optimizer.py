@@ -658,4 +658,5 @@ class IVON(torch.optim.Optimizer):
             g["_samples"] = []
         self._forget()
 
+
 __all__ = ["IVON"]
