@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs/demo
 
-.PHONY: setup demo test docs figures results-tables
+.PHONY: setup demo test test-fast docs figures results-tables
 
 setup:
 	@VENV=$(VENV) bash scripts/setup.sh
@@ -19,6 +19,10 @@ test: setup
 	$(PY) -m mypy src/bayesadmm
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
 	$(PY) -m pytest --durations=15
+
+# the tests without the long end-to-end ones (marked slow), for the edit-test loop
+test-fast: setup
+	$(PY) -m pytest -m "not slow" --durations=10
 
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve

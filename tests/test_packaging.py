@@ -30,6 +30,7 @@ def _run(*command, cwd: Path | None = None) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_the_wheel_and_the_sdist_install_and_run(tmp_path):
     dist = tmp_path / "dist"
     _run(sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT))

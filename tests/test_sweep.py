@@ -64,6 +64,7 @@ def test_a_finished_sweep_repeats_nothing(tmp_path, data_dir, capsys):
     assert "runs: 2 skipped" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_goes_on_to_the_uninterrupted_numbers(tmp_path, data_dir):
     rounds = "rounds=10"
     reference = tmp_path / "reference"

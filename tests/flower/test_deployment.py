@@ -15,6 +15,7 @@ from conftest import needs_fmnist
 from bayesadmm.flower.demo import Deployment, run_demo
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_tls_deployment_survives_a_killed_supernode(tmp_path):
     # Rounds 2 and 3 each wait the whole round timeout for the killed node, so the timeout sets the test's length:

@@ -46,6 +46,7 @@ def _wait(out: Path, states: tuple, runner, deployment, timeout: float) -> dict:
     raise DeploymentError(f"no status {states} within {timeout} s; logs in {deployment.workdir}")
 
 
+@pytest.mark.slow
 def test_a_restarted_supernode_is_picked_up_again_with_its_state(tmp_path):
     files, test, node_configs = _setup(tmp_path)
     out = tmp_path / "run"
@@ -65,6 +66,7 @@ def test_a_restarted_supernode_is_picked_up_again_with_its_state(tmp_path):
     assert "root-certificates" in config and "insecure" not in config
 
 
+@pytest.mark.slow
 def test_a_stopped_deployment_resumes_with_the_numbers_of_the_local_engine(tmp_path):
     files, test, node_configs = _setup(tmp_path)
     out = tmp_path / "run"

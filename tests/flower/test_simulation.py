@@ -17,6 +17,7 @@ from bayesadmm.flower.server_app import Timeouts
 from bayesadmm.flower.simulation import run_simulation
 
 
+@pytest.mark.slow
 @needs_fmnist
 def test_flower_simulation_matches_the_local_engine(tmp_path):
     # IVON-ADMM: each client keeps its dual and local posterior in its Context.state across rounds

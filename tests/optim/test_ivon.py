@@ -574,6 +574,7 @@ def test_counter_noise_samples_are_block_after_block_of_the_stream():
     assert all(not torch.isclose(a, b).any() for i, a in enumerate(seen) for b in seen[i + 1:])
 
 
+@pytest.mark.slow
 def test_counter_noise_reaches_the_mean_field_optimum_like_torch_noise():
     """The same Bayesian linear regression as above through the nn.Module optimizer: both noise sources give the
     closed-form mean-field posterior (mean within 1 %, precision within 5 %; observed ≤ 0.07 % and ≤ 2.4 % over two seeds of each)."""
