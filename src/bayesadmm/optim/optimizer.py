@@ -336,6 +336,11 @@ class IVON(torch.optim.Optimizer):
             raise ValueError("this group has neither a prior precision nor a weight decay")
         return float(group["weight_decay"])
 
+    def _hyper(self, group: dict) -> dict:
+        """The group's hyperparameters as the functional core's `update` and `update_terms` take them."""
+        keys = ("ess", "beta1", "beta2", "prior_mean", "v", "u", "clip_radius", "debias")
+        return {"lr": self._lr(group), "delta": self._delta(group), **{key: group[key] for key in keys}}
+
     def _lr(self, group: dict) -> Tensor | float:
         if not group["rescale_lr"]:
             return group["lr"]
@@ -370,22 +375,10 @@ class IVON(torch.optim.Optimizer):
         key = tuple((id(x), x._version if x is not sources[-1] else 0) if torch.is_tensor(x) else x for x in sources)
         if key != flat.key or flat.terms is None:
             self._check_hyper(group)
-            delta = self._delta(group)
-            flat.terms = update_terms(
-                flat.mean,
-                lr=self._lr(group),
-                ess=group["ess"],
-                delta=delta,
-                beta1=group["beta1"],
-                beta2=group["beta2"],
-                prior_mean=group["prior_mean"],
-                v=group["v"],
-                u=group["u"],
-                clip_radius=group["clip_radius"],
-                debias=group["debias"],
-            )
+            hyper = self._hyper(group)
+            flat.terms = update_terms(flat.mean, **hyper)
             check_noise_scale(
-                IVONState(flat.mean, group["hess"], group["momentum"], group["step"]), group["ess"], delta
+                IVONState(flat.mean, group["hess"], group["momentum"], group["step"]), group["ess"], hyper["delta"]
             )
             flat.key, flat.refs, flat.ahead = key, sources, None
             flat.generation += 1
@@ -565,16 +558,7 @@ class IVON(torch.optim.Optimizer):
                     self._state(i),
                     grads,
                     eps,
-                    lr=self._lr(g),
-                    ess=g["ess"],
-                    delta=self._delta(g),
-                    beta1=g["beta1"],
-                    beta2=g["beta2"],
-                    prior_mean=g["prior_mean"],
-                    v=g["v"],
-                    u=g["u"],
-                    clip_radius=g["clip_radius"],
-                    debias=g["debias"],
+                    **self._hyper(g),
                     # every input was validated: the hyperparameters just above, prior and duals when set, the
                     # curvature when the samples were drawn; the per-step elementwise checks cost more than
                     # the update itself
