@@ -10,7 +10,7 @@ import torch
 from bayesadmm.cli import main
 from bayesadmm.engine import loop
 from bayesadmm.engine.rundir import load_state
-from bayesadmm.engine.workers import SHARDS, assign, client_runner
+from bayesadmm.engine.workers import SHARDS, assign, client_runner, fixed_cohorts
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import resolve
 from conftest import needs_fmnist
@@ -56,6 +56,18 @@ def test_assignment_gives_every_client_once_and_balances_examples(workers):
     assert assign(sizes, workers) == groups                                        # deterministic
 
 
+@pytest.mark.parametrize(("clients", "cohort_size", "workers"), [(10, 3, 2), (101, 8, 3), (5, 2, 4), (7, 64, 2)])
+def test_assignment_gives_workers_whole_cohorts(clients, cohort_size, workers):
+    """Each worker's clients cut into cohorts again are cohorts of the whole run, so a worker batches what one process
+    would."""
+    generator = torch.Generator().manual_seed(1)
+    sizes = {k: int(n) for k, n in enumerate(torch.randint(1, 500, (clients,), generator=generator))}
+    whole = fixed_cohorts(sizes, cohort_size)
+    groups = assign(sizes, workers, cohort_size)
+    assert len(groups) == min(workers, len(whole)) and sorted(k for g in groups for k in g) == list(range(clients))
+    assert all(cohort in whole for group in groups for cohort in fixed_cohorts(group, cohort_size))
+
+
 def test_assignment_of_equal_clients_alternates_and_never_leaves_a_worker_idle():
     assert assign({k: 60 for k in range(6)}, 2) == [[0, 2, 4], [1, 3, 5]]
     assert assign({0: 10, 1: 5}, 4) == [[0], [1]]                                  # no more workers than clients
@@ -67,11 +79,11 @@ def test_assignment_of_equal_clients_alternates_and_never_leaves_a_worker_idle()
 # --- states in the workers -----------------------------------------------------------------------------------------
 
 
-def _clients(built, algorithm, seed, workers):
+def _clients(built, algorithm, seed, workers, cohort_size=0):
     """The clients of `built` as the engine's loop makes them: in this process with the server's algorithm, or in a
     pool of `workers` processes that each build their own from the factory."""
     federation = built.federation
-    return client_runner(federation.make_algorithm, federation.clients, seed, workers, algorithm)
+    return client_runner(federation.make_algorithm, federation.clients, seed, workers, algorithm, cohort_size)
 
 
 def _two_rounds(built, algorithm, clients, chosen):
@@ -85,16 +97,19 @@ def _two_rounds(built, algorithm, clients, chosen):
 
 
 @needs_fmnist
-def test_states_fetched_from_two_workers_are_the_bits_of_one_process(tmp_path):
+@pytest.mark.parametrize("cohort_size", [0, 2])
+def test_states_fetched_from_two_workers_are_the_bits_of_one_process(tmp_path, cohort_size):
     """Two rounds with some clients absent (so some keep their initial state), then every client's state and the
-    server state compared bit for bit; and the checkpoint record of each layout restores the other."""
+    server state compared bit for bit; and the checkpoint record of each layout restores the other. With cohorts
+    too: each worker trains whole cohorts, the ones a single process trains."""
     config, _ = resolve("fmnist-heterog10", SMALL + ["method=ivon-admm", "participation=0.6", "rounds=2"])
     built = build(config)
     algorithm = built.algorithm()
     ids = list(range(config.clients))
     results = {}
     for workers in (1, 2):
-        clients = _clients(built, algorithm, config.seed, workers)
+        clients = _clients(built, algorithm, config.seed, workers, cohort_size)
+        assert type(clients).__name__ == ["CohortClients", "ClientPool"][workers - 1] if cohort_size else True
         try:
             server, _ = _two_rounds(built, algorithm, clients,
                                     lambda round_: loop.participants(ids, config.participation, config.seed, round_))
@@ -109,7 +124,7 @@ def test_states_fetched_from_two_workers_are_the_bits_of_one_process(tmp_path):
     assert set(inline) == {"clients"} and len(shards["shards"]) == 2
     assert sorted(k for shard in shards["shards"] for k in shard["clients"]) == list(range(5))
     for record, run_dir, workers in ((shards, tmp_path / "2", 1), (inline, tmp_path / "1", 2)):
-        clients = _clients(built, algorithm, config.seed, workers)
+        clients = _clients(built, algorithm, config.seed, workers, cohort_size)
         try:
             clients.restore(record, run_dir)
             assert _same(clients.states(), states1)

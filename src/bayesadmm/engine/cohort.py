@@ -26,8 +26,8 @@ from typing import Any
 
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.engine.workers import LocalClients, one_thread
-from bayesadmm.solvers.cohort import ClientRows, client_rows
+from bayesadmm.engine.workers import LocalClients, fixed_cohorts, one_thread
+from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
 
 # clients per batched computation: bounds the memory of the stacked states (about 10 model-sized vectors per client
 # for IVON); in benchmarks/cohort.py cohorts of 64 were faster than of 256 at 100 and 1000 clients
@@ -63,32 +63,39 @@ class CohortClients(LocalClients):
         if rows is None:
             raise ValueError("cohort training needs supervised clients of one model and likelihood")
         self.local, self.rows, self.cohort_size = algorithm.local, rows, cohort_size
+        self.cohorts = fixed_cohorts(self.clients, cohort_size)
+        self.workspace = Workspace()  # the solvers' scratch matrices, reused by every cohort
         self.single_thread = single_thread
+
+    def units(self, chosen: Sequence[int]) -> list[list[int]]:
+        """The `chosen` clients grouped as they train: each cohort's chosen members (`cohorts`), cohort by cohort."""
+        wanted = set(chosen)
+        return [members for cohort in self.cohorts if (members := [k for k in cohort if k in wanted])]
 
     def train(
         self, round_: int, message: Message, chosen: Sequence[int], on_done: Callable[[int], None] | None = None
     ) -> dict[int, Message]:
-        """Update the `chosen` clients' states, `cohort_size` at a time in the order of `chosen`; returns their replies
-        in that order. After an exception the states of the cohorts already done are updated (as `LocalClients`)."""
+        """Update the `chosen` clients' states, cohort by cohort (`units`); returns their replies in the order of
+        `chosen`. After an exception the states of the cohorts already done are updated (as `LocalClients`)."""
         replies: dict[int, Message] = {}
         self.last_info = {}
-        chosen = list(chosen)
         with one_thread() if self.single_thread else contextlib.nullcontext():
-            self._train(round_, message, chosen, replies, on_done)
-        return replies
+            for cohort in self.units(chosen):
+                self._train(round_, message, cohort, replies, on_done)
+        return {k: replies[k] for k in chosen}
 
-    def _train(self, round_: int, message: Message, chosen: list[int], replies: dict, on_done) -> None:
-        for start in range(0, len(chosen), self.cohort_size):
-            cohort = chosen[start : start + self.cohort_size]
-            datas = [self.clients[k] for k in cohort]
-            problems = [self.local.prepare(self._states[k], message, d) for k, d in zip(cohort, datas, strict=True)]
-            generators = [generator_for(self.seed, round_, k) for k in cohort]
-            results = self.local.solver.solve_cohort(problems, self.rows.cohort(cohort, self.clients), generators)
-            for k, data, problem, result in zip(cohort, datas, problems, results, strict=True):
-                self._states[k], replies[k], info = self.local.finish(self._states[k], message, data, problem, result)
-                self.last_info[k] = info_scalars(info)
-                if on_done is not None:
-                    on_done(k)
+    def _train(self, round_: int, message: Message, cohort: list[int], replies: dict, on_done) -> None:
+        datas = [self.clients[k] for k in cohort]
+        problems = [self.local.prepare(self._states[k], message, d) for k, d in zip(cohort, datas, strict=True)]
+        generators = [generator_for(self.seed, round_, k) for k in cohort]
+        results = self.local.solver.solve_cohort(
+            problems, self.rows.cohort(cohort, self.clients, self.workspace), generators
+        )
+        for k, data, problem, result in zip(cohort, datas, problems, results, strict=True):
+            self._states[k], replies[k], info = self.local.finish(self._states[k], message, data, problem, result)
+            self.last_info[k] = info_scalars(info)
+            if on_done is not None:
+                on_done(k)
 
 
 __all__ = ["CohortClients", "cohort_rows", "DEFAULT_COHORT"]

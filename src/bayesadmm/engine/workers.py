@@ -89,16 +89,30 @@ def train_client(
         return algorithm.client_update(state, message, data, generator_for(seed, round_, client))
 
 
-def assign(sizes: Mapping[int, int], workers: int) -> list[list[int]]:
+def fixed_cohorts(ids: Iterable[int], cohort_size: int) -> list[list[int]]:
+    """The clients' cohorts for the whole run: their ids in order, `cohort_size` at a time. A round trains each
+    cohort's chosen members together (`engine.cohort`), so what is batched with what depends neither on the round's
+    order of clients nor on how many workers share them (`assign` gives each worker whole cohorts)."""
+    ordered = sorted(ids)
+    return [ordered[start : start + cohort_size] for start in range(0, len(ordered), cohort_size)]
+
+
+def assign(sizes: Mapping[int, int], workers: int, cohort_size: int = 1) -> list[list[int]]:
     """Clients per worker, with balanced numbers of examples: longest processing time first (Graham 1969), i.e. each
-    client, from the largest down (ties: lower id first), goes to the worker with the fewest examples so far (ties:
-    lower index). No worker is left without a client while there are enough. Each worker's clients in id order."""
-    groups: list[list[int]] = [[] for _ in range(max(1, min(workers, len(sizes))))]
-    loads = [0] * len(groups)
-    for k in sorted(sizes, key=lambda k: (-sizes[k], k)):
-        emptiest = min(range(len(groups)), key=lambda i: (loads[i], len(groups[i]), i))
-        groups[emptiest].append(k)
-        loads[emptiest] += sizes[k]
+    cohort (`fixed_cohorts`; one client each by default), from the largest down (ties: lower first id first), goes
+    to the worker with the fewest examples so far (ties: fewer cohorts, then lower index). No worker is left without
+    a cohort while there are enough. Each worker's clients in id order: whole cohorts, so that cutting a worker's
+    clients into cohorts again gives the same ones (all but the last cohort are full, and the last holds the
+    largest ids)."""
+    cohorts = fixed_cohorts(sizes, cohort_size)
+    load = {c[0]: sum(sizes[k] for k in c) for c in cohorts}
+    groups: list[list[int]] = [[] for _ in range(max(1, min(workers, len(cohorts))))]
+    counts, loads = [0] * len(groups), [0] * len(groups)
+    for cohort in sorted(cohorts, key=lambda c: (-load[c[0]], c[0])):
+        emptiest = min(range(len(groups)), key=lambda i: (loads[i], counts[i], i))
+        groups[emptiest].extend(cohort)
+        loads[emptiest] += load[cohort[0]]
+        counts[emptiest] += 1
     return [sorted(group) for group in groups]
 
 
@@ -145,6 +159,10 @@ class LocalClients:
     def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
         """The client states a checkpoint recorded (`save`'s record in checkpoint.pt: the states, or shards)."""
         self._states = checkpointed_states(checkpoint, run_dir, self.clients)
+
+    def units(self, chosen: Sequence[int]) -> list[list[int]]:
+        """The `chosen` clients grouped as they train: one at a time here, a cohort at a time in `CohortClients`."""
+        return [[k] for k in chosen]
 
     def train(
         self, round_: int, message: Message, chosen: Sequence[int], on_done: Callable[[int], None] | None = None
@@ -296,13 +314,14 @@ def _worker(
     seed: int,
     group: list[int],
     default_dtype: torch.dtype,
+    cohort_size: int = 0,
 ) -> None:
     """A worker's life: build its clients, then answer the parent's commands until "close" (or the parent is gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent handles it
     _keep_freed_memory()
     torch.set_num_threads(1)
     torch.set_default_dtype(default_dtype)  # as in the parent, so that tensors made without a dtype agree
-    local = LocalClients(make_algorithm(), {k: source(k) for k in group}, seed)
+    local = _local_runner(make_algorithm(), {k: source(k) for k in group}, source, seed, cohort_size)
     commands: dict[str, Callable[..., Any]] = {
         "start": lambda server: local.start(_loads(server)),
         "put": lambda states: local.restore({"clients": _loads(states)}, Path(".")),
@@ -345,9 +364,8 @@ def _train(
     """
     slot_bytes = slots = 0
     sent = acknowledged = 0  # replies through slots, and acknowledgements received, this round
-    for k in chosen:
-        layout, tensors = _payload(local.train(round_, message, [k])[k])
-        info = local.last_info[k]
+    for k, reply, info in _replies(local, round_, message, chosen):
+        layout, tensors = _payload(reply)
         nbytes = sum(_aligned(t.numel() * t.element_size()) for t in tensors)
         if slot_bytes == 0 and nbytes > 0:
             slot_bytes, slots = nbytes, arena.numel() // nbytes
@@ -363,6 +381,15 @@ def _train(
         _write_arena(arena, offset, tensors)
         connection.send(("reply", k, offset, info, layout))
         sent += 1
+
+
+def _replies(local: LocalClients, round_: int, message: Message, chosen: list[int]):
+    """(client, reply, info) of the chosen clients, as each of `local`'s units (a client, or a cohort) is done."""
+    for unit in local.units(chosen):
+        replies = local.train(round_, message, unit)
+        info = local.last_info
+        for k in unit:
+            yield k, replies[k], info[k]
 
 
 def _keep_freed_memory() -> None:
@@ -388,10 +415,10 @@ class ClientPool:
     """The clients' states and updates in `workers` processes, each on one thread, sharing the training data; each
     client stays in the worker it was assigned to (`assign`)."""
 
-    def __init__(self, make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int):
+    def __init__(self, make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int, cohort_size: int = 0):
         if workers < 2:
             raise ValueError(f"ClientPool needs at least 2 workers, got {workers} (use LocalClients)")
-        self.groups = assign(dict(source.sizes), workers)
+        self.groups = assign(dict(source.sizes), workers, max(cohort_size, 1))
         self.owner = {k: index for index, group in enumerate(self.groups) for k in group}
         self.last_info: dict[int, dict[str, float]] = {}
         context = torch.multiprocessing.get_context("spawn")
@@ -404,7 +431,16 @@ class ClientPool:
                 process = context.Process(
                     target=_worker,
                     name=f"bayesadmm-worker-{index}",
-                    args=(child_end, arena, make_algorithm, source, seed, group, torch.get_default_dtype()),
+                    args=(
+                        child_end,
+                        arena,
+                        make_algorithm,
+                        source,
+                        seed,
+                        group,
+                        torch.get_default_dtype(),
+                        cohort_size,
+                    ),
                 )
                 _start(process)
                 child_end.close()
@@ -546,20 +582,31 @@ def client_runner(
     cohort_size: int = 0,
 ) -> LocalClients | ClientPool:
     """The clients of `source` in this process for one worker (or one participant), with `algorithm` (made by
-    `make_algorithm` if not given), or in a pool of `workers` processes otherwise. With `cohort_size` > 0, in this
-    process, the clients of a round are trained `cohort_size` at a time as one batched computation
-    (`engine.cohort.CohortClients`) where the algorithm's client update and the clients allow it."""
-    if cohort_size > 0:
-        from bayesadmm.engine.cohort import CohortClients, cohort_rows  # (engine.cohort builds on this module)
-
-        algorithm = algorithm or make_algorithm()
-        clients = {k: source(k) for k in sorted(source.sizes)}
-        rows = cohort_rows(algorithm, clients, source)
-        if rows is not None:
-            return CohortClients(algorithm, clients, seed, cohort_size, rows)
+    `make_algorithm` if not given), or in a pool of `workers` processes otherwise. With `cohort_size` > 0, the
+    clients of a round are trained `cohort_size` at a time as one batched computation (`engine.cohort.CohortClients`,
+    in this process or in each worker) where the algorithm's client update and the clients allow it."""
+    algorithm = algorithm or make_algorithm()
+    clients = {k: source(k) for k in sorted(source.sizes)}
     if workers <= 1:
-        return LocalClients(algorithm or make_algorithm(), {k: source(k) for k in sorted(source.sizes)}, seed)
-    return ClientPool(make_algorithm, source, seed, workers)
+        return _local_runner(algorithm, clients, source, seed, cohort_size)
+    batched = cohort_size > 0 and _cohort_rows(algorithm, clients, source) is not None
+    return ClientPool(make_algorithm, source, seed, workers, cohort_size if batched else 0)
+
+
+def _cohort_rows(algorithm: Algorithm, clients: Mapping[int, Any], source):
+    from bayesadmm.engine.cohort import cohort_rows  # (engine.cohort builds on this module)
+
+    return cohort_rows(algorithm, clients, source)
+
+
+def _local_runner(algorithm: Algorithm, clients: Mapping[int, Any], source, seed: int, cohort_size: int):
+    """`CohortClients` where `cohort_size` > 0 and the algorithm and clients batch, `LocalClients` otherwise."""
+    from bayesadmm.engine.cohort import CohortClients
+
+    rows = _cohort_rows(algorithm, clients, source) if cohort_size > 0 else None
+    if rows is None:
+        return LocalClients(algorithm, clients, seed)
+    return CohortClients(algorithm, clients, seed, cohort_size, rows)
 
 
 def _start(process) -> None:
@@ -583,6 +630,7 @@ __all__: Sequence[str] = [
     "client_runner",
     "train_client",
     "assign",
+    "fixed_cohorts",
     "default_workers",
     "one_thread",
     "checkpointed_states",

@@ -20,7 +20,7 @@ import functools
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -30,9 +30,44 @@ from torch.func import grad, vmap
 from bayesadmm import rng
 
 
+class Workspace:
+    """Scratch (K, d) matrices that a cohort solver fills anew for each cohort (its clients' parameters and moments),
+    kept from cohort to cohort and round to round. Fresh matrices of a cohort's size (tens of MB) come from the
+    operating system as untouched pages, and faulting them in cost more than filling them: ~1.4 ms per client of the
+    papers' MLP, more than a local step, at 1000 clients of 60 examples (`python benchmarks/cohort.py`). The memory
+    held is the largest cohort's matrices."""
+
+    def __init__(self) -> None:
+        self._matrices: dict[str, Tensor] = {}
+
+    def rows(self, name: str, count: int, like: Tensor) -> Tensor:
+        """The first `count` rows of matrix `name`, (count, like.numel()) in like's dtype and device; contents left
+        from the last use."""
+        matrix = self._matrices.get(name)
+        width = like.numel()
+        if (
+            matrix is None
+            or matrix.shape[0] < count
+            or matrix.shape[1] != width
+            or matrix.dtype != like.dtype
+            or (matrix.device != like.device)
+        ):
+            matrix = torch.empty((count, width), dtype=like.dtype, device=like.device)
+            self._matrices[name] = matrix
+        return matrix[:count]
+
+    def stack(self, name: str, vectors: Sequence[Tensor], like: Tensor) -> Tensor:
+        """`vectors` (each 0-d or of like's shape) as the rows of matrix `name`."""
+        out = self.rows(name, len(vectors), like)
+        for row, vector in zip(out, vectors, strict=True):
+            row.copy_(vector)
+        return out
+
+
 @dataclass(frozen=True)
 class StackedClients:
-    """A cohort's examples as rows of X, y; `clients` are their own data objects (for anything per client)."""
+    """A cohort's examples as rows of X, y; `clients` are their own data objects (for anything per client);
+    `workspace`: the solver's scratch matrices (a fresh one per cohort where none is given)."""
 
     model: Any  # a FlatModel: forward(θ, X)
     likelihood: Any  # mean_nll(outputs, targets)
@@ -41,6 +76,7 @@ class StackedClients:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     clients: tuple[Any, ...]
+    workspace: Workspace = field(default_factory=Workspace)
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -55,7 +91,9 @@ class ClientRows(NamedTuple):
     y: Tensor
     offsets: Mapping[int, int]  # client id → its first row
 
-    def cohort(self, ids: Sequence[int], clients: Mapping[int, Any]) -> StackedClients:
+    def cohort(
+        self, ids: Sequence[int], clients: Mapping[int, Any], workspace: Workspace | None = None
+    ) -> StackedClients:
         return StackedClients(
             self.model,
             self.likelihood,
@@ -64,6 +102,7 @@ class ClientRows(NamedTuple):
             tuple(self.offsets[k] for k in ids),
             tuple(int(clients[k].num_examples) for k in ids),
             tuple(clients[k] for k in ids),
+            workspace or Workspace(),
         )
 
 

@@ -40,14 +40,19 @@ def adam_cohort(
     """(θ_k, steps) of each client's problem, in the order of `problems`, as `adam.train` gives them."""
     plan = plan_batches(data, adam.batch_size, adam.epochs, generators)
     chosen = [problems[i] for i in plan.order]
-    theta = torch.stack([p.theta0.detach() for p in chosen])  # a new (K, d) tensor
-    center = torch.stack([(p.theta0 if p.prox_center is None else p.prox_center).detach() for p in chosen])
+    like, scratch = chosen[0].theta0, data.workspace
+    theta = scratch.stack("theta", [p.theta0.detach() for p in chosen], like)
     linear = None
     if any(p.linear is not None for p in chosen):
-        linear = torch.stack([torch.zeros_like(p.theta0) if p.linear is None else p.linear for p in chosen])
+        zero = torch.zeros((), dtype=like.dtype, device=like.device)
+        linear = scratch.stack("linear", [zero if p.linear is None else p.linear for p in chosen], like)
     has_prox = any(torch.is_tensor(p.prox_weight) or p.prox_weight != 0.0 for p in chosen)
-    weight = _stacked([p.prox_weight for p in chosen], theta) if has_prox else None
-    first, second = torch.zeros_like(theta), torch.zeros_like(theta)
+    weight = center = None
+    if has_prox:
+        weight = _stacked([p.prox_weight for p in chosen], theta)
+        centers = [(p.theta0 if p.prox_center is None else p.prox_center).detach() for p in chosen]
+        center = scratch.stack("center", centers, like)
+    first, second = scratch.rows("first", len(chosen), like).zero_(), scratch.rows("second", len(chosen), like).zero_()
 
     def scalar(x: float) -> Tensor:  # (the fused kernel takes every hyperparameter as a tensor)
         return torch.tensor(x, dtype=theta.dtype, device=theta.device)
@@ -60,7 +65,7 @@ def adam_cohort(
         extra = adam.weight_decay * params if adam.weight_decay else None
         if linear is not None:
             extra = linear[rows] if extra is None else extra + linear[rows]
-        if weight is not None:
+        if weight is not None and center is not None:
             pull = weight[rows] * (params - center[rows])
             extra = pull if extra is None else extra + pull
         if extra is not None:

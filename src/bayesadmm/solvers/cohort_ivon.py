@@ -27,11 +27,6 @@ if TYPE_CHECKING:
     from bayesadmm.solvers.ivon import IVONSolver, VariationalProblem
 
 
-def _rows(vectors: Sequence[Tensor], like: Tensor) -> Tensor:
-    """Per-client scalars or vectors (0-d or (d,)) as a new (K, d) matrix."""
-    return torch.stack([v.to(like.dtype).expand_as(like) for v in vectors])
-
-
 def ivon_cohort(
     solver: IVONSolver,
     problems: Sequence[VariationalProblem],
@@ -45,10 +40,14 @@ def ivon_cohort(
     first = ordered[0]
     if any(s.state.step != first.state.step for s in ordered):
         raise ValueError("cohort IVON needs every client's solve to start at the same step count")
-    like = first.state.mean
-    mean, hess, momentum = (_rows([getattr(s.state, f) for s in ordered], like) for f in ("mean", "hess", "momentum"))
-    fixed = {f: _rows([getattr(s.terms, f) for s in ordered], like) for f in ("delta", "prior_mean", "v", "u", "lr")}
-    ess = _rows([s.terms.ess for s in ordered], like)
+    like, scratch = first.state.mean, data.workspace
+
+    def rows(name: str, source: str) -> Tensor:  # every client's scalar or vector `name` of `source` as one matrix
+        return scratch.stack(name, [getattr(getattr(s, source), name).to(like.dtype) for s in ordered], like)
+
+    mean, hess, momentum = (rows(f, "state") for f in ("mean", "hess", "momentum"))
+    fixed = {f: rows(f, "terms") for f in ("delta", "prior_mean", "v", "u", "lr")}
+    ess = rows("ess", "terms")
     keys = [s.noise_key for s in ordered]
     k, d, samples, base = len(ordered), like.numel(), solver.mc_samples, first.state.step
 
