@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from bayesadmm.engine.cohort import CohortClients
 from bayesadmm.engine.loop import participants
 from bayesadmm.engine.workers import client_runner
 from bayesadmm.experiments.build import build
@@ -33,6 +34,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--cohort", type=int, nargs="+", default=[0, 64])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--threaded", action="store_true", help="also each cohort size in this process on all torch threads"
+    )
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE settings of the scenario")
     args = parser.parse_args()
     config, _ = resolve(args.scenario, [f"method={args.method}", *args.overrides])
@@ -50,10 +54,16 @@ def main() -> None:
                     federation.make_algorithm, federation.clients, config.seed, workers, algorithm, cohort
                 )
                 runners[name] = runner
-                runner.start(server)
-                began = time.perf_counter()
-                runner.train(1, message, chosen)
-                print(f"{name:24s} ({type(runner).__name__}): round 1 {time.perf_counter() - began:.2f} s", flush=True)
+        if args.threaded:
+            for cohort in (c for c in args.cohort if c > 0):
+                name = f"threads={torch.get_num_threads()} cohort={cohort}"
+                clients = {k: federation.clients(k) for k in sorted(federation.clients.sizes)}
+                runners[name] = CohortClients(algorithm, clients, config.seed, cohort, single_thread=False)
+        for name, runner in runners.items():
+            runner.start(server)
+            began = time.perf_counter()
+            runner.train(1, message, chosen)
+            print(f"{name:24s} ({type(runner).__name__}): round 1 {time.perf_counter() - began:.2f} s", flush=True)
         times: dict[str, list[float]] = {name: [] for name in runners}
         names = list(runners)
         for repeat in range(args.repeats):

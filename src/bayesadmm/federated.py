@@ -140,8 +140,8 @@ def run(
         checkpoint_every: write the checkpoint every N rounds (and after the last).
         stop_at: stop after this round, keeping the schedule of `rounds` (0: run all rounds).
         cohort: train a round's clients that many at a time as one batched computation where the method's local
-            solver allows it (Adam and IVON), in this process; the per-client numbers up to rounding (0: one at a
-            time).
+            solver allows it (Adam and IVON), in this process or in each worker; the per-client numbers up to
+            rounding. 0: automatic (each worker's clients as one cohort, at most 64); 1: one client at a time.
         out: the run directory (default: a new `runs/run-<date-time>`).
         resume: continue the checkpoint in `out`, called with the same arguments; the numbers are those an
             uninterrupted run would have.

@@ -223,11 +223,13 @@ def test_cohort_setting_trains_a_rounds_clients_together_with_the_per_client_num
     runs = {
         cohort: bayesadmm.run(_net(), clients, test, algorithm=algorithm, hparams=hparams, rounds=2, cohort=cohort,
                               progress=False, out=tmp_path / f"cohort{cohort}")
-        for cohort in (0, 4)
+        for cohort in (1, 0)  # one at a time; automatic: the one worker's 4 clients as one cohort
     }
-    assert json.loads((tmp_path / "cohort4" / "config.json").read_text())["settings"]["cohort"] == 4
-    assert len(trained) == 2  # one batched call per round, in the cohort run only
-    for a, b in zip(runs[0].history, runs[4].history, strict=True):
+    assert json.loads((tmp_path / "cohort0" / "config.json").read_text())["settings"]["cohort"] == 0
+    layout = json.loads((tmp_path / "cohort0" / "environment.json").read_text())[-1]
+    assert (layout["workers"], layout["cohort"]) == (1, 4)
+    assert len(trained) == 2  # one batched call per round, in the automatic run only
+    for a, b in zip(runs[1].history, runs[0].history, strict=True):
         for key in (k for k in a if k.endswith(("_acc", "_nll"))):
             assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-5), key
     with pytest.raises(ValueError, match="cohort must be an integer >= 0"):

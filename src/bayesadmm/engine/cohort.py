@@ -21,6 +21,7 @@ one without (or of a `ClientPool`); `client_runner` uses cohorts only when asked
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,12 @@ from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
 # clients per batched computation: bounds the memory of the stacked states (about 10 model-sized vectors per client
 # for IVON); in benchmarks/cohort.py cohorts of 64 were faster than of 256 at 100 and 1000 clients
 DEFAULT_COHORT = 64
+
+
+def automatic_cohort(clients: int, workers: int) -> int:
+    """The cohort size of `cohort=0`: each worker's share of the clients as one cohort, at most `DEFAULT_COHORT`
+    (1, i.e. one client at a time, where a worker has a single client)."""
+    return max(1, min(DEFAULT_COHORT, math.ceil(clients / max(workers, 1))))
 
 
 def cohort_rows(algorithm: Algorithm, clients: Mapping[int, Any], source: Any = None) -> ClientRows | None:
@@ -98,4 +105,4 @@ class CohortClients(LocalClients):
                 on_done(k)
 
 
-__all__ = ["CohortClients", "cohort_rows", "DEFAULT_COHORT"]
+__all__ = ["CohortClients", "automatic_cohort", "cohort_rows", "DEFAULT_COHORT"]

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, info_scalars
 from bayesadmm.clients import ClientSource
+from bayesadmm.engine.cohort import automatic_cohort
 from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.rundir import (
     RunDirError,
@@ -90,11 +91,14 @@ EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
 
 @dataclass(frozen=True)
 class Settings:
-    """How a federation runs. `workers`: client updates in that many processes (0: one per core on the CPU, one on a
-    GPU), same numbers for any count; `cohort`: train a round's clients that many at a time as one batched
-    computation where the method's local solver allows it (`engine.cohort`; 0: one client at a time; the per-client
-    numbers up to rounding); `stop_at`: stop after that round with the schedule of `rounds` (0: run all);
-    `checkpoint_every`: write the checkpoint every N rounds (and after the last)."""
+    """How a federation runs.
+
+    `workers`: client updates in that many processes (0: one per core on the CPU, one on a GPU), same numbers for any
+    count. `cohort`: train a round's clients that many at a time as one batched computation where the method's local
+    solver allows it (`engine.cohort`), the per-client numbers up to rounding; 1: one client at a time; 0:
+    `automatic_cohort`'s size, which follows the number of workers (so the numbers, not only the speed, then depend on
+    the machine's core count, to rounding). `stop_at`: stop after that round with the schedule of `rounds` (0: run
+    all). `checkpoint_every`: write the checkpoint every N rounds (and after the last)."""
 
     rounds: int = 10
     seed: int = 0
@@ -311,7 +315,14 @@ def _run_locked(
     start = checkpoint["round"] if checkpoint is not None else 0
     if checkpoint is None and config is not None:
         write_json(run_dir / "config.json", dict(config))
-    record_environment(run_dir, settings.device, start)
+    # workers=0: one per core on the CPU; one on a GPU, where every worker process would hold a CUDA context and a
+    # copy of the training set of its own and the processes would take turns on the one device
+    workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
+    ids = sorted(federation.clients.sizes)
+    workers = min(workers, len(participants(ids, settings.participation, settings.seed, 1)))
+    cohort_size = settings.cohort or automatic_cohort(len(ids), workers)
+    layout = {"workers": workers, "cohort": cohort_size} if runner is None else {}
+    record_environment(run_dir, settings.device, start, layout)
     history = _read_metrics(metrics_path, start)
     # drop rounds after the checkpoint (a kill here leaves the old file whole: the next resume drops them again)
     write_bytes(metrics_path, "".join(json.dumps(line) + "\n" for line in history).encode())
@@ -319,11 +330,6 @@ def _run_locked(
     bar = _progress(settings, start, progress, title)
     status: dict[str, Any] = {"status": "running", "round": start}
     write_json(status_path, status)
-    # workers=0: one per core on the CPU; one on a GPU, where every worker process would hold a CUDA context and a
-    # copy of the training set of its own and the processes would take turns on the one device
-    workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
-    ids = sorted(federation.clients.sizes)
-    most = len(participants(ids, settings.participation, settings.seed, 1))
     checkpointed = [start]  # the round of the last checkpoint written, kept up to date by _rounds
     clients: ClientRunner
     if runner is None:
@@ -331,12 +337,12 @@ def _run_locked(
             federation.make_algorithm,
             federation.clients,
             settings.seed,
-            min(workers, most),
+            workers,
             algorithm,
-            cohort_size=settings.cohort,
+            cohort_size=cohort_size if cohort_size > 1 else 0,
         )
     else:
-        clients = runner(algorithm, min(workers, most))
+        clients = runner(algorithm, workers)
     with _sigterm_as_interrupt():  # from here on a kill is reported as an interruption
         try:
             if checkpoint is None:

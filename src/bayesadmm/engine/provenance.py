@@ -81,12 +81,13 @@ def environment(device: str, from_round: int) -> dict:
     return record
 
 
-def record_environment(run_dir: Path, device: str, from_round: int) -> None:
-    """Append this start's record to run_dir/environment.json (a list; a resume adds one). Never fails the run."""
+def record_environment(run_dir: Path, device: str, from_round: int, layout: dict | None = None) -> None:
+    """Append this start's record to run_dir/environment.json (a list; a resume adds one), with `layout` (how the
+    clients are trained: workers, cohort size). Never fails the run."""
     path = run_dir / "environment.json"
     try:
         records = json.loads(path.read_text()) if path.exists() else []
-        records.append(environment(device, from_round))
+        records.append(environment(device, from_round) | (layout or {}))
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(records, indent=1) + "\n")
         os.replace(tmp, path)

@@ -49,7 +49,8 @@ class RunConfig:
     workers: int = 0  # client updates in parallel processes (0: one per core on the CPU, 1 on a
     # GPU; results identical for any number)
     checkpoint_every: int = 1  # write checkpoint.pt every this many rounds (and after the last)
-    cohort: int = 0  # train a round's clients this many at a time as one batched computation (0: one at a time)
+    cohort: int = 0  # train a round's clients this many at a time as one batched computation (0: automatic,
+    # 1: one at a time; engine.cohort)
     data_dir: str = ""
     out: str = ""  # run directory (default runs/<scenario>-<method>-s<seed>)
     log: str = ""  # also send each round's metrics to: tensorboard, mlflow or both ("tensorboard,mlflow")
@@ -251,7 +252,7 @@ def _validate(config: RunConfig) -> None:
     if config.workers < 0:
         problems.append(f"workers must be >= 0 (0: one per core), got {config.workers}")
     if config.cohort < 0:
-        problems.append(f"cohort must be >= 0 (0: one client at a time), got {config.cohort}")
+        problems.append(f"cohort must be >= 0 (0: automatic, 1: one client at a time), got {config.cohort}")
     for name in config.trackers():
         if name not in TRACKERS:
             problems.append(f"unknown tracker {name!r} in log; valid: {', '.join(TRACKERS)}")
