@@ -102,7 +102,9 @@ def block_key(key: Tensor | int, block: int) -> Tensor:
 
 
 def counter_normal(key: Tensor, n: int, dtype: torch.dtype, device) -> Tensor:
-    """n standard normals of the block with key `key` (0-d int64, from `block_key`), as a flat tensor.
+    """n standard normals of the block with key `key` (0-d int64, from `block_key`), as a flat tensor; for keys
+    (A, 1) the A blocks' draws as the rows of an (A, n) tensor (one computation without vmap, whose batch size
+    torch.compile would specialise on).
 
     Pair j = 0 … ⌈n/2⌉ − 1 gives outputs j (cosine half) and ⌈n/2⌉ + j (sine half); see the comment above for the
     hash and the transform. The same (key, n) always gives the same draws, on any device and in compiled code.
@@ -129,4 +131,4 @@ def counter_normal(key: Tensor, n: int, dtype: torch.dtype, device) -> Tensor:
     sin_sign = 1.0 - 2.0 * _shift_right(b, 31).to(dtype)
     cos_angle = cos_sign * torch.where(swap, sin_y, cos_y)
     sin_angle = sin_sign * torch.where(swap, cos_y, sin_y)
-    return torch.cat([radius * cos_angle, radius * sin_angle])[:n]
+    return torch.cat([radius * cos_angle, radius * sin_angle], dim=-1)[..., :n]

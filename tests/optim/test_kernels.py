@@ -110,12 +110,14 @@ def random_update_inputs(d, mc_samples, dtype=torch.float64, seed=0):
     return [*vectors.values(), *samples.values(), *terms.values(), *scalars]
 
 
+@pytest.mark.compiled
 @pytest.mark.parametrize("mc_samples", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_compiled_update_equals_the_eager_maths(mc_samples, dtype):
     """The compiled (in-place) update kernels against the plain functions they are compiled from. The update with
-    sampling only in the variant the solver tests use as well: each of its variants takes ~45 s to compile afresh
-    (the noise's integer code), and its sampling half is checked against the stream by the test below."""
+    sampling only in the variant the solver tests use as well: each of its variants takes seconds to compile afresh
+    (~45 s before kernels.INDUCTOR_CONFIG: the noise's integer code), and its sampling half is checked against the
+    stream by the test below."""
     args = random_update_inputs(1000, mc_samples, dtype)
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-6)
     key = rng.block_key(torch.tensor(9), 3)
@@ -132,6 +134,7 @@ def test_compiled_update_equals_the_eager_maths(mc_samples, dtype):
             torch.testing.assert_close(a, b, **tol)
 
 
+@pytest.mark.compiled
 def test_compiled_sampling_equals_the_eager_maths_and_the_stream():
     d, S = 1001, 2
     g = torch.Generator().manual_seed(1)
@@ -160,6 +163,7 @@ def test_sample_with_a_key_draws_block_t_of_the_stream():
     assert not torch.isclose(eps, next_eps).any()
 
 
+@pytest.mark.compiled
 def test_a_failing_compiler_falls_back_to_the_same_maths_with_a_warning(monkeypatch):
     def broken_compile(fn, **kwargs):
         def fail(*args):
@@ -178,13 +182,15 @@ def test_a_failing_compiler_falls_back_to_the_same_maths_with_a_warning(monkeypa
         assert torch.equal(a, c) and torch.equal(b, c)
 
 
+@pytest.mark.compiled
 def test_the_kernels_get_their_own_recompile_limit_and_leave_torchs_alone(monkeypatch):
     """Up to 8 variants per kernel reach torch's default limit of 8: each kernel is compiled with a limit of its
     own (torch.compile's recompile_limit), and torch._dynamo.config is not touched."""
     calls = []
 
-    def compile_with_a_limit(fn, *, dynamic=None, fullgraph=False, recompile_limit=None):
+    def compile_with_a_limit(fn, *, backend="inductor", dynamic=None, fullgraph=False, recompile_limit=None):
         calls.append(dict(dynamic=dynamic, fullgraph=fullgraph, recompile_limit=recompile_limit))
+        assert getattr(backend, "compiler_name", None) == "inductor"   # Inductor, under kernels.INDUCTOR_CONFIG
         return fn
 
     before = torch._dynamo.config.recompile_limit
@@ -197,6 +203,7 @@ def test_the_kernels_get_their_own_recompile_limit_and_leave_torchs_alone(monkey
     assert torch._dynamo.config.recompile_limit == before
 
 
+@pytest.mark.compiled
 def test_where_torch_compile_takes_no_limit_the_global_one_is_raised_only_for_new_variants(monkeypatch):
     """The first call of each variant (dtype, sizes 0/1/more, non-tensor arguments) runs with the limit raised, later
     calls of a variant already run with torch's setting as it was, and nothing stays changed."""
@@ -231,6 +238,33 @@ def test_compilation_can_be_switched_off(monkeypatch):
     args = random_update_inputs(50, 1)
     for a, b in zip(kernel(*args), kernels.update_step(*args), strict=False):
         assert torch.equal(a, b)
+
+
+@pytest.mark.compiled
+def test_inductor_compiles_the_kernels_with_their_settings_and_leaves_torchs_alone(monkeypatch):
+    """kernels.INDUCTOR_CONFIG is in force while Inductor compiles a kernel (for every variant: it is part of the
+    backend), and torch._inductor.config is as it was before and after."""
+    import torch._inductor.compile_fx as compile_fx
+    from torch._inductor import config
+
+    before = {key: getattr(config, key) for key in kernels.INDUCTOR_CONFIG}
+    assert before != kernels.INDUCTOR_CONFIG
+    seen = []
+
+    def compile_and_record(gm, example_inputs, **kwargs):
+        seen.append({key: getattr(config, key) for key in kernels.INDUCTOR_CONFIG})
+        return gm.forward
+
+    monkeypatch.setattr(compile_fx, "compile_fx", compile_and_record)
+    torch._dynamo.reset()   # (compiled kernels of earlier tests would not compile again)
+    kernel = kernels.fused(kernels.update_step)
+    for mc_samples in (1, 2):
+        args = random_update_inputs(20, mc_samples)
+        for a, b in zip(kernel(*args), kernels.update_step(*args), strict=False):
+            assert torch.equal(a, b)
+        assert {key: getattr(config, key) for key in kernels.INDUCTOR_CONFIG} == before
+    assert seen == [kernels.INDUCTOR_CONFIG] * 2
+    torch._dynamo.reset()
 
 
 def test_update_and_sample_equals_update_then_sample():
@@ -289,3 +323,22 @@ def test_an_in_place_step_refuses_a_state_that_shares_memory_with_its_inputs():
         assert all(torch.equal(a, b) for a, b in zip(state[:3], before, strict=False))
     fine = ivon.init(mean, 0.5)   # init copies the mean
     assert ivon.update_with(fine, grads, eps, terms, inplace=True).step == 1
+
+
+@pytest.mark.compiled
+def test_compiled_rows_sampling_is_each_clients_own_block_of_the_stream():
+    """sample_rows_step (the cohort's sampling, keys as a column rather than vmap) against the stream, for cohorts of
+    several and of one client."""
+    d, S = 301, 2
+    g = torch.Generator().manual_seed(4)
+    for rows in (3, 2, 1):
+        mean, hess, delta = (torch.randn(rows, d, generator=g), torch.rand(rows, d, generator=g),
+                             torch.rand(rows, d, generator=g))
+        ess = torch.tensor(30.0)
+        keys = torch.stack([rng.block_key(torch.tensor(2024 + i), 5) for i in range(rows)])
+        thetas, eps = kernels.sample_rows_step(mean, hess, delta, ess, keys, S)
+        assert thetas.shape == eps.shape == (rows, S, d)
+        for i in range(rows):
+            torch.testing.assert_close(eps[i].reshape(-1), rng.counter_normal(keys[i], S * d, torch.float64, "cpu"),
+                                       rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(thetas[i], mean[i] + eps[i] / torch.sqrt(30.0 * (hess[i] + delta[i])))

@@ -37,6 +37,7 @@ __all__ = [
     "adam_step_",
     "compile_enabled",
     "fused",
+    "recheck_compile_enabled",
     "sample_rows_step",
     "sample_step",
     "update_and_sample_step",
@@ -52,18 +53,36 @@ RECOMPILE_LIMIT = 16
 
 
 def compile_enabled() -> bool:
-    """Whether the kernels are compiled (BAYESADMM_COMPILE=0 switches it off, e.g. to debug in eager mode)."""
+    """Whether the kernels are compiled (BAYESADMM_COMPILE=0 switches it off, e.g. to debug in eager mode). Each
+    kernel reads it on its first call, and again after `recheck_compile_enabled`."""
     return os.environ.get("BAYESADMM_COMPILE", "1") != "0"
 
 
-def fused(fn: Callable) -> Callable:
-    """`fn` compiled with torch.compile on its first call, or `fn` itself where compiling fails or is switched off."""
-    state: dict[str, Callable] = {}
+_checks = [0]  # bumped by recheck_compile_enabled: kernels that read the setting before read it again
+
+
+def recheck_compile_enabled() -> None:
+    """Makes every kernel read BAYESADMM_COMPILE again on its next call (for tests that switch it between tests). A
+    kernel compiled before keeps its compiled form for when compiling is switched back on."""
+    _checks[0] += 1
+
+
+def fused(fn: Callable, *, inductor_config: dict[str, Any] | None = None) -> Callable:
+    """`fn` compiled with torch.compile on its first call, or `fn` itself where compiling fails or is switched off.
+    Inductor compiles it with the settings `inductor_config` (default `INDUCTOR_CONFIG`; {}: torch's own)."""
+    state: dict[str, Any] = {}
+    config = INDUCTOR_CONFIG if inductor_config is None else inductor_config
 
     @functools.wraps(fn)
     def run(*args):
-        if "impl" not in state:
-            state["impl"] = _compiled(fn) if compile_enabled() else fn
+        if state.get("checked") != _checks[0]:
+            state["checked"] = _checks[0]
+            if compile_enabled():
+                if "compiled" not in state:
+                    state["compiled"] = _compiled(fn, config)
+                state["impl"] = state["compiled"]
+            else:
+                state["impl"] = fn
         if state["impl"] is fn:
             return fn(*args)
         try:
@@ -75,33 +94,78 @@ def fused(fn: Callable) -> Callable:
                 RuntimeWarning,
                 stacklevel=2,
             )
-            state["impl"] = fn
+            state["impl"] = state["compiled"] = fn
             return fn(*args)
 
     run.eager = fn  # type: ignore[attr-defined]   # the uncompiled function, for tests and debugging
     return run
 
 
-def _compiled(fn: Callable) -> Callable:
-    """torch.compile(fn) allowed `RECOMPILE_LIMIT` variants.
+# Inductor settings for compiling the kernels, in force only while one of them compiles (`_inductor_backend`): no
+# process-wide setting is changed. Inductor inlines a pointwise result into every use instead of computing it once
+# (it keeps one in memory only past some size or read count), and its lowering traces each use in full, so the
+# noise's integer hashes (rng.counter_normal: x ^ (x >>> s) uses x twice, three stages per hash, hashes nested)
+# grew into expression trees of hundreds of thousands of nodes: 40–60 s of Python codegen per kernel variant on a
+# cold cache, for ~350 lines of C++. realize_reads_threshold=0 makes every pointwise result with more than one use
+# (and a read of some input) a node of its own; the scheduler fuses them back into the one loop and drops the
+# in-kernel buffers, so the C++ has the same operations in another order (the same numbers, bit for bit, at the same
+# speed) and the compile costs about what a trivial kernel's does. `adam_step_` keeps torch's settings (no noise;
+# they would only add a scalar buffer).
+INDUCTOR_CONFIG: dict[str, Any] = {"realize_reads_threshold": 0}
+# `sample_rows_step`'s (clients, pairs) nodes: Inductor merges the two loops of a node whose buffers are contiguous,
+# and a merged node no longer fuses with the unmerged ones (those reading a client's key, or writing the cat's
+# halves): ~10 % slower through the extra buffers. Padded rows (the padding Inductor does on GPUs, for dynamic
+# shapes too) keep every node's loops apart, and they fuse into one loop nest again; the outputs are not padded.
+ROWS_INDUCTOR_CONFIG: dict[str, Any] = {
+    **INDUCTOR_CONFIG,
+    "comprehensive_padding": True,
+    "disable_padding_cpu": False,
+    "pad_dynamic_shapes": True,
+}
+
+
+def _inductor_backend(config: dict[str, Any]) -> str | Callable:
+    """torch.compile's Inductor backend with `config` in force while it compiles (recompiles included).
+
+    (A config patch, not torch.compile(options=...): options make Inductor wrap its inner compiler, which torch 2.13
+    cannot hash for its on-disk cache, so every process would compile afresh. Patched here, the settings are part of
+    the cache key as usual and a later process loads the compiled kernel from the cache. Settings this torch does not
+    have are left out.)
+    """
+    if not config:
+        return "inductor"
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        from torch._inductor import config as inductor
+        from torch._inductor.compile_fx import compile_fx
+
+        with inductor.patch({key: value for key, value in config.items() if hasattr(inductor, key)}):
+            return compile_fx(gm, example_inputs)
+
+    backend.compiler_name = "inductor"  # type: ignore[attr-defined]   # for torch's debugging and repro tools
+    return backend
+
+
+def _compiled(fn: Callable, config: dict[str, Any]) -> Callable:
+    """torch.compile(fn) with Inductor under `config`, allowed `RECOMPILE_LIMIT` variants.
 
     (Not options={"size_asserts": False}: it would save ~18 µs per call, but torch 2.13 then caches nothing on disk
-    and every process compiles each kernel afresh, ~40 s apiece here. The recompile limit is not part of the cache
-    key.)
+    and every process compiles each kernel afresh. The recompile limit is not part of the cache key.)
     """
+    backend = _inductor_backend(config)
     if "recompile_limit" in inspect.signature(torch.compile).parameters:
         limit: dict[str, Any] = {"recompile_limit": RECOMPILE_LIMIT}  # (torch's typed overloads do not list it)
-        return torch.compile(fn, dynamic=True, fullgraph=True, **limit)
-    return _compiled_with_scoped_limit(fn)
+        return torch.compile(fn, backend=backend, dynamic=True, fullgraph=True, **limit)
+    return _compiled_with_scoped_limit(fn, backend)
 
 
-def _compiled_with_scoped_limit(fn: Callable) -> Callable:
+def _compiled_with_scoped_limit(fn: Callable, backend: str | Callable) -> Callable:
     """For a torch whose torch.compile takes no recompile limit: the global one is raised only while a call that may
     compile runs, i.e. the first call of every variant (the variants already run are tracked here, so later calls
     pay only for the lookup)."""
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"  # its older name
-    compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+    compiled = torch.compile(fn, backend=backend, dynamic=True, fullgraph=True)
     seen: set[tuple] = set()
 
     @functools.wraps(fn)
@@ -158,7 +222,7 @@ def adam_step(
     return param + (-step_size) * new_first / denom, new_first, new_second
 
 
-@fused
+@functools.partial(fused, inductor_config={})
 def adam_step_(
     param: Tensor,
     first: Tensor,
@@ -178,15 +242,16 @@ def adam_step_(
         state.copy_(value)
 
 
-@fused
+@functools.partial(fused, inductor_config=ROWS_INDUCTOR_CONFIG)
 def sample_rows_step(
     mean: Tensor, hess: Tensor, delta: Tensor, ess: Tensor, keys: Tensor, mc_samples: int
 ) -> tuple[Tensor, Tensor]:
     """`sample_step` for several clients at once: row i of (θ (A, S, d), ε (A, S, d)) is `sample_step` of row i of
     mean, hess, delta, ess (A, d) with key keys[i] (keys (A,), int64): each client's own stream of noise."""
     rows, d = mean.shape
-    draws = torch.func.vmap(lambda key: rng.counter_normal(key, mc_samples * d, mean.dtype, mean.device))(keys)
-    eps = draws.view(rows, mc_samples, d)
+    # keys as a column: one row of draws per client, with `rows` a dynamic size (vmap over the keys made torch.compile
+    # specialise on it: a compilation for every number of clients still active in a cohort)
+    eps = rng.counter_normal(keys.unsqueeze(1), mc_samples * d, mean.dtype, mean.device).view(rows, mc_samples, d)
     sigma = torch.rsqrt(ess * (hess + delta))
     return mean.unsqueeze(1) + sigma.unsqueeze(1) * eps, eps
 
@@ -256,7 +321,7 @@ def update_and_sample_step(
 # 5–7 % faster than with a kernel returning new tensors (docs/performance.md; the kernel timed alone showed no
 # difference: fresh output buffers cost memory traffic in the full loop); optim/ivon.py's pure functions call them
 # on copies of the state. One compiled form per operation, not a pure and an in-place one: each variant adds its own
-# compilation (tens of seconds on a CPU, docs/performance.md) to a cold start.
+# compilation (seconds on a CPU, ~10 s for the first kernel of a process; see INDUCTOR_CONFIG) to a cold start.
 # mean, hess and momentum must not share memory with each other or with any other input (optim/ivon.py checks).
 
 
