@@ -10,6 +10,25 @@ os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 
 
+# IVON's fused kernels (bayesadmm.optim.kernels) run eagerly in tests, and in the processes tests start (they inherit
+# the environment): compiling each kernel variant costs seconds on an empty Inductor cache, more than most tests run.
+# Tests marked `compiled` (the compiled kernels against the eager maths, tests/optim/test_kernels.py) and `slow` (the
+# end-to-end runs, as users run them) compile them. BAYESADMM_COMPILE set outside pytest applies to every test.
+_COMPILE_SETTING = os.environ.get("BAYESADMM_COMPILE")
+
+
+@pytest.fixture(autouse=True)
+def _kernels_eager_unless_compiled(request, monkeypatch):
+    from bayesadmm.optim import kernels
+
+    if _COMPILE_SETTING is None:
+        compiled = any(request.node.get_closest_marker(name) for name in ("compiled", "slow"))
+        monkeypatch.setenv("BAYESADMM_COMPILE", "1" if compiled else "0")
+    kernels.recheck_compile_enabled()
+    yield
+    kernels.recheck_compile_enabled()
+
+
 @pytest.fixture(autouse=True)
 def _float64_and_deterministic():
     """The identities are checked in float64; restore the default afterwards."""
