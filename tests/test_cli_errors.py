@@ -26,7 +26,7 @@ def _run(capsys, *args: str) -> tuple[int, str]:
         ("lr=nan", "lr must be a number, got nan"),
         ("epochs=0", "epochs must be > 0, got 0"),
         ("seed=-1", "seed must be an integer >= 0, got -1"),
-        ("cohort=-2", "cohort must be >= 0 (0: one client at a time), got -2"),
+        ("cohort=-2", "cohort must be >= 0 (0: automatic, 1: one client at a time), got -2"),
         ("clients=1000", "cannot give 1000 clients at least one example each"),
         ("partition=bogus", "unknown partition 'bogus'; valid: iid,"),
         ("model=bogus", "unknown model 'bogus'; valid: mlp,"),

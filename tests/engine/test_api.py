@@ -60,16 +60,20 @@ def test_own_module_and_tensors_run_with_every_file(tmp_path):
 
 
 def test_engine_equals_the_bare_sequential_loop(tmp_path):
+    """One client at a time (cohort=1), the bits of `run_rounds`; with the default cohorts, its numbers to 1e-10
+    (float64)."""
     clients, test = _blobs()
-    result = bayesadmm.run(_net(), clients, test, algorithm="ivon-admm", hparams=IVON_ADMM,
-                           rounds=2, progress=False, out=tmp_path / "run")
+    results = {cohort: bayesadmm.run(_net(), clients, test, algorithm="ivon-admm", hparams=IVON_ADMM, rounds=2,
+                                     cohort=cohort, progress=False, out=tmp_path / f"run{cohort}") for cohort in (1, 0)}
     model = bayesadmm.FlatModel.from_module(_net())
     theta0 = model.flatten(dict(_net().named_parameters())).detach()
     data = [bayesadmm.SupervisedData(model, X, y) for X, y in clients]
     algorithm = bayesadmm.algorithms.make("ivon-admm", **IVON_ADMM, dim=model.dim)
     server, _ = run_rounds(algorithm, data, theta0, rounds=2)
-    assert torch.equal(result.posterior.mean, algorithm.posterior(server).mean)
-    assert "ens_test_acc" in result.history[-1]   # a Gaussian posterior: the predictive is scored too
+    expected = algorithm.posterior(server).mean
+    assert torch.equal(results[1].posterior.mean, expected)
+    assert torch.allclose(results[0].posterior.mean, expected, rtol=1e-10, atol=1e-10)
+    assert "ens_test_acc" in results[1].history[-1]   # a Gaussian posterior: the predictive is scored too
 
 
 def test_datasets_mapping_and_partial_participation(tmp_path):
