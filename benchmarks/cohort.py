@@ -12,9 +12,15 @@ same shape where the files are absent, which changes no timing) is split into K 
 alternately, `--repeats` times from the same broadcast. Printed per K (medians): seconds per round of each runner and
 their ratio; the total number of local steps and the time per local step; the per-client runner's overhead per
 client (its round time above its steps at the cohort runner's pace, in cohort steps); and the cohort round's time
-over what its arithmetic needs at the batched matrix-product throughput measured in the same run (6 x 32 x 178,110
-multiply-adds per minibatch, forward and backward, at the GFLOP/s of `torch.bmm` on a cohort's stacked first-layer
-products).
+over what its arithmetic needs at the batched matrix-product throughput measured in the same run. The arithmetic of
+one local step on a minibatch of B = 32: 2·B·P floating-point operations forward, 2·B·P for the weights' gradients
+and 2·B·(P − P₁) for the gradients of the hidden layers' inputs (the images need none), with P = 177,800 weights and
+P₁ = 156,800 of them in the first layer: 24.1 MFLOP (biases and elementwise work left out, so the bound is
+optimistic), at the GFLOP/s of `torch.bmm` on a cohort's stacked first-layer products.
+
+Scale (after the table): the cohort runner's time per local step at each K against the smallest K's, as the
+overhead per client in local steps, (t_K / steps_K − t_k / steps_k) · steps_K / K / (t_k / steps_k): what each
+client costs beyond its local steps as the same data is cut into more, smaller clients.
 """
 
 from __future__ import annotations
@@ -82,7 +88,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cohort-size", type=int, nargs="+", default=[256])
+    parser.add_argument("--cohort-size", type=int, nargs="+", default=[64])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for the process (0: torch's)")
     args = parser.parse_args()
@@ -93,7 +99,10 @@ def main() -> None:
     torch.set_default_dtype(dtype)
     X, y, what = _images(args.fraction)
     model = mlp()
-    params = sum(p for p in (784 * 200 + 200, 200 * 100 + 100, 100 * 10 + 10))
+    weights, first_layer = 784 * 200 + 200 * 100 + 100 * 10, 784 * 200
+    # forward, weights' gradients, hidden layers' input gradients
+    step_flops = 2 * BATCH * (2 * weights + weights - first_layer)
+    per_step: dict[int, tuple[float, int]] = {}  # K → (cohort seconds per round at the largest size given, steps)
     print(
         f"{args.method}, {what}: {len(y)} examples, 1 epoch, batch {BATCH}, device {args.device}, "
         f"{torch.get_num_threads()} threads (per-client runner: 1), cohorts of {args.cohort_size}, "
@@ -124,7 +133,7 @@ def main() -> None:
                 times[name].append(time.perf_counter() - began)
         per_client = statistics.median(times["per-client"])
         steps = sum(-(-n // BATCH) for n in source.sizes.values())
-        flops = 2 * 3 * BATCH * params * steps
+        flops = step_flops * steps
         print(
             f"K={k:5d}: per-client {per_client:7.3f} s per round, {steps} local steps, "
             f"{per_client / steps * 1e3:.3f} ms per step"
@@ -140,6 +149,15 @@ def main() -> None:
                 f"{overhead:.2f} cohort steps per client; bmm {gflops:.1f} GFLOP/s, round / its arithmetic at that "
                 f"rate {cohort / (flops / gflops / 1e9):.2f}"
             )
+            per_step[k] = (cohort, steps)
+    if len(per_step) > 1:
+        base_k = min(per_step)
+        base = per_step[base_k][0] / per_step[base_k][1]
+        size = args.cohort_size[-1]
+        print(f"scale (cohorts of {size}): overhead per client beyond its local steps, against K={base_k}")
+        for k, (seconds, steps) in sorted(per_step.items()):
+            overhead = (seconds / steps - base) * steps / k / base
+            print(f"  K={k:5d}: {seconds / steps * 1e3:.3f} ms per local step, {overhead:+.2f} local steps per client")
 
 
 if __name__ == "__main__":
