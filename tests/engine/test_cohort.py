@@ -180,3 +180,11 @@ def test_a_run_through_the_engine_with_cohorts_matches_the_per_client_run(tmp_pa
                 assert b[key] == pytest.approx(value, rel=1e-9, abs=1e-9), key
             else:
                 assert b[key] == value, key
+
+
+def test_automatic_cohorts_are_per_client_on_a_cpu_and_each_workers_clients_elsewhere():
+    from bayesadmm.engine.cohort import DEFAULT_COHORT, automatic_cohort
+
+    assert automatic_cohort(1000, 2, "cpu") == automatic_cohort(10, 1, "cpu") == 1
+    assert automatic_cohort(10, 2, "cuda") == 5 and automatic_cohort(10, 1, "cuda:0") == 10
+    assert automatic_cohort(1000, 1, "cuda") == DEFAULT_COHORT and automatic_cohort(1, 4, "cuda") == 1

@@ -25,6 +25,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
+
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.workers import LocalClients, fixed_cohorts, one_thread
@@ -35,9 +37,13 @@ from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
 DEFAULT_COHORT = 64
 
 
-def automatic_cohort(clients: int, workers: int) -> int:
-    """The cohort size of `cohort=0`: each worker's share of the clients as one cohort, at most `DEFAULT_COHORT`
-    (1, i.e. one client at a time, where a worker has a single client)."""
+def automatic_cohort(clients: int, workers: int, device: str = "cpu") -> int:
+    """The cohort size of `cohort=0`. On a CPU 1, one client at a time: with a worker per core the per-client pool
+    was faster than cohorts in every layout measured (`python benchmarks/runners.py`, docs/performance.md), and its
+    numbers do not depend on the number of workers. On another device each worker's share of the clients as one
+    cohort, at most `DEFAULT_COHORT`: small per-client computations leave a GPU idle, a batched one does not."""
+    if torch.device(device).type == "cpu":
+        return 1
     return max(1, min(DEFAULT_COHORT, math.ceil(clients / max(workers, 1))))
 
 
