@@ -1,15 +1,15 @@
 """The engine's client runners side by side on a scenario: per-client or cohort training, in one process or in a pool
 of workers, timed alternately in one process (what decides `cohort`'s default).
 
-    python benchmarks/runners.py [--scenario fmnist-heterog10] [--method fedavg] [--workers 1 2] [--cohort 0 64]
+    python benchmarks/runners.py [--scenario fmnist-heterog10] [--method fedavg] [--workers 1 2] [--cohort 1 64]
                                  [--repeats 5] [KEY=VALUE ...]
 
-For each (workers, cohort) pair a runner is made as `bayesadmm run` makes it (`engine.workers.client_runner`; cohort
-0: one client at a time) and started from the same initial server state; round 1 is trained once by each (kernel
-compilation, worker start-up). Then each repetition trains one round of every runner from the same broadcast, in
-turn (the order rotates per repetition), so that neighbouring measurements see the same machine. Printed: each
-runner's median seconds per round, and its speed-up over the first runner. KEY=VALUE: the scenario's settings, as on
-`bayesadmm run` (e.g. epochs=2).
+For each (workers, cohort) pair a runner is made as `bayesadmm run ... workers=W cohort=C` makes it
+(`engine.workers.client_runner`; cohort 1: one client at a time) and started from the same initial server state;
+round 1 is trained once by each (kernel compilation, worker start-up). Then each repetition trains one round of
+every runner from the same broadcast, in turn (the order rotates per repetition), so that neighbouring measurements
+see the same machine. Printed: each runner's median seconds per round, and its speed-up over the first runner.
+KEY=VALUE: the scenario's settings, as on `bayesadmm run` (e.g. epochs=2), given before the options.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--scenario", default="fmnist-heterog10")
     parser.add_argument("--method", default="fedavg")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--cohort", type=int, nargs="+", default=[0, 64])
+    parser.add_argument("--cohort", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--threaded", action="store_true", help="also each cohort size in this process on all torch threads"
@@ -50,12 +50,13 @@ def main() -> None:
         for workers in args.workers:
             for cohort in args.cohort:
                 name = f"workers={workers} cohort={cohort}"
+                size = cohort if cohort > 1 else 0  # (client_runner's 0: one client at a time)
                 runner = client_runner(
-                    federation.make_algorithm, federation.clients, config.seed, workers, algorithm, cohort
+                    federation.make_algorithm, federation.clients, config.seed, workers, algorithm, size
                 )
                 runners[name] = runner
         if args.threaded:
-            for cohort in (c for c in args.cohort if c > 0):
+            for cohort in (c for c in args.cohort if c > 1):
                 name = f"threads={torch.get_num_threads()} cohort={cohort}"
                 clients = {k: federation.clients(k) for k in sorted(federation.clients.sizes)}
                 runners[name] = CohortClients(algorithm, clients, config.seed, cohort, single_thread=False)

@@ -1,4 +1,4 @@
-"""bayesadmm against two peers on one scenario: a plain PyTorch loop and a standard Flower simulation (issue #24).
+"""bayesadmm against two peers on one scenario: a plain PyTorch loop and a standard Flower simulation.
 
     python benchmarks/peers/compare.py --scenario fmnist-heterog10 --method fedavg --repeats 5
     python benchmarks/peers/compare.py --scenario fmnist-heterog10 --method ivon-admm --repeats 3
