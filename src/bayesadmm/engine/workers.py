@@ -586,24 +586,17 @@ def client_runner(
     clients of a round are trained `cohort_size` at a time as one batched computation (`engine.cohort.CohortClients`,
     in this process or in each worker) where the algorithm's client update and the clients allow it."""
     algorithm = algorithm or make_algorithm()
-    clients = {k: source(k) for k in sorted(source.sizes)}
     if workers <= 1:
-        return _local_runner(algorithm, clients, source, seed, cohort_size)
-    batched = cohort_size > 0 and _cohort_rows(algorithm, clients, source) is not None
-    return ClientPool(make_algorithm, source, seed, workers, cohort_size if batched else 0)
-
-
-def _cohort_rows(algorithm: Algorithm, clients: Mapping[int, Any], source):
-    from bayesadmm.engine.cohort import cohort_rows  # (engine.cohort builds on this module)
-
-    return cohort_rows(algorithm, clients, source)
+        return _local_runner(algorithm, {k: source(k) for k in sorted(source.sizes)}, source, seed, cohort_size)
+    # each worker checks that its clients stack (`_local_runner`); here only whether the method batches at all
+    return ClientPool(make_algorithm, source, seed, workers, cohort_size if algorithm.local is not None else 0)
 
 
 def _local_runner(algorithm: Algorithm, clients: Mapping[int, Any], source, seed: int, cohort_size: int):
     """`CohortClients` where `cohort_size` > 0 and the algorithm and clients batch, `LocalClients` otherwise."""
-    from bayesadmm.engine.cohort import CohortClients
+    from bayesadmm.engine.cohort import CohortClients, cohort_rows  # (engine.cohort builds on this module)
 
-    rows = _cohort_rows(algorithm, clients, source) if cohort_size > 0 else None
+    rows = cohort_rows(algorithm, clients, source) if cohort_size > 0 else None
     if rows is None:
         return LocalClients(algorithm, clients, seed)
     return CohortClients(algorithm, clients, seed, cohort_size, rows)

@@ -32,10 +32,10 @@ from bayesadmm import rng
 
 class Workspace:
     """Scratch (K, d) matrices that a cohort solver fills anew for each cohort (its clients' parameters and moments),
-    kept from cohort to cohort and round to round. Fresh matrices of a cohort's size (tens of MB) come from the
-    operating system as untouched pages, and faulting them in cost more than filling them: ~1.4 ms per client of the
-    papers' MLP, more than a local step, at 1000 clients of 60 examples (`python benchmarks/cohort.py`). The memory
-    held is the largest cohort's matrices."""
+    kept from cohort to cohort and round to round: fresh matrices of a cohort's size (tens of MB) come from the
+    operating system as untouched pages, and faulting them in is a cost per client that does not shrink with its
+    steps (it weighs most with many small clients: `python benchmarks/cohort.py`). The memory held is the largest
+    cohort's matrices."""
 
     def __init__(self) -> None:
         self._matrices: dict[str, Tensor] = {}
