@@ -11,7 +11,8 @@ Inductor cache (TORCHINDUCTOR_CACHE_DIR, a temporary folder): the first compiles
 second finds them in the cache (warm). Printed for each: the seconds of every round (the `seconds` field of the run's
 metrics.jsonl: the client updates and the server's, without the evaluation) and round 1's seconds minus the median
 of the later rounds' (what compiling, and anything else done once, adds to the first round), and the child's wall
-time. Needs FashionMNIST (`make setup`).
+time. Then, on another empty cache, `bayesadmm precompile` (what `make setup` runs; its time is printed) and the same
+run after it: a fresh install's first run. Needs FashionMNIST (`make setup`).
 """
 
 from __future__ import annotations
@@ -83,23 +84,37 @@ def main() -> None:
     print(f"ivon-admm on fmnist-heterog10, {args.rounds} rounds, epochs {args.epochs or 'as the preset'}")
     for cohort in args.cohort:
         with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache, tempfile.TemporaryDirectory() as runs:
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-            env.pop("BAYESADMM_COMPILE", None)  # the kernels compiled, as by default
             for label in ("cold", "warm"):
-                out = Path(runs) / label
-                command = [sys.executable, __file__, "--child", str(cohort), "--out", str(out)]
-                command += ["--rounds", str(args.rounds), "--epochs", str(args.epochs), "--threads", str(args.threads)]
-                began = time.perf_counter()
-                subprocess.run(command, env=env, check=True)
-                wall = time.perf_counter() - began
-                seconds = _round_seconds(out)
-                extra = seconds[0] - statistics.median(seconds[1:])
-                rounds = " ".join(f"{s:.1f}" for s in seconds)
-                print(
-                    f"cohort={cohort:<3} {label} cache: round 1 − median of rounds 2–{len(seconds)} = {extra:6.1f} s "
-                    f"(rounds: {rounds} s; child wall time {wall:.1f} s)",
-                    flush=True,
-                )
+                _timed_run(args, cohort, cache, Path(runs) / label, label + " cache")
+        with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache, tempfile.TemporaryDirectory() as runs:
+            began = time.perf_counter()
+            command = [sys.executable, "-m", "bayesadmm", "precompile"]
+            subprocess.run(command, env=_environment(cache), check=True, stdout=subprocess.DEVNULL)
+            print(f"bayesadmm precompile on an empty cache (what make setup runs): {time.perf_counter() - began:.1f} s")
+            _timed_run(args, cohort, cache, Path(runs) / "precompiled", "precompiled")
+
+
+def _environment(cache: str) -> dict[str, str]:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+    env.pop("BAYESADMM_COMPILE", None)  # the kernels compiled, as by default
+    return env
+
+
+def _timed_run(args, cohort: int, cache: str, out: Path, label: str) -> None:
+    """One child run with Inductor's cache in `cache`; prints round 1's extra seconds."""
+    command = [sys.executable, __file__, "--child", str(cohort), "--out", str(out)]
+    command += ["--rounds", str(args.rounds), "--epochs", str(args.epochs), "--threads", str(args.threads)]
+    began = time.perf_counter()
+    subprocess.run(command, env=_environment(cache), check=True)
+    wall = time.perf_counter() - began
+    seconds = _round_seconds(out)
+    extra = seconds[0] - statistics.median(seconds[1:])
+    rounds = " ".join(f"{s:.1f}" for s in seconds)
+    print(
+        f"cohort={cohort:<3} {label}: round 1 − median of rounds 2–{len(seconds)} = {extra:6.1f} s "
+        f"(rounds: {rounds} s; child wall time {wall:.1f} s)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
