@@ -2,18 +2,18 @@
 
     python benchmarks/ivon_step.py [--steps 500] [--repeats 5] [--threads N]
 
-The optimizers run in the same plain training loop (zero_grad, forward, backward, step) on the same batch; IVON
-adds its weight sampling (`sampled_params(train=True)`). The nn.Module optimizers are timed in turn in one
-alternation: `torch.optim.Adam`, `bayesadmm.optim.IVON` with its noise from the counter-based stream drawn in the
-fused kernels (noise="counter") and from torch's generator (the default, ivon-opt's stream), and `ivon.IVON` from
+The optimizers run in the same plain training loop (zero_grad, forward, backward, step) on the same batch; IVON adds
+its weight sampling (`sampled_params(train=True)`). The nn.Module optimizers are timed in turn in one alternation:
+`torch.optim.Adam`, `bayesadmm.optim.IVON` with its noise from the counter-based stream drawn in the fused kernels
+(noise="counter", the default) and from torch's generator (noise="torch", ivon-opt's stream), and `ivon.IVON` from
 the public ivon-opt package where it is installed. Then the flat-vector path the federated IVON solver uses (the
-functional IVON core on a `FlatModel`, updating and drawing the next sample in one fused kernel) against Adam on
-one flat parameter with the same functional forward. The paper's claim is "the same cost as Adam"; each ratio
-printed is measured in this one run (median over repeats of the ratio of neighbouring timings). The flat path is
-also timed against itself returning a new state each step instead of writing it into the old state's tensors (the
-solver's `inplace=True`). Last, the d standard normals IVON draws per step are timed alone (the counter-based
-stream, compiled as the sampling kernel draws it, and torch.randn) against the flat Adam step: the share of Adam's
-step that the noise by itself costs.
+functional IVON core on a `FlatModel`, updating and drawing the next sample in one fused kernel) against Adam on one
+flat parameter with the same functional forward. The paper's claim is "the same cost as Adam"; each ratio printed is
+measured in this one run (median over repeats of the ratio of neighbouring timings). The flat path is also timed
+against itself returning a new state each step instead of writing it into the old state's tensors (the solver's
+`inplace=True`). Last, the d standard normals IVON draws per step are timed alone (the counter-based stream,
+compiled as the sampling kernel draws it, and torch.randn) against the flat Adam step: the share of Adam's step that
+the noise by itself costs.
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ def main() -> None:
     def noise_only():
         draw_noise(noise_key)
 
-    labels = {"counter": "bayesadmm.optim.IVON, noise='counter'",
-              "torch": "bayesadmm.optim.IVON, noise='torch' (the default)",
+    labels = {"counter": "bayesadmm.optim.IVON, noise='counter' (the default)",
+              "torch": "bayesadmm.optim.IVON, noise='torch' (ivon-opt's stream)",
               "ivon-opt": f"ivon.IVON (ivon-opt {ivon_version})"}
     names = list(opts)
     times, ratios = _time_alternating([adam_step, *(functools.partial(ivon_step, n) for n in names)], args.steps,

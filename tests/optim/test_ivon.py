@@ -59,7 +59,8 @@ def test_follows_ivon_opt_step_for_step(case):
     x, y = regression_data()
     ref_model, our_model = mlp(), mlp()
     ref = ivon.IVON(ref_model.parameters(), mc_samples=mc, **kw)
-    ours = IVON(our_model.parameters(), mc_samples=mc, generator=torch.Generator().manual_seed(7), **kw)
+    ours = IVON(our_model.parameters(), mc_samples=mc, generator=torch.Generator().manual_seed(7), noise="torch",
+                **kw)
     torch.manual_seed(7)  # ivon-opt's noise source
     start = flat(ref_model)
     for _ in range(25):
@@ -94,7 +95,7 @@ def test_follows_ivon_opt_with_two_param_groups():
     x, y = regression_data()
     models, opts = [mlp(), mlp()], []
     for cls, model, extra in ((ivon.IVON, models[0], {}),
-                              (IVON, models[1], dict(generator=torch.Generator().manual_seed(3)))):
+                              (IVON, models[1], dict(generator=torch.Generator().manual_seed(3), noise="torch"))):
         groups = [{"params": [model[0].weight, model[2].weight]},
                   {"params": [model[0].bias, model[2].bias], "ess": 12.0, "weight_decay": 0.1}]
         opts.append(cls(groups, lr=0.05, ess=24.0, hess_init=0.4, weight_decay=0.01, beta2=0.999, **extra))
@@ -112,7 +113,7 @@ def test_closure_protocol_matches_ivon_opt():
     ivon = pytest.importorskip("ivon")
     x, y = regression_data()
     results = []
-    for cls, extra in ((ivon.IVON, {}), (IVON, dict(generator=torch.Generator().manual_seed(11)))):
+    for cls, extra in ((ivon.IVON, {}), (IVON, dict(generator=torch.Generator().manual_seed(11), noise="torch"))):
         model = mlp()
         opt = cls(model.parameters(), lr=0.05, ess=24.0, mc_samples=3, **extra)
         calls = []
@@ -408,7 +409,7 @@ def test_optimizer_and_functional_core_give_identical_trajectories(mc, rescale_l
     model = Quadratic(A, b)
     opt = IVON(model.parameters(), lr=lr, ess=ess, hess_init=h0, beta2=0.99, mc_samples=mc, clip_radius=2.0,
                rescale_lr=rescale_lr, prior_mean=m_p, prior_precision=s_p, v=v, u=u,
-               generator=torch.Generator().manual_seed(9))
+               generator=torch.Generator().manual_seed(9), noise="torch")
     delta = s_p / ess
     state, gen, grad = F.init(flat(model), h0), torch.Generator().manual_seed(9), loss_grad_flat(A, b)
     for _ in range(15):
@@ -493,7 +494,8 @@ def test_state_dict_round_trip_continues_identically():
     gen = torch.Generator().manual_seed(1)
     model = Quadratic(A, b)
     opt = IVON(model.parameters(), lr=0.1, ess=10.0, hess_init=0.3, prior_mean=torch.ones(6),
-               prior_precision=torch.full((6,), 3.0), v=0.1 * torch.ones(6), u=0.01 * torch.ones(6), generator=gen)
+               prior_precision=torch.full((6,), 3.0), v=0.1 * torch.ones(6), u=0.01 * torch.ones(6), generator=gen,
+               noise="torch")
     steps(model, opt, 5)
     saved = copy.deepcopy(opt.state_dict())
     saved_params, saved_gen = copy.deepcopy(model.state_dict()), gen.get_state()
@@ -503,7 +505,8 @@ def test_state_dict_round_trip_continues_identically():
     model2.load_state_dict(saved_params)
     gen2 = torch.Generator()
     gen2.set_state(saved_gen)
-    opt2 = IVON(model2.parameters(), lr=0.1, ess=10.0, generator=gen2)  # prior, duals, h, g, t come from the state
+    # prior, duals, h, g, t come from the state
+    opt2 = IVON(model2.parameters(), lr=0.1, ess=10.0, generator=gen2, noise="torch")
     opt2.load_state_dict(saved)
     assert opt2.param_groups[0]["step"] == 5
     for a, c in zip(reference, steps(model2, opt2, 5)):
@@ -546,6 +549,13 @@ def test_optimizer_rejects_bad_hyperparameters():
 
 
 # --- noise="counter": the optimizer drawing from the counter-based stream in the fused sampling kernel ----------------
+
+def test_counter_noise_is_the_default():
+    """The cheaper noise by default; noise="torch" (ivon-opt's stream) when asked for, as in the cross-checks above."""
+    opt = IVON(mlp().parameters(), lr=0.05, ess=24.0)
+    assert opt.noise == "counter" and "noise_key" in opt.param_groups[0]
+    assert "noise_key" not in IVON(mlp().parameters(), lr=0.05, ess=24.0, noise="torch").param_groups[0]
+
 
 def test_counter_noise_samples_are_block_after_block_of_the_stream():
     """Each `sampled_params` entry of a group takes the next block of `numel` draws of the group's stream, so the
@@ -629,7 +639,7 @@ def test_counter_noise_state_dict_continues_without_the_generator():
         train_step(model2, opt2, x, y, 1)
         assert torch.equal(flat(model2), expected)
 
-    torch_noise = IVON(mlp().parameters(), lr=0.05, ess=24.0)
+    torch_noise = IVON(mlp().parameters(), lr=0.05, ess=24.0, noise="torch")
     with pytest.raises(ValueError, match="noise='torch'"):
         IVON(mlp().parameters(), lr=0.05, ess=24.0, noise="counter").load_state_dict(torch_noise.state_dict())
     with pytest.raises(ValueError, match="noise must be"):
@@ -638,19 +648,31 @@ def test_counter_noise_state_dict_continues_without_the_generator():
 
 # --- parameters as views of one flat buffer (flatten=True) against the copying path (flatten=False) -------------------
 
-def run_both_paths(noise, mc, steps=8, between=None, make=None):
-    """The same training from the same start with flatten=True and flatten=False: per step, the parameters, h and g
-    of each. `between(model, opt, step)` runs between step() and the next sampling (e.g. a write to the parameters)."""
-    x, y = regression_data()
+# What a user sets: the flat path's kernels read only these (None for an absent prior mean or dual, δ one number for
+# a weight decay); the copying path passes full vectors, zeros where absent.
+TERMS = ["prior-and-duals", "weight-decay", "prior-mean-and-weight-decay", "duals"]
+
+
+def ivon_terms(terms):
     g = torch.Generator().manual_seed(4)
     m_p, v = 0.1 * torch.randn(38, generator=g), 0.01 * torch.randn(38, generator=g)
     u = 1e-3 * torch.rand(38, generator=g)
+    return {"prior-and-duals": dict(prior_mean=m_p, prior_precision=torch.linspace(0.5, 2.0, 38), v=v, u=u),
+            "weight-decay": dict(weight_decay=0.01),
+            "prior-mean-and-weight-decay": dict(prior_mean=m_p, weight_decay=0.01),
+            "duals": dict(v=v, u=u)}[terms]
+
+
+def run_both_paths(noise, mc, steps=8, between=None, make=None, terms="prior-and-duals"):
+    """The same training from the same start with flatten=True and flatten=False: per step, the parameters, h and g
+    of each. `between(model, opt, step)` runs between step() and the next sampling (e.g. a write to the parameters);
+    `terms`: one of TERMS."""
+    x, y = regression_data()
     runs = []
     for flatten in (True, False):
         model = make() if make else mlp()
-        opt = IVON(model.parameters(), lr=0.05, ess=24.0, hess_init=0.3, beta2=0.999, mc_samples=mc, prior_mean=m_p,
-                   prior_precision=torch.linspace(0.5, 2.0, 38), v=v, u=u, noise=noise, flatten=flatten,
-                   generator=torch.Generator().manual_seed(5))
+        opt = IVON(model.parameters(), lr=0.05, ess=24.0, hess_init=0.3, beta2=0.999, mc_samples=mc, noise=noise,
+                   flatten=flatten, generator=torch.Generator().manual_seed(5), **ivon_terms(terms))
         trajectory = []
         for t in range(steps):
             train_step(model, opt, x, y, mc)
@@ -668,11 +690,13 @@ def assert_same_trajectories(a, b):
             assert torch.equal(p, q), (step, name, (p - q).abs().max())
 
 
+@pytest.mark.parametrize("terms", TERMS)
 @pytest.mark.parametrize("noise", ["torch", "counter"])
 @pytest.mark.parametrize("mc", [1, 2])
-def test_parameters_become_views_of_one_buffer_and_step_as_the_copying_path(noise, mc):
+def test_parameters_become_views_of_one_buffer_and_step_as_the_copying_path(noise, mc, terms):
     """Same bits as the copying path (which the ivon-opt cross-checks above pin down), with the parameters viewing one
-    buffer throughout, in order, and keeping their values at construction."""
+    buffer throughout, in order, and keeping their values at construction; with every combination of terms the
+    flat path's kernels leave out when absent."""
     model = mlp()
     before = flat(model)
     IVON(model.parameters(), lr=0.05, ess=24.0, noise=noise)
@@ -682,8 +706,11 @@ def test_parameters_become_views_of_one_buffer_and_step_as_the_copying_path(nois
     offsets = [p.storage_offset() for p in params]
     assert offsets == [sum(q.numel() for q in params[:i]) for i in range(len(params))]
 
-    (fast, fast_run), (slow, slow_run) = run_both_paths(noise, mc)
+    (fast, fast_run), (slow, slow_run) = run_both_paths(noise, mc, terms=terms)
     assert fast._flats[0] is not None and slow._flats[0] is None
+    given, kept = ivon_terms(terms), fast._flats[0].terms   # the flat path's kernels get only what was set
+    assert [x is None for x in kept[1:4]] == [name not in given for name in ("prior_mean", "v", "u")]
+    assert kept.delta.dim() == (1 if "prior_precision" in given else 0)
     assert (fast_run[-1][0] - fast_run[0][0]).abs().max() > 1e-3  # it moved
     assert_same_trajectories(fast_run, slow_run)
 

@@ -134,6 +134,25 @@ def test_compiled_update_equals_the_eager_maths(mc_samples, dtype):
             torch.testing.assert_close(a, b, **tol)
 
 
+def test_update_leaves_out_absent_terms_with_the_bits_of_zero_vectors():
+    """prior_mean, v, u None and δ 0-d (the nn.Module optimizer's inputs where its user set no prior or duals) give
+    exactly the numbers of zero vectors and a constant δ vector: x − 0, x + 0 and x − 0·m are x."""
+    for mc_samples in (1, 3):
+        args = random_update_inputs(100, mc_samples, torch.float64)
+        delta = torch.tensor(0.07)
+        full = [*args[:5], delta.expand(100).clone(), *(torch.zeros(100) for _ in range(3)), *args[9:]]
+        absent = [*args[:5], delta, None, None, None, *args[9:]]
+        for a, b in zip(kernels.update_step(*absent), kernels.update_step(*full), strict=True):
+            assert torch.equal(a, b)
+        for name, index in (("prior_mean", 6), ("v", 7), ("u", 8)):   # each left out alone
+            one = list(args)
+            one[index] = torch.zeros(100)
+            alone = list(args)
+            alone[index] = None
+            for a, b in zip(kernels.update_step(*alone), kernels.update_step(*one), strict=True):
+                assert torch.equal(a, b), name
+
+
 @pytest.mark.compiled
 def test_compiled_sampling_equals_the_eager_maths_and_the_stream():
     d, S = 1001, 2

@@ -205,15 +205,15 @@ def _vector(x: Tensor | float | None, like: Tensor) -> Tensor:
 
 class UpdateTerms(NamedTuple):
     """The inputs of steps 2–6 that stay fixed over many steps (a client's whole solve), validated and in the form
-    the fused kernels take: vectors (d,) delta, prior_mean, v, u (zeros where absent); lr 0-d or (d,); 0-d ess,
-    beta1, beta2, clip_radius; and the debias switch with β₁ as a number (the divisor 1 − β₁ᵗ changes every step).
-    Built by `update_terms`; preparing them once instead of every step saves about a dozen tensor conversions and
-    validations per step."""
+    the fused kernels take: vectors (d,) delta, prior_mean, v, u (zeros where absent; with full_vectors=False None
+    where absent and δ 0-d where it is a number); lr 0-d or (d,); 0-d ess, beta1, beta2, clip_radius; and the
+    debias switch with β₁ as a number (the divisor 1 − β₁ᵗ changes every step). Built by `update_terms`; preparing
+    them once instead of every step saves about a dozen tensor conversions and validations per step."""
 
     delta: Tensor
-    prior_mean: Tensor
-    v: Tensor
-    u: Tensor
+    prior_mean: Tensor | None
+    v: Tensor | None
+    u: Tensor | None
     lr: Tensor
     ess: Tensor
     beta1: Tensor
@@ -237,9 +237,15 @@ def update_terms(
     clip_radius: float = math.inf,
     debias: bool = True,
     check: bool = True,
+    full_vectors: bool = True,
 ) -> UpdateTerms:
     """Validate `update`'s fixed inputs for a mean shaped like `like` and convert them once (`UpdateTerms`).
-    check=False skips the elementwise check δ ≥ 0 (see `noise_scale`); the cheap checks always run."""
+    check=False skips the elementwise check δ ≥ 0 (see `noise_scale`); the cheap checks always run.
+
+    full_vectors=True makes δ, prior_mean, v and u vectors (zeros where absent): one compiled kernel for every
+    combination, what the federated solver wants. False keeps prior_mean, v, u None where absent and δ 0-d where it
+    is a number: the kernels skip what is absent (`kernels.update_step`), each combination in a compiled variant
+    of its own, for the nn.Module optimizer whose users mostly set only a weight decay."""
     d = like.numel()
     _check_positive("lr", lr)
     _check_positive("ess", ess)
@@ -252,11 +258,16 @@ def update_terms(
     for name, x in (("prior_mean", prior_mean), ("v", v), ("u", u)):
         _check_vector(name, x, d)
     vec, sca = (lambda x: _vector(x, like)), (lambda x: _scalar(x, like))  # noqa: E731
+    if full_vectors:
+        delta_term, prior_mean, v, u = vec(delta), vec(prior_mean), vec(v), vec(u)
+    else:
+        delta_term = vec(delta) if torch.is_tensor(delta) and delta.dim() > 0 else sca(delta)
+        prior_mean, v, u = (None if x is None else vec(x) for x in (prior_mean, v, u))
     return UpdateTerms(
-        vec(delta),
-        vec(prior_mean),
-        vec(v),
-        vec(u),
+        delta_term,
+        prior_mean,
+        v,
+        u,
         vec(lr) if torch.is_tensor(lr) and lr.dim() > 0 else sca(lr),
         sca(ess),
         sca(beta1),

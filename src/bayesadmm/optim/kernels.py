@@ -16,6 +16,9 @@ for bit (Inductor computes some scalar arithmetic in double precision).
 Every hyperparameter is a tensor, never a Python float (torch.compile treats Python numbers as constants and would
 recompile for every new learning rate), and every per-coordinate quantity is a full vector even where it is constant
 (one compiled kernel per dtype, sample count 1 or more and scalar or vector lr, rather than one per combination).
+The exception is `update_step`'s prior mean and duals, which may be None, and its δ, which may be 0-d: the
+nn.Module optimizer passes them so where its user set no prior or duals, in a compiled variant of its own that reads
+four fewer model-sized vectors per step.
 """
 
 from __future__ import annotations
@@ -263,9 +266,9 @@ def update_step(
     grads: Tensor,
     eps: Tensor,
     delta: Tensor,
-    prior_mean: Tensor,
-    v: Tensor,
-    u: Tensor,
+    prior_mean: Tensor | None,
+    v: Tensor | None,
+    u: Tensor | None,
     lr: Tensor,
     ess: Tensor,
     beta1: Tensor,
@@ -273,16 +276,27 @@ def update_step(
     debias: Tensor,
     clip_radius: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Steps 2–6 of IVON (optim/ivon.py's docstring): the new (m, h, g). Vectors (d,): mean, hess, momentum, delta,
+    """Steps 2–6 of IVON (optim/ivon.py's docstring): the new (m, h, g). Vectors (d,): mean, hess, momentum,
     prior_mean, v, u; samples (S, d): grads, eps; 0-d: ess, beta1, beta2, debias (the divisor 1 − β₁ᵗ, 1: off) and
-    clip_radius (inf: no clipping); lr 0-d or (d,)."""
+    clip_radius (inf: no clipping); delta and lr 0-d or (d,).
+
+    prior_mean, v or u None: m_p = 0, v = 0 or u = 0, with their terms left out rather than computed on zeros (the
+    same numbers: x − 0, x + 0 and x − 0·m are x), so a compiled variant for them reads no vector for them. The
+    federated solver passes all three as vectors; the nn.Module optimizer passes what its user set."""
     curvature = hess + delta
     g_hat = grads.mean(dim=0)
     # (θ − m)/σ² = ε/σ = ε·sqrt(ess (h + δ)): no division by the rounded σ, no re-derivation of θ − m
-    h_hat = (grads * eps).mean(dim=0) * torch.sqrt(ess * curvature) - u
+    h_hat = (grads * eps).mean(dim=0) * torch.sqrt(ess * curvature)
+    if u is not None:
+        h_hat = h_hat - u
     new_momentum = beta1 * momentum + (1.0 - beta1) * g_hat
     new_hess = beta2 * hess + (1.0 - beta2) * h_hat + 0.5 * (1.0 - beta2) ** 2 * (hess - h_hat) ** 2 / curvature
-    direction = new_momentum / debias + delta * (mean - prior_mean) + v - u * mean
+    # (ḡ + δ∘(m − m_p)) + v − u∘m, summed in this order whichever terms are present
+    direction = new_momentum / debias + delta * (mean if prior_mean is None else mean - prior_mean)
+    if v is not None:
+        direction = direction + v
+    if u is not None:
+        direction = direction - u * mean
     # the new h is used in the preconditioner, as in Shen et al. (and ivon-opt)
     ratio = (direction / (new_hess + delta)).clamp(-clip_radius, clip_radius)
     return mean - lr * ratio, new_hess, new_momentum
@@ -333,9 +347,9 @@ def update_step_(
     grads: Tensor,
     eps: Tensor,
     delta: Tensor,
-    prior_mean: Tensor,
-    v: Tensor,
-    u: Tensor,
+    prior_mean: Tensor | None,
+    v: Tensor | None,
+    u: Tensor | None,
     lr: Tensor,
     ess: Tensor,
     beta1: Tensor,
@@ -343,7 +357,7 @@ def update_step_(
     debias: Tensor,
     clip_radius: Tensor,
 ) -> None:
-    """`update_step` with the new (m, h, g) written into mean, hess and momentum."""
+    """`update_step` with the new (m, h, g) written into mean, hess and momentum (None terms: as there)."""
     new = update_step(
         mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias, clip_radius
     )
