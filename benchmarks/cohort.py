@@ -2,7 +2,7 @@
 alternately in one process, for 10, 100 and 1000 clients over the same FashionMNIST training set.
 
     python benchmarks/cohort.py [--method fedavg] [--clients 10 100 1000] [--fraction 1.0] [--repeats 3]
-                                [--cohort-size 64 [256 ...]] [--device cpu] [--threads N]
+                                [--cohort-size 32 [64 ...]] [--device cpu] [--threads N]
 
 For each number of clients K, the training set (a `--fraction` of FashionMNIST's 60,000 images; random images of the
 same shape where the files are absent, which changes no timing) is split into K equal clients of the papers' MLP
@@ -18,9 +18,9 @@ and 2·B·(P − P₁) for the gradients of the hidden layers' inputs (the image
 P₁ = 156,800 of them in the first layer: 24.1 MFLOP (biases and elementwise work left out, so the bound is
 optimistic), at the GFLOP/s of `torch.bmm` on a cohort's stacked first-layer products.
 
-Scale (after the table): the cohort runner's time per local step at each K against the smallest K's, as the
-overhead per client in local steps, (t_K / steps_K − t_k / steps_k) · steps_K / K / (t_k / steps_k): what each
-client costs beyond its local steps as the same data is cut into more, smaller clients.
+Scale (after the table, for each cohort size): the cohort runner's time per local step at each K against the
+smallest K's, as the overhead per client in local steps, (t_K / steps_K − t_k / steps_k) · steps_K / K /
+(t_k / steps_k): what each client costs beyond its local steps as the same data is cut into more, smaller clients.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--fraction", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cohort-size", type=int, nargs="+", default=[64])
+    parser.add_argument("--cohort-size", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for the process (0: torch's)")
     args = parser.parse_args()
@@ -102,7 +102,7 @@ def main() -> None:
     weights, first_layer = 784 * 200 + 200 * 100 + 100 * 10, 784 * 200
     # forward, weights' gradients, hidden layers' input gradients
     step_flops = 2 * BATCH * (2 * weights + weights - first_layer)
-    per_step: dict[int, tuple[float, int]] = {}  # K → (cohort seconds per round at the largest size given, steps)
+    per_step: dict[int, dict[int, tuple[float, int]]] = {}  # cohort size → K → (cohort seconds per round, steps)
     print(
         f"{args.method}, {what}: {len(y)} examples, 1 epoch, batch {BATCH}, device {args.device}, "
         f"{torch.get_num_threads()} threads (per-client runner: 1), cohorts of {args.cohort_size}, "
@@ -149,13 +149,14 @@ def main() -> None:
                 f"{overhead:.2f} cohort steps per client; bmm {gflops:.1f} GFLOP/s, round / its arithmetic at that "
                 f"rate {cohort / (flops / gflops / 1e9):.2f}"
             )
-            per_step[k] = (cohort, steps)
-    if len(per_step) > 1:
-        base_k = min(per_step)
-        base = per_step[base_k][0] / per_step[base_k][1]
-        size = args.cohort_size[-1]
+            per_step.setdefault(size, {})[k] = (cohort, steps)
+    for size, rounds in per_step.items():
+        if len(rounds) < 2:
+            continue
+        base_k = min(rounds)
+        base = rounds[base_k][0] / rounds[base_k][1]
         print(f"scale (cohorts of {size}): overhead per client beyond its local steps, against K={base_k}")
-        for k, (seconds, steps) in sorted(per_step.items()):
+        for k, (seconds, steps) in sorted(rounds.items()):
             overhead = (seconds / steps - base) * steps / k / base
             print(f"  K={k:5d}: {seconds / steps * 1e3:.3f} ms per local step, {overhead:+.2f} local steps per client")
 

@@ -30,11 +30,12 @@ products, workers idle), and the median over the rounds: a virtual machine's spe
 minutes, and the per-round limit drifts
 with it, so this column is the one to compare across runs.
 With more than one worker count, each speed-up is printed beside what the machine leaves room for: workers × balance /
-contention (an estimate: both timings can vary by ±15 % from run to run on a shared machine). `balance` is how evenly the pool's
-static assignment spreads the round's local steps (total / (workers × the busiest worker's steps); unequal clients
-cannot always be split evenly). `contention` is measured in the same run: the largest client's update timed in one
-process alone, then in as many processes at once as there are workers (the same update in each); the ratio is what the
-machine's shared caches and memory bandwidth take from each worker, which no scheduling of ours can win back.
+contention (an estimate: both timings can vary by ±15 % from run to run on a shared machine). `balance` is how
+evenly the pool's static assignment spreads the round's local steps (total / (workers × the busiest worker's
+steps); unequal clients cannot always be split evenly). `contention` is measured in the same run: the
+largest client's update timed in one process alone, then in as many processes at once as there are workers (the same
+update in each); the ratio is what the machine's shared caches and memory bandwidth take from each worker, which no
+scheduling of ours can win back.
 `state MB`: the size of that checkpoint on disk (server and client states). `peak MB`: the peak resident memory of the
 process plus that of each worker (each counts the shared training set).
 """

@@ -33,15 +33,18 @@ from bayesadmm.engine.workers import LocalClients, fixed_cohorts, one_thread
 from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
 
 # clients per batched computation: bounds the memory of the stacked states (about 10 model-sized vectors per client
-# for IVON); in benchmarks/cohort.py cohorts of 64 were faster than of 256 at 100 and 1000 clients
+# for IVON); in benchmarks/cohort.py cohorts of 64 were faster than of 256 at 100 and 1000 clients on a CPU (and 32
+# than 64 for the papers' MLP, whose (64, d) matrices pass glibc's 32 MB limit above which every allocation is fresh
+# pages from the kernel)
 DEFAULT_COHORT = 64
 
 
 def automatic_cohort(clients: int, workers: int, device: str = "cpu") -> int:
     """The cohort size of `cohort=0`. On a CPU 1, one client at a time: with a worker per core the per-client pool
-    was faster than cohorts in every layout measured (`python benchmarks/runners.py`, docs/performance.md), and its
-    numbers do not depend on the number of workers. On another device each worker's share of the clients as one
-    cohort, at most `DEFAULT_COHORT`: small per-client computations leave a GPU idle, a batched one does not."""
+    was the faster on 10 clients, and cohorts gained on 100 clients for FedAvg (1.35x) but hardly for IVON-ADMM
+    (`python benchmarks/runners.py`, docs/performance.md), so no one size is the faster there. On another device
+    each worker's share of the clients as one cohort, at most `DEFAULT_COHORT`: small per-client computations leave
+    a GPU idle, a batched one does not."""
     if torch.device(device).type == "cpu":
         return 1
     return max(1, min(DEFAULT_COHORT, math.ceil(clients / max(workers, 1))))
