@@ -44,6 +44,7 @@ def _sweep(out: Path, data_dir: Path, *extra: str) -> list[str]:
     return ["sweep", "fmnist-heterog10", *axes, "--out", str(out), "--quiet", "--rounds", "2"]
 
 
+@pytest.mark.slow  # four sweeps, each starting its runs as child processes
 def test_a_finished_sweep_repeats_nothing(tmp_path, data_dir, capsys):
     out = tmp_path / "sweep"
     assert cli.main(_sweep(out, data_dir, "rounds=2")) == 0

@@ -60,6 +60,7 @@ def test_the_test_command_runs_the_whole_schedule_on_the_test_set(tmp_path, data
     assert not any(w.startswith(("stop_at=", "validation=")) for w in words)
 
 
+@pytest.mark.slow  # a tune in a child process, killed and started again
 def test_a_killed_tune_goes_on_from_the_cut_off_trials_checkpoint(tmp_path, data_dir):
     out = tmp_path / "tune"
     script = textwrap.dedent(
