@@ -135,6 +135,7 @@ def test_states_fetched_from_two_workers_are_the_bits_of_one_process(tmp_path, c
 # --- checkpoints and resume ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # runs with worker processes, killed and resumed
 @needs_fmnist
 def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_checkpoint(tmp_path, monkeypatch):
     """Workers write round 2's shards, then the process dies before checkpoint.pt names them: resume must use round
@@ -165,6 +166,7 @@ def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_che
                                                                            f"{SHARDS}/r000003-w1.pt"]
 
 
+@pytest.mark.slow  # five runs, four of them with worker processes
 @needs_fmnist
 def test_resume_with_another_number_of_workers(tmp_path):
     """A run checkpointed by two workers (shards) resumed in one process, and the other way round: both give the
