@@ -87,17 +87,16 @@ def precompile(
             overrides = [f"method={method}", "rounds=2", f"data_fraction={data_fraction}", "workers=1"]
             overrides += [f"data_dir={data_dir}"] if data_dir else []
             overrides += ["epochs=1"] if "epochs" in method_parameters(method) else []
-            config, _ = resolve(scenario, overrides)
-            built = build(config)
-            model, clients = built.federation.model, built.federation.clients
-            if built.algorithm().local is None:
-                report(f"precompile: {method}: skipped (trains without a cohort solver)")
-                continue
             for cohort in cohorts:
                 start = time.perf_counter()
                 out = Path(scratch) / f"{method}-{cohort}"
-                cohort_config, _ = resolve(scenario, [*overrides, f"cohort={cohort}", f"out={out}"])
-                run(cohort_config, progress=False)
+                config, _ = resolve(scenario, [*overrides, f"cohort={cohort}", f"out={out}"])
+                built = build(config)
+                model, clients = built.federation.model, built.federation.clients
+                if built.algorithm().local is None:
+                    report(f"precompile: {method}: skipped (trains without a cohort solver)")
+                    break
+                run(config, progress=False, built=built)
                 report(f"precompile: {method}, cohort={cohort}: {time.perf_counter() - start:.1f} s")
         if model is not None:
             start = time.perf_counter()
