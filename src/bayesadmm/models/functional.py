@@ -9,6 +9,7 @@ and offsets ``o_j = Σ_{i<j} n_i`` (so ``d = Σ_j n_j``):
     unflatten(θ)             = {name_j: θ[o_j : o_j + n_j].view(shape_j)}       (views, no copies)
     forward(θ, X)            = f(X; unflatten(θ))                               (torch.func.functional_call)
     forward_batched(Θ, X)[s] = forward(Θ[s], X)                                 (torch.func.vmap over the rows of Θ)
+    batched_gradients(Θ, X, L)[s] = ∂L(F)/∂Θ[s],  F[s] = forward(Θ[s], X[s])     (models.batched)
 
 ``forward`` is an ordinary function of ``θ``, so ``autograd``, ``torch.func.grad`` and ``vmap`` all apply to it
 directly.  The module is only a template of the computation: it lives on the ``meta`` device, so a forward pass that
@@ -36,6 +37,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.nn import functional as F
 
+from bayesadmm.models import batched
+
 __all__ = ["FlatModel", "mean_nll"]
 
 
@@ -43,20 +46,34 @@ def _identity(x: Tensor) -> Tensor:
     return x
 
 
-# the elementwise activations the plan runs as nn.Module.forward does (inplace variants are left to functional_call);
-# module-level functions, so that a FlatModel with its plan still pickles for the worker processes
-_ACTIVATION_FNS: dict[type[nn.Module], Callable[[Tensor], Tensor]] = {
-    nn.Sigmoid: torch.sigmoid,
-    nn.Tanh: torch.tanh,
-    nn.ReLU: F.relu,
-    nn.Identity: _identity,
+def _sigmoid_backward(delta: Tensor, out: Tensor) -> Tensor:
+    return torch.ops.aten.sigmoid_backward(delta, out)
+
+
+def _tanh_backward(delta: Tensor, out: Tensor) -> Tensor:
+    return torch.ops.aten.tanh_backward(delta, out)
+
+
+def _relu_backward(delta: Tensor, out: Tensor) -> Tensor:
+    return torch.ops.aten.threshold_backward(delta, out, 0)
+
+
+# the elementwise activations the plan runs as nn.Module.forward does (inplace variants are left to functional_call),
+# each with the gradient of its input from its output's gradient and its output (autograd's own kernels; None for
+# the identity) for `models.batched`; module-level functions, so that a FlatModel with its plan still pickles for
+# the worker processes
+_ACTIVATION_FNS: dict[type[nn.Module], tuple[Callable[[Tensor], Tensor], Callable[[Tensor, Tensor], Tensor] | None]] = {
+    nn.Sigmoid: (torch.sigmoid, _sigmoid_backward),
+    nn.Tanh: (torch.tanh, _tanh_backward),
+    nn.ReLU: (F.relu, _relu_backward),
+    nn.Identity: (_identity, None),
 }
 
 
 def _sequential_plan(module: nn.Module, names: list[str]) -> tuple | None:
     """For an nn.Sequential of Flatten, Linear and the activations above: one step per layer, ("flatten", start,
-    end), ("linear", weight slot, bias slot or None) or ("act", fn), with slots indexing `names` (the parameters in
-    named_parameters() order). None for anything else, which then runs through functional_call."""
+    end), ("linear", weight slot, bias slot or None) or ("act", fn, its backward or None), with slots indexing `names`
+    (the parameters in named_parameters() order). None for anything else, which then runs through functional_call."""
     if type(module) is not nn.Sequential:
         return None
     plan: list[tuple] = []
@@ -68,7 +85,7 @@ def _sequential_plan(module: nn.Module, names: list[str]) -> tuple | None:
             bias = names.index(f"{key}.bias") if layer.bias is not None else None
             plan.append(("linear", names.index(f"{key}.weight"), bias))
         elif kind in _ACTIVATION_FNS and not getattr(layer, "inplace", False):
-            plan.append(("act", _ACTIVATION_FNS[kind]))
+            plan.append(("act", *_ACTIVATION_FNS[kind]))
         else:
             return None
     return tuple(plan)
@@ -199,6 +216,26 @@ class FlatModel:
             shape = tuple(thetas.shape) if isinstance(thetas, Tensor) else type(thetas).__name__
             raise ValueError(f"thetas must have shape (S, {self.dim}), got {shape}")
         return vmap(self.forward, in_dims=(0, None))(thetas, X)
+
+    def batched_gradients(
+        self, thetas: Tensor, X: Tensor, loss: Callable[[Tensor], Tensor], out: Tensor | None = None
+    ) -> Tensor:
+        """``∂ loss(F) / ∂Θ`` of shape ``(S, d)`` for ``S`` parameter vectors ``thetas (S, d)``, each on its own
+        inputs: ``F[s] = forward(thetas[s], X[s])`` with ``X`` of shape ``(S, N, ...)``, and ``loss`` a scalar sum of
+        terms of one row of ``F`` each, so that row ``s`` is the gradient of row ``s``'s term (a cohort's clients'
+        minibatch gradients). A plan-run model writes the gradients into ``out`` (S, d) where given, by batched
+        matrix products and its written-out backward pass; any other model uses autograd through ``vmap``
+        (``models.batched``)."""
+        if thetas.dim() != 2 or thetas.shape[1] != self.dim or X.shape[0] != thetas.shape[0]:
+            raise ValueError(
+                f"thetas must have shape (S, {self.dim}) and X (S, N, ...); got {tuple(thetas.shape)}, {tuple(X.shape)}"
+            )
+        if self._plan is None:
+            return batched.vmap_gradients(self.forward, thetas, X, loss)
+        if out is None:
+            out = torch.empty_like(thetas)
+        sizes, shapes = [slot.numel for slot in self._slots], [slot.shape for slot in self._slots]
+        return batched.plan_gradients(self._plan, sizes, shapes, thetas, X, loss, out)
 
 
 def mean_nll(model: FlatModel, theta: Tensor, X: Tensor, y: Tensor) -> Tensor:

@@ -1,0 +1,93 @@
+r"""Gradients of many parameter vectors at once: what a cohort of clients needs at each local step.
+
+Given ``S`` parameter vectors ``Θ (S, d)``, inputs ``X (S, B, ...)`` (row ``s``'s own minibatch) and a loss of all
+the outputs ``L(F)``, ``F[s] = f(X[s]; Θ[s])``, that sums terms of one row each, ``batched_gradients`` returns the
+``(S, d)`` matrix whose row ``s`` is ``∂L/∂Θ[s]``: each client's gradient of its own loss.
+
+Two routes. Any model: autograd through ``vmap`` of the model's forward pass over the rows. A ``FlatModel`` run from
+its plan (``Flatten``, ``Linear`` and elementwise activations, see ``models.functional``): the forward pass as batched
+matrix products on views of ``Θ`` and the backward pass written out, each layer's weight gradient computed straight
+into its block of the output matrix. Autograd is then used only for ``∂L/∂F`` (any likelihood), and the per-step
+costs of the generic route go: vmap's batching of every operation, and the copy that assembles the flat gradient from
+the layers' pieces. For the papers' MLP in cohorts of 16 the written-out route takes about 0.8 of vmap's time per step
+(``python benchmarks/cohort.py``, docs/performance.md). The two routes agree to rounding (tests/models/test_batched.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch.func import vmap
+
+__all__ = ["plan_gradients", "vmap_gradients"]
+
+
+def vmap_gradients(
+    forward: Callable[[Tensor, Tensor], Tensor], thetas: Tensor, X: Tensor, loss: Callable[[Tensor], Tensor]
+) -> Tensor:
+    """Any model: ``∂ loss(vmap(forward)(Θ, X)) / ∂Θ`` by autograd, a new (S, d) tensor."""
+    leaf = thetas.detach().requires_grad_()
+    with torch.enable_grad():
+        (gradient,) = torch.autograd.grad(loss(vmap(forward)(leaf, X)), leaf)
+    return gradient
+
+
+def plan_gradients(
+    plan: Sequence[tuple],
+    sizes: Sequence[int],
+    shapes: Sequence[torch.Size],
+    thetas: Tensor,
+    X: Tensor,
+    loss: Callable[[Tensor], Tensor],
+    out: Tensor,
+) -> Tensor:
+    """A plan-run FlatModel (its ``_plan``, parameter sizes and shapes): the gradients written into ``out`` (S, d),
+    which is returned."""
+    count = thetas.shape[0]
+    offsets = [0]
+    for size in sizes[:-1]:
+        offsets.append(offsets[-1] + size)
+
+    def block(matrix: Tensor, slot: int) -> Tensor:  # parameter `slot` of every row, (S, *shape): a view
+        return matrix[:, offsets[slot] : offsets[slot] + sizes[slot]].view(count, *shapes[slot])
+
+    if X.is_floating_point() and X.dtype != thetas.dtype:
+        X = X.to(thetas.dtype)
+    trail: list[tuple] = []  # what the backward pass needs of each step, in forward order
+    h = X
+    for step in plan:
+        if step[0] == "linear":
+            weight, flat_in = block(thetas, step[1]), h.reshape(count, -1, h.shape[-1])
+            z = torch.bmm(flat_in, weight.transpose(1, 2))
+            if step[2] is not None:  # (a separate add_ is a little faster than baddbmm on a CPU)
+                z.add_(block(thetas, step[2]).unsqueeze(1))
+            trail.append((step, flat_in, h.shape))
+            h = z.view(*h.shape[:-1], z.shape[-1])
+        elif step[0] == "act":
+            h = step[1](h)
+            trail.append((step, h, None))
+        else:  # flatten: the plan's dims are of one example's batch, one more leading dim here
+            start, end = step[1], step[2]
+            trail.append((step, None, h.shape))
+            h = h.flatten(start + 1 if start >= 0 else start, end + 1 if end >= 0 else end)
+    outputs = h.detach().requires_grad_()
+    with torch.enable_grad():
+        (delta,) = torch.autograd.grad(loss(outputs), outputs)
+    first_linear = next(i for i, (step, _, _) in enumerate(trail) if step[0] == "linear")
+    for i in range(len(trail) - 1, first_linear - 1, -1):
+        step, saved, shape = trail[i]
+        if step[0] == "linear":
+            flat_delta = delta.reshape(count, -1, delta.shape[-1])
+            torch.bmm(flat_delta.transpose(1, 2), saved, out=block(out, step[1]))
+            if step[2] is not None:
+                torch.sum(flat_delta, dim=1, out=block(out, step[2]))
+            if i > first_linear:  # the images need no gradient
+                delta = torch.bmm(flat_delta, block(thetas, step[1])).view(shape)
+        elif step[0] == "act":
+            if step[2] is not None:  # the activation's backward from its output (None: the identity)
+                delta = step[2](delta, saved)
+        else:
+            delta = delta.reshape(shape)
+    return out

@@ -1,0 +1,74 @@
+"""`FlatModel.batched_gradients`: row s of the result is the gradient of row s's own loss, by either route (the
+written-out backward pass of plan-run models, autograd through vmap for any other), in float64 to 1e-12."""
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from bayesadmm.models import FlatModel
+
+ROWS, BATCH, CLASSES = 4, 6, 3
+
+
+class _Residual(nn.Module):  # not a Sequential: runs through functional_call and the vmap route
+    def __init__(self):
+        super().__init__()
+        self.inner, self.outer = nn.Linear(5, 5), nn.Linear(5, CLASSES)
+
+    def forward(self, x):
+        return self.outer(x + torch.tanh(self.inner(x)))
+
+
+NETS = {
+    "sigmoid": (lambda: nn.Sequential(nn.Linear(5, 7), nn.Sigmoid(), nn.Linear(7, 4), nn.Sigmoid(),
+                                      nn.Linear(4, CLASSES)), (5,)),
+    "tanh-no-bias": (lambda: nn.Sequential(nn.Linear(5, 7, bias=False), nn.Tanh(), nn.Linear(7, CLASSES)), (5,)),
+    "relu-identity": (lambda: nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Identity(), nn.Linear(7, CLASSES)), (5,)),
+    "flatten-images": (lambda: nn.Sequential(nn.Flatten(), nn.Linear(12, 6), nn.ReLU(), nn.Linear(6, CLASSES)),
+                       (1, 3, 4)),
+    "logistic": (lambda: nn.Sequential(nn.Linear(5, CLASSES)), (5,)),
+    "residual": (_Residual, (5,)),
+}
+
+
+def _loss(outputs, y):  # Σ over rows of each row's mean cross-entropy
+    return sum(F.cross_entropy(outputs[s], y[s]) for s in range(outputs.shape[0]))
+
+
+@pytest.mark.parametrize("name", sorted(NETS))
+def test_each_row_is_the_gradient_of_its_own_loss(name):
+    build, shape = NETS[name]
+    model = FlatModel(build)
+    assert (model._plan is None) == (name == "residual")  # both routes are exercised
+    gen = torch.Generator().manual_seed(0)
+    thetas = torch.randn(ROWS, model.dim, generator=gen, dtype=torch.float64)
+    X = torch.randn(ROWS, BATCH, *shape, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, CLASSES, (ROWS, BATCH), generator=gen)
+    out = torch.full_like(thetas, float("nan"))
+    got = model.batched_gradients(thetas, X, lambda outputs: _loss(outputs, y), out=out)
+    for s in range(ROWS):
+        theta = thetas[s].clone().requires_grad_()
+        (expected,) = torch.autograd.grad(F.cross_entropy(model.forward(theta, X[s]), y[s]), theta)
+        torch.testing.assert_close(got[s], expected, rtol=1e-12, atol=1e-12)
+    if model._plan is not None:  # written in place, every coordinate
+        assert got.data_ptr() == out.data_ptr() and bool(torch.isfinite(out).all())
+
+
+def test_float32_images_are_computed_in_the_parameters_dtype():
+    model = FlatModel(NETS["flatten-images"][0])
+    thetas = torch.randn(2, model.dim, dtype=torch.float64)
+    X, y = torch.rand(2, BATCH, 1, 3, 4), torch.randint(0, CLASSES, (2, BATCH))
+    got = model.batched_gradients(thetas, X, lambda outputs: _loss(outputs, y))
+    assert got.dtype == torch.float64
+    theta = thetas[1].clone().requires_grad_()
+    (expected,) = torch.autograd.grad(F.cross_entropy(model.forward(theta, X[1]), y[1]), theta)
+    torch.testing.assert_close(got[1], expected)
+
+
+def test_shapes_that_do_not_match_are_refused():
+    model = FlatModel(NETS["logistic"][0])
+    with pytest.raises(ValueError, match="thetas must have shape"):
+        model.batched_gradients(torch.zeros(2, model.dim + 1), torch.zeros(2, BATCH, 5), lambda o: o.sum())
+    with pytest.raises(ValueError, match="thetas must have shape"):
+        model.batched_gradients(torch.zeros(2, model.dim), torch.zeros(3, BATCH, 5), lambda o: o.sum())
