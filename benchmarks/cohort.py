@@ -9,14 +9,15 @@ same shape where the files are absent, which changes no timing) is split into K 
 (784-200-100-10), and one round of `--method` (every client, one epoch, minibatches of 32) is trained by
 `LocalClients` (one client after the other, one thread each, as the engine's one-process runner) and by
 `CohortClients` (`--cohort-size` clients per batched computation; on torch's threads, or on one with --threads 1),
-alternately, `--repeats` times from the same broadcast. Printed per K (medians): seconds per round of each runner and
-their ratio; the total number of local steps and the time per local step; the per-client runner's overhead per
-client (its round time above its steps at the cohort runner's pace, in cohort steps); and the cohort round's time
-over what its arithmetic needs at the batched matrix-product throughput measured in the same run. The arithmetic of
-one local step on a minibatch of B = 32: 2·B·P floating-point operations forward, 2·B·P for the weights' gradients
-and 2·B·(P − P₁) for the gradients of the hidden layers' inputs (the images need none), with P = 177,800 weights and
-P₁ = 156,800 of them in the first layer: 24.1 MFLOP (biases and elementwise work left out, so the bound is
-optimistic), at the GFLOP/s of `torch.bmm` on a cohort's stacked first-layer products.
+alternately, `--repeats` times from the same broadcast and client states, after a whole round of each as warm-up.
+Printed per K (medians): seconds per round of each runner and their ratio; the total number of local steps and the
+time per local step; the per-client runner's overhead per client (its round time above its steps at the cohort
+runner's pace, in cohort steps); and the cohort round's time over what its arithmetic needs at the batched matrix-
+product throughput measured in the same run. The arithmetic of one local step on a minibatch of B = 32: 2·B·P
+floating-point operations forward, 2·B·P for the weights' gradients and 2·B·(P − P₁) for the gradients of the hidden
+layers' inputs (the images need none), with P = 177,800 weights and P₁ = 156,800 of them in the first layer: 24.1
+MFLOP (biases and elementwise work left out, so the bound is optimistic), at the GFLOP/s of `torch.bmm` on a cohort's
+stacked first-layer products.
 
 Scale (after the table, for each cohort size): the cohort runner's time per local step at each K against the
 smallest K's, as the overhead per client in local steps, (t_K / steps_K − t_k / steps_k) · steps_K / K /
@@ -120,12 +121,13 @@ def main() -> None:
             runners[f"cohort-{size}"] = CohortClients(algorithm, clients, 0, size, single_thread=single)
         message = algorithm.broadcast(server)
         chosen = sorted(clients)
-        for runner in runners.values():
+        for runner in runners.values():  # warm-up: a whole round, so that every kernel variant is compiled
             runner.start(server)
-            runner.train(1, message, chosen[: min(k, 4)])  # warm-up (and compilation)
+            runner.train(1, message, chosen)
         times: dict[str, list[float]] = {name: [] for name in runners}
         for _ in range(args.repeats):
             for name, runner in runners.items():
+                runner.start(server)  # every repeat from the same client states
                 _sync(args.device)
                 began = time.perf_counter()
                 runner.train(1, message, chosen)

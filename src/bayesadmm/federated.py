@@ -141,8 +141,9 @@ def run(
         stop_at: stop after this round, keeping the schedule of `rounds` (0: run all rounds).
         cohort: train a round's clients that many at a time as one batched computation where the method's local
             solver allows it (Adam and IVON), in this process or in each worker; the per-client numbers up to
-            rounding. 0: automatic (one client at a time on a CPU, where that was faster; cohorts of each worker's
-            clients, at most 64, on a GPU); 1: one client at a time.
+            rounding. 0: automatic (on a CPU the clients spread over the cores, at most 16 a cohort for Adam and
+            one client at a time for IVON, where batching is no faster; each worker's clients, at most 64, on a
+            GPU); 1: one client at a time.
         out: the run directory (default: a new `runs/run-<date-time>`).
         resume: continue the checkpoint in `out`, called with the same arguments; the numbers are those an
             uninterrupted run would have.

@@ -63,7 +63,9 @@ class LocalStep(NamedTuple):
 class CohortSolver(Protocol):
     """A local solver that solves one client's problem (`solve_problem`) or a cohort's (`solve_cohort`: the problems,
     stacked data (`solvers.cohort.StackedClients`) and generators of several clients; results in the same order, each
-    as `solve_problem` gives it up to rounding)."""
+    as `solve_problem` gives it up to rounding). Optional: `cpu_cohort`, the most clients a cohort holds on a CPU
+    where the run leaves the size to the engine (`engine.cohort.automatic_cohort`; 1, the default, where batching
+    the clients is not faster there)."""
 
     def solve_problem(self, problem: Any, data: Any, generator: torch.Generator) -> Any: ...
 

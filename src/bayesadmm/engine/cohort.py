@@ -15,13 +15,15 @@ cohort round on several threads of busy cores can take many times as long as on 
 `python benchmarks/cohort.py` with and without --threads 1).
 
 Results equal `LocalClients`'s up to rounding, not bit for bit, so a run with cohorts does not reproduce the bits of
-one without (or of a `ClientPool`); `client_runner` uses cohorts only when asked (`cohort_size`).
+one without; `client_runner` uses cohorts when asked (`cohort_size`; the engine's `cohort=0` asks for
+`automatic_cohort`'s size).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,15 +41,20 @@ from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
 DEFAULT_COHORT = 64
 
 
-def automatic_cohort(clients: int, workers: int, device: str = "cpu") -> int:
-    """The cohort size of `cohort=0`. On a CPU 1, one client at a time: with a worker per core the per-client pool
-    was the faster on 10 clients, and cohorts gained on 100 clients for FedAvg (1.35x) but hardly for IVON-ADMM
-    (`python benchmarks/runners.py`, docs/performance.md), so no one size is the faster there. On another device
-    each worker's share of the clients as one cohort, at most `DEFAULT_COHORT`: small per-client computations leave
-    a GPU idle, a batched one does not."""
-    if torch.device(device).type == "cpu":
+def automatic_cohort(clients: int, workers: int, device: str = "cpu", algorithm: Algorithm | None = None) -> int:
+    """The cohort size of `cohort=0`. On a CPU, for an algorithm whose local solver batches: the clients spread over
+    the machine's cores, at most the solver's `cpu_cohort` (16 for Adam, 1 for IVON: `benchmarks/cohort.py` measured
+    cohorts of Adam steps 1.3-1.6x faster than one client at a time, and IVON's no faster), so that each core's
+    worker gets at least one cohort. The size depends on the clients and the machine, not on `workers`: the same
+    clients are batched together, and a run gives the same bits, for any number of workers. Without an algorithm
+    (or one that does not batch) 1. On another device each worker's share of the clients as one cohort, at most
+    `DEFAULT_COHORT`: small per-client computations leave a GPU idle, a batched one does not."""
+    if torch.device(device).type != "cpu":
+        return max(1, min(DEFAULT_COHORT, math.ceil(clients / max(workers, 1))))
+    if algorithm is None or algorithm.local is None:
         return 1
-    return max(1, min(DEFAULT_COHORT, math.ceil(clients / max(workers, 1))))
+    limit = int(getattr(algorithm.local.solver, "cpu_cohort", 1))
+    return max(1, min(limit, math.ceil(clients / (os.cpu_count() or 1))))
 
 
 def cohort_rows(algorithm: Algorithm, clients: Mapping[int, Any], source: Any = None) -> ClientRows | None:

@@ -96,7 +96,8 @@ class Settings:
     `workers`: client updates in that many processes (0: one per core on the CPU, one on a GPU), same numbers for any
     count. `cohort`: train a round's clients that many at a time as one batched computation where the method's local
     solver allows it (`engine.cohort`), the per-client numbers up to rounding; 1: one client at a time; 0:
-    `automatic_cohort`'s size (one at a time on a CPU, where that was faster; each worker's clients on a GPU).
+    `automatic_cohort`'s size (on a CPU the clients spread over the cores, at most 16 for Adam and 1 for IVON, where
+    batching is no faster; each worker's clients on a GPU).
     `stop_at`: stop after that round with the schedule of `rounds` (0: run all). `checkpoint_every`: write the
     checkpoint every N rounds (and after the last)."""
 
@@ -320,7 +321,7 @@ def _run_locked(
     workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
     ids = sorted(federation.clients.sizes)
     workers = min(workers, len(participants(ids, settings.participation, settings.seed, 1)))
-    cohort_size = settings.cohort or automatic_cohort(len(ids), workers, settings.device)
+    cohort_size = settings.cohort or automatic_cohort(len(ids), workers, settings.device, algorithm)
     layout = {"workers": workers, "cohort": cohort_size} if runner is None else {}
     record_environment(run_dir, settings.device, start, layout)
     history = _read_metrics(metrics_path, start)

@@ -49,8 +49,8 @@ class RunConfig:
     workers: int = 0  # client updates in parallel processes (0: one per core on the CPU, 1 on a
     # GPU; results identical for any number)
     checkpoint_every: int = 1  # write checkpoint.pt every this many rounds (and after the last)
-    cohort: int = 0  # train a round's clients this many at a time as one batched computation (0: automatic: one
-    # at a time on a CPU, each worker's clients on a GPU; 1: one at a time; engine.cohort)
+    cohort: int = 0  # train a round's clients this many at a time as one batched computation (0: automatic: on
+    # a CPU up to 16 for Adam, 1 for IVON; each worker's clients on a GPU; 1: one at a time; engine.cohort)
     data_dir: str = ""
     out: str = ""  # run directory (default runs/<scenario>-<method>-s<seed>)
     log: str = ""  # also send each round's metrics to: tensorboard, mlflow or both ("tensorboard,mlflow")

@@ -19,7 +19,7 @@ import math
 import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -61,6 +61,9 @@ class LocalAdam:
     epochs: int = 1
     batch_size: int = 32
     weight_decay: float = 0.0
+    # clients per cohort where the engine chooses on a CPU: cohorts of 10 to 32 took 0.63-0.75 of the per-client
+    # round's time for FedAvg on 10 and 100 clients (`python benchmarks/cohort.py`, docs/performance.md)
+    cpu_cohort: ClassVar[int] = 16
 
     def __post_init__(self) -> None:
         problems = [
@@ -172,6 +175,7 @@ class LocalAdamProx:
     lr: float = 1e-3
     epochs: int = 1
     batch_size: int = 32
+    cpu_cohort: ClassVar[int] = LocalAdam.cpu_cohort  # (its steps are LocalAdam's)
 
     def __post_init__(self) -> None:
         local_adam("LocalAdamProx", self.lr, self.epochs, self.batch_size)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -138,6 +138,10 @@ class IVONSolver:
     clip_radius: float = float("inf")
     schedule: LRSchedule = field(default_factory=ConstantLR)  # the step size of each round
     start: RoundStart = field(default_factory=RestartAtHessInit)  # what each round's IVON state starts from
+    # one client at a time where the engine chooses on a CPU: IVON's per-step passes over the parameters (drawing
+    # the noise, the update) cost per client what they cost batched, and cohorts of 5 to 32 took 0.96-1.14 of the
+    # per-client round's time (`python benchmarks/cohort.py --method ivon-admm`, docs/performance.md)
+    cpu_cohort: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         problems = [
