@@ -1,5 +1,5 @@
 """`FlatModel.batched_gradients`: row s of the result is the gradient of row s's own loss, by either route (the
-written-out backward pass of plan-run models, autograd through vmap for any other), in float64 to 1e-12."""
+written-out backward pass of plan-run models, vmap of grad for any other), in float64 to 1e-12."""
 
 import pytest
 import torch
@@ -32,10 +32,6 @@ NETS = {
 }
 
 
-def _loss(outputs, y):  # Σ over rows of each row's mean cross-entropy
-    return sum(F.cross_entropy(outputs[s], y[s]) for s in range(outputs.shape[0]))
-
-
 @pytest.mark.parametrize("name", sorted(NETS))
 def test_each_row_is_the_gradient_of_its_own_loss(name):
     build, shape = NETS[name]
@@ -46,7 +42,7 @@ def test_each_row_is_the_gradient_of_its_own_loss(name):
     X = torch.randn(ROWS, BATCH, *shape, generator=gen, dtype=torch.float64)
     y = torch.randint(0, CLASSES, (ROWS, BATCH), generator=gen)
     out = torch.full_like(thetas, float("nan"))
-    got = model.batched_gradients(thetas, X, lambda outputs: _loss(outputs, y), out=out)
+    got = model.batched_gradients(thetas, X, F.cross_entropy, y, out=out)
     for s in range(ROWS):
         theta = thetas[s].clone().requires_grad_()
         (expected,) = torch.autograd.grad(F.cross_entropy(model.forward(theta, X[s]), y[s]), theta)
@@ -59,7 +55,7 @@ def test_float32_images_are_computed_in_the_parameters_dtype():
     model = FlatModel(NETS["flatten-images"][0])
     thetas = torch.randn(2, model.dim, dtype=torch.float64)
     X, y = torch.rand(2, BATCH, 1, 3, 4), torch.randint(0, CLASSES, (2, BATCH))
-    got = model.batched_gradients(thetas, X, lambda outputs: _loss(outputs, y))
+    got = model.batched_gradients(thetas, X, F.cross_entropy, y)
     assert got.dtype == torch.float64
     theta = thetas[1].clone().requires_grad_()
     (expected,) = torch.autograd.grad(F.cross_entropy(model.forward(theta, X[1]), y[1]), theta)
@@ -72,3 +68,23 @@ def test_shapes_that_do_not_match_are_refused():
         model.batched_gradients(torch.zeros(2, model.dim + 1), torch.zeros(2, BATCH, 5), lambda o: o.sum())
     with pytest.raises(ValueError, match="thetas must have shape"):
         model.batched_gradients(torch.zeros(2, model.dim), torch.zeros(3, BATCH, 5), lambda o: o.sum())
+
+
+def test_per_row_arguments_weigh_each_rows_examples():
+    """A loss with a second per-row argument (the cohort's padded minibatches: weights 1/b, 0 on padding)."""
+    for name in ("sigmoid", "residual"):
+        model = FlatModel(NETS[name][0])
+        gen = torch.Generator().manual_seed(3)
+        thetas = torch.randn(ROWS, model.dim, generator=gen, dtype=torch.float64)
+        X = torch.randn(ROWS, BATCH, 5, generator=gen, dtype=torch.float64)
+        y = torch.randint(0, CLASSES, (ROWS, BATCH), generator=gen)
+        w = torch.rand(ROWS, BATCH, generator=gen, dtype=torch.float64)
+
+        def weighted(outputs, targets, weights):
+            return (F.cross_entropy(outputs, targets, reduction="none") * weights).sum()
+
+        got = model.batched_gradients(thetas, X, weighted, y, w)
+        for s in range(ROWS):
+            theta = thetas[s].clone().requires_grad_()
+            (expected,) = torch.autograd.grad(weighted(model.forward(theta, X[s]), y[s], w[s]), theta)
+            torch.testing.assert_close(got[s], expected, rtol=1e-12, atol=1e-12)

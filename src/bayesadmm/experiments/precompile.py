@@ -68,7 +68,7 @@ def precompile(
     before for this cache, source and torch, or compiling switched off with BAYESADMM_COMPILE=0).
 
     methods: the methods to run (default: those of the scenario's preset with a cohort solver); cohorts: the
-    `cohort` settings to run each with (0: the engine's choice for the device, one client at a time on a CPU; K >= 2:
+    `cohort` settings to run each with (0: the engine's choice for the device and method, `automatic_cohort`; K >= 2:
     cohorts of K); data_fraction: the part of the scenario's training set the short runs use; data_dir: where the
     dataset's files are (default: the scenario's).
     """

@@ -1,16 +1,18 @@
 r"""Gradients of many parameter vectors at once: what a cohort of clients needs at each local step.
 
-Given ``S`` parameter vectors ``Θ (S, d)``, inputs ``X (S, B, ...)`` (row ``s``'s own minibatch) and a loss of all
-the outputs ``L(F)``, ``F[s] = f(X[s]; Θ[s])``, that sums terms of one row each, ``batched_gradients`` returns the
-``(S, d)`` matrix whose row ``s`` is ``∂L/∂Θ[s]``: each client's gradient of its own loss.
+Given ``S`` parameter vectors ``Θ (S, d)``, inputs ``X (S, B, ...)`` (row ``s``'s own minibatch) and a loss of one
+row's outputs ``ℓ(F_s, *a_s)`` (with per-row arguments ``a``, e.g. the targets), ``F_s = f(X[s]; Θ[s])``, the
+gradients are the ``(S, d)`` matrix whose row ``s`` is ``∂ℓ(F_s, *a_s)/∂Θ[s]``: each client's gradient of its own
+loss.
 
-Two routes. Any model: autograd through ``vmap`` of the model's forward pass over the rows. A ``FlatModel`` run from
-its plan (``Flatten``, ``Linear`` and elementwise activations, see ``models.functional``): the forward pass as batched
-matrix products on views of ``Θ`` and the backward pass written out, each layer's weight gradient computed straight
-into its block of the output matrix. Autograd is then used only for ``∂L/∂F`` (any likelihood), and the per-step
-costs of the generic route go: vmap's batching of every operation, and the copy that assembles the flat gradient from
-the layers' pieces. For the papers' MLP in cohorts of 16 the written-out route takes about 0.8 of vmap's time per step
-(``python benchmarks/cohort.py``, docs/performance.md). The two routes agree to rounding (tests/models/test_batched.py).
+Two routes. Any model: ``vmap`` of ``grad`` of the row's loss over the rows. A ``FlatModel`` run from its plan
+(``Flatten``, ``Linear`` and elementwise activations, see ``models.functional``): the forward pass as batched matrix
+products on views of ``Θ`` and the backward pass written out, each layer's weight gradient computed straight into its
+block of the output matrix. Autograd is then used only for ``∂ℓ/∂F`` (any likelihood), and the per-step costs of the
+generic route go: vmap's batching of every operation, and the copy that assembles the flat gradient from the layers'
+pieces. For the papers' MLP in cohorts of 5 to 32 vmap's route takes 1.24-1.47x the written-out one's time
+(``python benchmarks/batched_gradients.py``, docs/performance.md). The two agree to rounding
+(tests/models/test_batched.py).
 """
 
 from __future__ import annotations
@@ -19,19 +21,24 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
-from torch.func import vmap
+from torch.func import grad, vmap
 
 __all__ = ["plan_gradients", "vmap_gradients"]
 
 
 def vmap_gradients(
-    forward: Callable[[Tensor, Tensor], Tensor], thetas: Tensor, X: Tensor, loss: Callable[[Tensor], Tensor]
+    forward: Callable[[Tensor, Tensor], Tensor],
+    thetas: Tensor,
+    X: Tensor,
+    loss: Callable[..., Tensor],
+    *args: Tensor,
 ) -> Tensor:
-    """Any model: ``∂ loss(vmap(forward)(Θ, X)) / ∂Θ`` by autograd, a new (S, d) tensor."""
-    leaf = thetas.detach().requires_grad_()
-    with torch.enable_grad():
-        (gradient,) = torch.autograd.grad(loss(vmap(forward)(leaf, X)), leaf)
-    return gradient
+    """Any model: ``vmap`` over the rows of ``grad`` of ``loss(forward(θ, x), *a)``, a new (S, d) tensor."""
+
+    def row_loss(theta: Tensor, x: Tensor, *row_args: Tensor) -> Tensor:
+        return loss(forward(theta, x), *row_args)
+
+    return vmap(grad(row_loss))(thetas, X, *args)
 
 
 def plan_gradients(
@@ -40,7 +47,8 @@ def plan_gradients(
     shapes: Sequence[torch.Size],
     thetas: Tensor,
     X: Tensor,
-    loss: Callable[[Tensor], Tensor],
+    loss: Callable[..., Tensor],
+    args: Sequence[Tensor],
     out: Tensor,
 ) -> Tensor:
     """A plan-run FlatModel (its ``_plan``, parameter sizes and shapes): the gradients written into ``out`` (S, d),
@@ -74,7 +82,7 @@ def plan_gradients(
             h = h.flatten(start + 1 if start >= 0 else start, end + 1 if end >= 0 else end)
     outputs = h.detach().requires_grad_()
     with torch.enable_grad():
-        (delta,) = torch.autograd.grad(loss(outputs), outputs)
+        (delta,) = torch.autograd.grad(vmap(loss)(outputs, *args).sum(), outputs)
     first_linear = next(i for i, (step, _, _) in enumerate(trail) if step[0] == "linear")
     for i in range(len(trail) - 1, first_linear - 1, -1):
         step, saved, shape = trail[i]

@@ -9,7 +9,7 @@ and offsets ``o_j = Σ_{i<j} n_i`` (so ``d = Σ_j n_j``):
     unflatten(θ)             = {name_j: θ[o_j : o_j + n_j].view(shape_j)}       (views, no copies)
     forward(θ, X)            = f(X; unflatten(θ))                               (torch.func.functional_call)
     forward_batched(Θ, X)[s] = forward(Θ[s], X)                                 (torch.func.vmap over the rows of Θ)
-    batched_gradients(Θ, X, L)[s] = ∂L(F)/∂Θ[s],  F[s] = forward(Θ[s], X[s])     (models.batched)
+    batched_gradients(Θ, X, ℓ, y)[s] = ∇ ℓ(forward(Θ[s], X[s]), y[s])             (models.batched)
 
 ``forward`` is an ordinary function of ``θ``, so ``autograd``, ``torch.func.grad`` and ``vmap`` all apply to it
 directly.  The module is only a template of the computation: it lives on the ``meta`` device, so a forward pass that
@@ -218,24 +218,24 @@ class FlatModel:
         return vmap(self.forward, in_dims=(0, None))(thetas, X)
 
     def batched_gradients(
-        self, thetas: Tensor, X: Tensor, loss: Callable[[Tensor], Tensor], out: Tensor | None = None
+        self, thetas: Tensor, X: Tensor, loss: Callable[..., Tensor], *args: Tensor, out: Tensor | None = None
     ) -> Tensor:
-        """``∂ loss(F) / ∂Θ`` of shape ``(S, d)`` for ``S`` parameter vectors ``thetas (S, d)``, each on its own
-        inputs: ``F[s] = forward(thetas[s], X[s])`` with ``X`` of shape ``(S, N, ...)``, and ``loss`` a scalar sum of
-        terms of one row of ``F`` each, so that row ``s`` is the gradient of row ``s``'s term (a cohort's clients'
-        minibatch gradients). A plan-run model writes the gradients into ``out`` (S, d) where given, by batched
-        matrix products and its written-out backward pass; any other model uses autograd through ``vmap``
+        """Row ``s`` of the ``(S, d)`` result is ``∇ loss(forward(thetas[s], X[s]), *(a[s] for a in args))`` for ``S``
+        parameter vectors ``thetas (S, d)``, each on its own inputs ``X[s]`` (``X`` of shape ``(S, N, ...)``) with
+        its own rows of ``args`` (the targets, say): a cohort's clients' minibatch gradients. ``loss`` takes one
+        row's outputs (N, ...) and arguments. A plan-run model writes the gradients into ``out`` (S, d) where given,
+        by batched matrix products and its written-out backward pass; any other model uses ``vmap`` of ``grad``
         (``models.batched``)."""
         if thetas.dim() != 2 or thetas.shape[1] != self.dim or X.shape[0] != thetas.shape[0]:
             raise ValueError(
                 f"thetas must have shape (S, {self.dim}) and X (S, N, ...); got {tuple(thetas.shape)}, {tuple(X.shape)}"
             )
         if self._plan is None:
-            return batched.vmap_gradients(self.forward, thetas, X, loss)
+            return batched.vmap_gradients(self.forward, thetas, X, loss, *args)
         if out is None:
             out = torch.empty_like(thetas)
         sizes, shapes = [slot.numel for slot in self._slots], [slot.shape for slot in self._slots]
-        return batched.plan_gradients(self._plan, sizes, shapes, thetas, X, loss, out)
+        return batched.plan_gradients(self._plan, sizes, shapes, thetas, X, loss, args, out)
 
 
 def mean_nll(model: FlatModel, theta: Tensor, X: Tensor, y: Tensor) -> Tensor:

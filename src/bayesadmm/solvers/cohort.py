@@ -5,8 +5,8 @@
 offsets[i] + sizes[i]) with the one model and likelihood they share. `plan_batches` draws each client's shuffles from
 that client's own generator, in the order `solvers.adam.minibatches` draws them (one permutation per epoch), and lays
 the minibatches out as a table: row t of client i is the minibatch of its step t. `batch_gradients` then takes step t
-for the active clients at once: `FlatModel.batched_gradients` of the sum of the clients' mean losses (for an MLP,
-batched matrix products and a written-out backward pass; for any other model autograd through `torch.func.vmap`).
+for the active clients at once: `FlatModel.batched_gradients` of each client's mean loss (for an MLP, batched matrix
+products and a written-out backward pass; for any other model `torch.func.vmap` of its gradient).
 
 Clients of different sizes: the cohort is ordered by number of steps, most first, so the clients that take step t are
 a prefix (the active set shrinks as clients finish); minibatches of different sizes in one step (an epoch's last,
@@ -69,7 +69,7 @@ class StackedClients:
     """A cohort's examples as rows of X, y; `clients` are their own data objects (for anything per client);
     `workspace`: the solver's scratch matrices (a fresh one per cohort where none is given)."""
 
-    model: Any  # a FlatModel: forward(θ, X), batched_gradients(Θ, X, loss)
+    model: Any  # a FlatModel: forward(θ, X), batched_gradients(Θ, X, loss, *args)
     likelihood: Any  # mean_nll(outputs, targets)
     X: Tensor
     y: Tensor
@@ -171,14 +171,9 @@ def plan_batches(
     return BatchPlan(order, ordered_steps, rows.to(data.X.device), counts, active, width)
 
 
-def _summed_means(likelihood, outputs: Tensor, y: Tensor) -> Tensor:
-    """Σ over rows of each row's mean loss: outputs (N, b, ...), y (N, b, ...)."""
-    return vmap(likelihood.mean_nll)(outputs, y).sum()
-
-
-def _summed_weighted(likelihood, outputs: Tensor, y: Tensor, w: Tensor) -> Tensor:
-    """Σ over rows and examples of w × each example's loss (w: 1/(its minibatch's size), 0 on the padding)."""
-    per_example = vmap(vmap(lambda o, t: likelihood.mean_nll(o.unsqueeze(0), t.unsqueeze(0))))(outputs, y)
+def _weighted_nll(likelihood, outputs: Tensor, y: Tensor, w: Tensor) -> Tensor:
+    """One client's Σ over examples of w × the example's loss (w: 1/(its minibatch's size), 0 on the padding)."""
+    per_example = vmap(lambda o, t: likelihood.mean_nll(o.unsqueeze(0), t.unsqueeze(0)))(outputs, y)
     return (per_example * w).sum()
 
 
@@ -196,15 +191,15 @@ def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tenso
     x = torch.index_select(data.X, 0, picked).view(*rows.shape, *data.X.shape[1:])
     y = torch.index_select(data.y, 0, picked).view(*rows.shape, *data.y.shape[1:])
     flat = thetas.reshape(active * samples, dim)
+    out = data.workspace.rows("gradients", active * samples, flat[0])
     if width > 0:
-        loss = functools.partial(_summed_means, data.likelihood, y=y)
+        grads = data.model.batched_gradients(flat, x, data.likelihood.mean_nll, y, out=out)
     else:
         counts = plan.counts[:active, t].to(thetas.device, thetas.dtype)
         mask = torch.arange(rows.shape[1], device=thetas.device)[None, :] < counts[:, None]
         weights = mask.to(thetas.dtype) / counts[:, None]
         if samples > 1:
             weights = weights.repeat_interleave(samples, dim=0)
-        loss = functools.partial(_summed_weighted, data.likelihood, y=y, w=weights)
-    out = data.workspace.rows("gradients", active * samples, flat[0])
-    grads = data.model.batched_gradients(flat, x, loss, out=out)
+        loss = functools.partial(_weighted_nll, data.likelihood)
+        grads = data.model.batched_gradients(flat, x, loss, y, weights, out=out)
     return grads.view(active, samples, dim)
