@@ -88,3 +88,12 @@ def test_per_row_arguments_weigh_each_rows_examples():
             theta = thetas[s].clone().requires_grad_()
             (expected,) = torch.autograd.grad(weighted(model.forward(theta, X[s]), y[s], w[s]), theta)
             torch.testing.assert_close(got[s], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_parameters_that_require_grad_are_taken_as_values():
+    model = FlatModel(NETS["sigmoid"][0])
+    thetas = torch.randn(2, model.dim, dtype=torch.float64, requires_grad=True)
+    X, y = torch.randn(2, BATCH, 5, dtype=torch.float64), torch.randint(0, CLASSES, (2, BATCH))
+    got = model.batched_gradients(thetas, X, F.cross_entropy, y)
+    expected = model.batched_gradients(thetas.detach(), X, F.cross_entropy, y)
+    assert not got.requires_grad and torch.equal(got, expected)

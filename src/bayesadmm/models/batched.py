@@ -53,6 +53,11 @@ def plan_gradients(
 ) -> Tensor:
     """A plan-run FlatModel (its ``_plan``, parameter sizes and shapes): the gradients written into ``out`` (S, d),
     which is returned."""
+    with torch.no_grad():  # (autograd only for the loss: thetas may require grad, and out= products refuse that)
+        return _plan_gradients(plan, sizes, shapes, thetas, X, loss, args, out)
+
+
+def _plan_gradients(plan, sizes, shapes, thetas, X, loss, args, out) -> Tensor:
     count = thetas.shape[0]
     offsets = [0]
     for size in sizes[:-1]:
