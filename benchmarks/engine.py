@@ -12,7 +12,8 @@ round, its time over the first method's in that round, with the median of those 
 (compilation, heap growth), as below.
 
 Each (scenario, method, clients, workers) cell runs in a fresh process (so that its peak memory is its own): it builds
-the run exactly as `bayesadmm run` does, runs `--rounds` rounds of client updates and server update (no evaluation)
+the run as `bayesadmm run` does but trains one client at a time (`cohort=1`; `benchmarks/cohort.py` and
+`benchmarks/runners.py` time the cohorts), runs `--rounds` rounds of client updates and server update (no evaluation)
 and reports the mean time of the rounds after the first three (all but the last if there are fewer): round 1 compiles
 IVON's kernels in each process, and in rounds 2 and 3 the processes' heaps still grow (the states, replies and stored
 replies of successive rounds are alive at once), paying page faults that cost as much as the training and that a long
