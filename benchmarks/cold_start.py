@@ -1,11 +1,11 @@
-"""The cost of compiling IVON's kernels in a run's first round: on an empty Inductor cache, and with the cache a first
-run left behind.
+"""The cost of compiling the fused kernels (IVON's, the cohorts' Adam) in a run's first round: on an empty Inductor
+cache, and with the cache a first run left behind.
 
-    python benchmarks/cold_start.py [--rounds 3] [--epochs N] [--cohort 1 10] [--threads N]
+    python benchmarks/cold_start.py [--method ivon-admm] [--rounds 3] [--epochs N] [--cohort 1 10] [--threads N]
 
 For each `--cohort` setting (bayesadmm.run's: 1 the clients one after the other, 10 a round's clients as one
 batched computation, 0 the engine's choice),
-two child processes run `bayesadmm.run` of ivon-admm on fmnist-heterog10 (the preset's split and hyperparameters,
+two child processes run `bayesadmm.run` of `--method` on fmnist-heterog10 (the preset's split and hyperparameters,
 `--rounds` rounds; `--epochs` overrides the preset's 10 local epochs to make it quicker) with the same new, empty
 Inductor cache (TORCHINDUCTOR_CACHE_DIR, a temporary folder): the first compiles every kernel it uses (cold), the
 second finds them in the cache (warm). Printed for each: the seconds of every round (the `seconds` field of the run's
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 
-def child(rounds: int, epochs: int, cohort: int, threads: int, out: str) -> None:
+def child(method: str, rounds: int, epochs: int, cohort: int, threads: int, out: str) -> None:
     """One run in this process, writing its run directory to `out`."""
     import torch
 
@@ -38,7 +38,7 @@ def child(rounds: int, epochs: int, cohort: int, threads: int, out: str) -> None
 
     if threads:
         torch.set_num_threads(threads)
-    config, _ = resolve("fmnist-heterog10", ["method=ivon-admm", f"rounds={rounds}"])
+    config, _ = resolve("fmnist-heterog10", [f"method={method}", f"rounds={rounds}"])
     built = build(config)
     federation = built.federation
     source = federation.clients
@@ -52,7 +52,7 @@ def child(rounds: int, epochs: int, cohort: int, threads: int, out: str) -> None
         federation.model,
         clients,
         (federation.eval_X, federation.eval_y),
-        algorithm="ivon-admm",
+        algorithm=method,
         hparams=hparams,
         rounds=rounds,
         seed=config.seed,
@@ -69,6 +69,7 @@ def _round_seconds(run_dir: Path) -> list[float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--method", default="ivon-admm")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=0, help="local epochs (0: the preset's)")
     parser.add_argument("--cohort", type=int, nargs="+", default=[1, 10])
@@ -77,11 +78,11 @@ def main() -> None:
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        child(args.rounds, args.epochs, args.child, args.threads, args.out)
+        child(args.method, args.rounds, args.epochs, args.child, args.threads, args.out)
         return
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is compared with the later ones)")
-    print(f"ivon-admm on fmnist-heterog10, {args.rounds} rounds, epochs {args.epochs or 'as the preset'}")
+    print(f"{args.method} on fmnist-heterog10, {args.rounds} rounds, epochs {args.epochs or 'as the preset'}")
     for cohort in args.cohort:
         with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache, tempfile.TemporaryDirectory() as runs:
             for label in ("cold", "warm"):
@@ -103,7 +104,8 @@ def _environment(cache: str) -> dict[str, str]:
 def _timed_run(args, cohort: int, cache: str, out: Path, label: str) -> None:
     """One child run with Inductor's cache in `cache`; prints round 1's extra seconds."""
     command = [sys.executable, __file__, "--child", str(cohort), "--out", str(out)]
-    command += ["--rounds", str(args.rounds), "--epochs", str(args.epochs), "--threads", str(args.threads)]
+    command += ["--method", args.method, "--rounds", str(args.rounds), "--epochs", str(args.epochs)]
+    command += ["--threads", str(args.threads)]
     began = time.perf_counter()
     subprocess.run(command, env=_environment(cache), check=True)
     wall = time.perf_counter() - began
