@@ -61,13 +61,14 @@ class SupervisedData:
 
     def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
         """The likelihood's mean negative log-likelihood over the examples `idx`."""
-        return self.likelihood.mean_nll(self.model.forward(theta, _rows(self.X, idx)), _rows(self.y, idx))
+        return self.likelihood.mean_nll(self.model.forward(theta, take_rows(self.X, idx)), take_rows(self.y, idx))
 
 
-def _rows(t: Tensor, idx: Tensor) -> Tensor:
-    """t[idx]; for a vector of indices by index_select, a few times faster than indexing on a CPU (same values)."""
-    if isinstance(idx, Tensor) and idx.dim() == 1 and not idx.is_floating_point() and idx.dtype != torch.bool:
-        return torch.index_select(t, 0, idx)
+def take_rows(t: Tensor, idx: Tensor) -> Tensor:
+    """t[idx]; for a tensor of integer indices (any shape) by index_select of them flattened, a few times faster than
+    indexing on a CPU (the same values)."""
+    if isinstance(idx, Tensor) and not idx.is_floating_point() and idx.dtype != torch.bool:
+        return torch.index_select(t, 0, idx.reshape(-1)).view(*idx.shape, *t.shape[1:])
     return t[idx]
 
 

@@ -18,6 +18,7 @@ pieces. For the papers' MLP in cohorts of 5 to 32 vmap's route takes 1.24-1.47x 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,30 +42,26 @@ def vmap_gradients(
     return vmap(grad(row_loss))(thetas, X, *args)
 
 
+@torch.no_grad()  # autograd only for the loss (thetas may require grad; out= products refuse autograd)
 def plan_gradients(
     plan: Sequence[tuple],
-    sizes: Sequence[int],
-    shapes: Sequence[torch.Size],
+    slots: Sequence[Any],
     thetas: Tensor,
     X: Tensor,
     loss: Callable[..., Tensor],
     args: Sequence[Tensor],
     out: Tensor,
 ) -> Tensor:
-    """A plan-run FlatModel (its ``_plan``, parameter sizes and shapes): the gradients written into ``out`` (S, d),
-    which is returned."""
-    with torch.no_grad():  # (autograd only for the loss: thetas may require grad, and out= products refuse that)
-        return _plan_gradients(plan, sizes, shapes, thetas, X, loss, args, out)
-
-
-def _plan_gradients(plan, sizes, shapes, thetas, X, loss, args, out) -> Tensor:
+    """A plan-run FlatModel (its ``_plan`` and its parameters' ``_slots``: numel and shape of each): the gradients
+    written into ``out`` (S, d), which is returned."""
     count = thetas.shape[0]
     offsets = [0]
-    for size in sizes[:-1]:
-        offsets.append(offsets[-1] + size)
+    for slot in slots[:-1]:
+        offsets.append(offsets[-1] + slot.numel)
 
-    def block(matrix: Tensor, slot: int) -> Tensor:  # parameter `slot` of every row, (S, *shape): a view
-        return matrix[:, offsets[slot] : offsets[slot] + sizes[slot]].view(count, *shapes[slot])
+    def block(matrix: Tensor, index: int) -> Tensor:  # parameter `index` of every row, (S, *shape): a view
+        start = offsets[index]
+        return matrix[:, start : start + slots[index].numel].view(count, *slots[index].shape)
 
     if X.is_floating_point() and X.dtype != thetas.dtype:
         X = X.to(thetas.dtype)

@@ -234,8 +234,7 @@ class FlatModel:
             return batched.vmap_gradients(self.forward, thetas, X, loss, *args)
         if out is None:
             out = torch.empty_like(thetas)
-        sizes, shapes = [slot.numel for slot in self._slots], [slot.shape for slot in self._slots]
-        return batched.plan_gradients(self._plan, sizes, shapes, thetas, X, loss, args, out)
+        return batched.plan_gradients(self._plan, self._slots, thetas, X, loss, args, out)
 
 
 def mean_nll(model: FlatModel, theta: Tensor, X: Tensor, y: Tensor) -> Tensor:
