@@ -43,6 +43,27 @@ def test_classification_loss_is_cross_entropy_bit_for_bit(dtype):
     assert torch.equal(Classification().mean_nll(logits, y), F.cross_entropy(logits, y))
 
 
+def test_classification_nll_grad_is_the_weighted_losss_gradient():
+    """nll_grad(F, Y, W) = ∂/∂F Σ w_i (−log softmax(f_i)_{y_i}) in float64, for labels and for class probabilities,
+    over any leading dimensions, with one weight or one per example; and mean_nll's backward's bits for W = 1/N."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 7, 5, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 5, (3, 7), generator=g)
+    probabilities = torch.softmax(torch.randn(3, 7, 5, generator=g, dtype=torch.float64), -1)
+    weights = torch.rand(3, 7, generator=g, dtype=torch.float64)
+    for targets in (labels, probabilities):
+        for w in (weights, 0.25):
+            f = logits.clone().requires_grad_()
+            per_example = F.cross_entropy(f.reshape(21, 5), targets.reshape(21, -1).squeeze(-1), reduction="none")
+            (expected,) = torch.autograd.grad((per_example.reshape(3, 7) * w).sum(), f)
+            got = Classification().nll_grad(logits, targets, w)
+            torch.testing.assert_close(got, expected, rtol=1e-14, atol=1e-15)
+    for dtype in (torch.float32, torch.float64):
+        f = logits[0].to(dtype).requires_grad_()
+        (expected,) = torch.autograd.grad(Classification().mean_nll(f, labels[0]), f)
+        assert torch.equal(Classification().nll_grad(f.detach(), labels[0], 1 / 7), expected)
+
+
 def test_classification_predictive_averages_probabilities():
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(1, 40, 6, generator=g)

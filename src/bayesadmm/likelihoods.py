@@ -8,8 +8,13 @@ work for any observation model:
     metrics(P, Y)     = the metrics of the whole evaluation set       from the concatenated summaries
 
 with ``F`` the model outputs of ``N`` examples (``(N, ...)`` for ``mean_nll``, ``(S, N, ...)`` under ``S`` parameter
-draws for ``predictive``, ``S = 1`` at the posterior mean).  The implementations are frozen dataclasses of plain
-values, so they pickle into worker processes; names such as ``"gaussian"`` are mapped to them by the config layer.
+draws for ``predictive``, ``S = 1`` at the posterior mean).  A likelihood may also give the loss's gradient in closed
+form, which cohort training (``solvers.cohort``) then uses instead of autograd at every local step:
+
+    nll_grad(F, Y, W) = ∂/∂F Σ_i w_i (−log p(y_i | f_i))               optional; ``Classification`` has it
+
+The implementations are frozen dataclasses of plain values, so they pickle into worker processes; names such as
+``"gaussian"`` are mapped to them by the config layer.
 
 ``GaussianRegression`` and ``NegLogLikelihood`` score the posterior predictive as the exact mixture
 ``(1/S) Σ_s p(y | f_s)`` through ``logsumexp``, which stays finite where the individual densities underflow.
@@ -68,6 +73,20 @@ class Classification:
     def mean_nll(self, outputs: Tensor, targets: Tensor) -> Tensor:
         """``(1/N) Σ_i −log softmax(f_i)_{y_i}`` by ``F.cross_entropy`` (fused log-softmax, no probabilities)."""
         return F.cross_entropy(outputs, targets)
+
+    def nll_grad(self, outputs: Tensor, targets: Tensor, weights: Tensor | float) -> Tensor:
+        """``∂/∂F Σ_i w_i (−log softmax(f_i)_{y_i}) = w_i (softmax(f_i) − onehot(y_i))`` for logits ``(..., C)``,
+        labels ``(...)`` and weights broadcastable to ``(...)``: a new tensor. Computed as autograd computes
+        ``mean_nll``'s gradient (the exponential of the log-softmax, times ``w``, less ``w`` at the label), so a
+        weight of ``1/N`` gives the bits of ``mean_nll``'s backward pass."""
+        weights = torch.as_tensor(weights, dtype=outputs.dtype, device=outputs.device)
+        weights = weights.expand(outputs.shape[:-1]).unsqueeze(-1)
+        if targets.is_floating_point():  # class probabilities, as F.cross_entropy takes them
+            outer = targets * weights.neg()
+        else:
+            outer = torch.zeros_like(outputs).scatter_(-1, targets.unsqueeze(-1), weights.neg())
+        log_probs = torch.log_softmax(outputs, dim=-1)
+        return torch.ops.aten._log_softmax_backward_data(outer, log_probs, -1, outputs.dtype)
 
     def predictive(self, outputs: Tensor) -> Tensor:
         """``(1/S) Σ_s softmax(f_s)``, shape ``(N, C)``; for ``S = 1`` the same bits as ``softmax(f_1)``."""

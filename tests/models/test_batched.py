@@ -97,3 +97,29 @@ def test_parameters_that_require_grad_are_taken_as_values():
     got = model.batched_gradients(thetas, X, F.cross_entropy, y)
     expected = model.batched_gradients(thetas.detach(), X, F.cross_entropy, y)
     assert not got.requires_grad and torch.equal(got, expected)
+
+
+def test_a_closed_form_loss_gradient_gives_the_autograd_routes_bits():
+    """`loss_grad` (the likelihood's `nll_grad`, as cohort training passes it) replaces autograd of the loss, with
+    the same bits: in float32 and float64, for the mean and for per-example weights."""
+    from bayesadmm.likelihoods import Classification
+
+    likelihood, model = Classification(), FlatModel(NETS["sigmoid"][0])
+    for dtype in (torch.float32, torch.float64):
+        gen = torch.Generator().manual_seed(5)
+        thetas = torch.randn(ROWS, model.dim, generator=gen, dtype=dtype)
+        X = torch.randn(ROWS, BATCH, 5, generator=gen, dtype=dtype)
+        y = torch.randint(0, CLASSES, (ROWS, BATCH), generator=gen)
+        w = torch.rand(ROWS, BATCH, generator=gen, dtype=dtype)
+
+        def mean_grad(outputs, targets):
+            return likelihood.nll_grad(outputs, targets, 1.0 / BATCH)
+
+        def weighted(outputs, targets, weights):
+            per_example = torch.func.vmap(lambda o, t: F.cross_entropy(o[None], t[None]))(outputs, targets)
+            return (per_example * weights).sum()
+
+        closed = model.batched_gradients(thetas, X, F.cross_entropy, y, loss_grad=mean_grad)
+        assert torch.equal(closed, model.batched_gradients(thetas, X, F.cross_entropy, y))
+        closed = model.batched_gradients(thetas, X, weighted, y, w, loss_grad=likelihood.nll_grad)
+        assert torch.equal(closed, model.batched_gradients(thetas, X, weighted, y, w))

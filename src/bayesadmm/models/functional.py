@@ -218,14 +218,21 @@ class FlatModel:
         return vmap(self.forward, in_dims=(0, None))(thetas, X)
 
     def batched_gradients(
-        self, thetas: Tensor, X: Tensor, loss: Callable[..., Tensor], *args: Tensor, out: Tensor | None = None
+        self,
+        thetas: Tensor,
+        X: Tensor,
+        loss: Callable[..., Tensor],
+        *args: Tensor,
+        out: Tensor | None = None,
+        loss_grad: Callable[..., Tensor] | None = None,
     ) -> Tensor:
         """Row ``s`` of the ``(S, d)`` result is ``∇ loss(forward(thetas[s], X[s]), *(a[s] for a in args))`` for ``S``
         parameter vectors ``thetas (S, d)``, each on its own inputs ``X[s]`` (``X`` of shape ``(S, N, ...)``) with
         its own rows of ``args`` (the targets, say): a cohort's clients' minibatch gradients. ``loss`` takes one
         row's outputs (N, ...) and arguments. A plan-run model writes the gradients into ``out`` (S, d) where given,
-        by batched matrix products and its written-out backward pass; any other model uses ``vmap`` of ``grad``
-        (``models.batched``)."""
+        by batched matrix products and its written-out backward pass, with ``loss_grad(outputs (S, N, ...), *args)``
+        as the gradient of the rows' summed losses with respect to their outputs where given (autograd of ``loss``
+        otherwise); any other model uses ``vmap`` of ``grad`` of ``loss`` (``models.batched``)."""
         if thetas.dim() != 2 or thetas.shape[1] != self.dim or X.shape[0] != thetas.shape[0]:
             raise ValueError(
                 f"thetas must have shape (S, {self.dim}) and X (S, N, ...); got {tuple(thetas.shape)}, {tuple(X.shape)}"
@@ -234,7 +241,7 @@ class FlatModel:
             return batched.vmap_gradients(self.forward, thetas, X, loss, *args)
         if out is None:
             out = torch.empty_like(thetas)
-        return batched.plan_gradients(self._plan, self._slots, thetas, X, loss, args, out)
+        return batched.plan_gradients(self._plan, self._slots, thetas, X, loss, args, out, loss_grad)
 
 
 def mean_nll(model: FlatModel, theta: Tensor, X: Tensor, y: Tensor) -> Tensor:

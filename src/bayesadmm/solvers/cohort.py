@@ -190,8 +190,10 @@ def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tenso
     x, y = take_rows(data.X, rows), take_rows(data.y, rows)
     flat = thetas.reshape(active * samples, dim)
     out = data.workspace.rows("gradients", active * samples, flat[0])
+    nll_grad = getattr(data.likelihood, "nll_grad", None)  # the loss's gradient in closed form, where it has one
     if width > 0:
-        grads = data.model.batched_gradients(flat, x, data.likelihood.mean_nll, y, out=out)
+        mean_grad = None if nll_grad is None else functools.partial(_mean_nll_grad, nll_grad, 1.0 / width)
+        grads = data.model.batched_gradients(flat, x, data.likelihood.mean_nll, y, out=out, loss_grad=mean_grad)
     else:
         counts = plan.counts[:active, t].to(thetas.device, thetas.dtype)
         mask = torch.arange(rows.shape[1], device=thetas.device)[None, :] < counts[:, None]
@@ -199,5 +201,10 @@ def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tenso
         if samples > 1:
             weights = weights.repeat_interleave(samples, dim=0)
         loss = functools.partial(_weighted_nll, data.likelihood)
-        grads = data.model.batched_gradients(flat, x, loss, y, weights, out=out)
+        grads = data.model.batched_gradients(flat, x, loss, y, weights, out=out, loss_grad=nll_grad)
     return grads.view(active, samples, dim)
+
+
+def _mean_nll_grad(nll_grad, weight: float, outputs: Tensor, y: Tensor) -> Tensor:
+    """∂/∂F of Σ_s mean_nll(F_s, y_s), each row's examples weighted 1/(the minibatch's size)."""
+    return nll_grad(outputs, y, weight)
