@@ -58,14 +58,27 @@ def test_assignment_gives_every_client_once_and_balances_examples(workers):
 
 @pytest.mark.parametrize(("clients", "cohort_size", "workers"), [(10, 3, 2), (101, 8, 3), (5, 2, 4), (7, 64, 2)])
 def test_assignment_gives_workers_whole_cohorts(clients, cohort_size, workers):
-    """Each worker's clients cut into cohorts again are cohorts of the whole run, so a worker batches what one process
-    would."""
+    """Each worker's clients are whole cohorts of the run's layout, so a worker batches what one process would."""
     generator = torch.Generator().manual_seed(1)
     sizes = {k: int(n) for k, n in enumerate(torch.randint(1, 500, (clients,), generator=generator))}
-    whole = fixed_cohorts(sizes, cohort_size)
-    groups = assign(sizes, workers, cohort_size)
+    whole = fixed_cohorts(sizes, cohort_size, spread=2)
+    groups = assign(sizes, workers, whole)
     assert len(groups) == min(workers, len(whole)) and sorted(k for g in groups for k in g) == list(range(clients))
-    assert all(cohort in whole for group in groups for cohort in fixed_cohorts(group, cohort_size))
+    assert sorted(k for c in whole for k in c) == list(range(clients)) and max(map(len, whole)) <= cohort_size
+    for group in groups:
+        assert sorted(k for c in whole if c[0] in group for k in c) == group
+
+
+def test_cohorts_are_bands_of_similar_clients_dealt_back_and_forth():
+    """Largest first, `spread` cohorts per band, dealt 1, 2, 2, 1, ...: a band's cohorts carry nearly equal work,
+    and the next band's clients are all smaller."""
+    sizes = {k: 100 - k for k in range(10)}  # client 0 the largest
+    assert fixed_cohorts(sizes, 3, spread=2) == [[0, 3, 4], [1, 2, 5], [6, 9], [7, 8]]
+    assert fixed_cohorts(sizes, 5, spread=2) == [[0, 3, 4, 7, 8], [1, 2, 5, 6, 9]]
+    assert fixed_cohorts(sizes, 4, spread=1) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert fixed_cohorts({5: 1, 2: 1, 9: 1}, 2, spread=1) == [[2, 5], [9]]  # ties: lower id first
+    with pytest.raises(ValueError, match="cohort_size"):
+        fixed_cohorts(sizes, 0)
 
 
 def test_assignment_of_equal_clients_alternates_and_never_leaves_a_worker_idle():

@@ -65,7 +65,8 @@ def cohort_rows(algorithm: Algorithm, clients: Mapping[int, Any], source: Any = 
 
 
 class CohortClients(LocalClients):
-    """The states and updates of `clients` (id → data), trained cohort by cohort in this process; `rows` are their
+    """The states and updates of `clients` (id → data), trained cohort by cohort in this process: in `cohorts` (lists
+    of ids, at most `cohort_size` each) where given, `fixed_cohorts` of the clients otherwise; `rows` are their
     examples stacked (`cohort_rows`; made here if not given)."""
 
     def __init__(
@@ -76,6 +77,7 @@ class CohortClients(LocalClients):
         cohort_size: int = DEFAULT_COHORT,
         rows: ClientRows | None = None,
         single_thread: bool = True,
+        cohorts: Sequence[Sequence[int]] | None = None,
     ):
         super().__init__(algorithm, clients, seed)
         if algorithm.local is None:
@@ -86,7 +88,11 @@ class CohortClients(LocalClients):
         if rows is None:
             raise ValueError("cohort training needs supervised clients of one model and likelihood")
         self.local, self.rows, self.cohort_size = algorithm.local, rows, cohort_size
-        self.cohorts = fixed_cohorts(self.clients, cohort_size)
+        if cohorts is None:
+            cohorts = fixed_cohorts({k: int(d.num_examples) for k, d in self.clients.items()}, cohort_size)
+        elif sorted(k for c in cohorts for k in c) != sorted(self.clients) or any(len(c) > cohort_size for c in cohorts):
+            raise ValueError(f"cohorts must hold each client once, at most {cohort_size} each")
+        self.cohorts = [list(c) for c in cohorts]
         self.workspace = Workspace()  # the solvers' scratch matrices, reused by every cohort
         self.single_thread = single_thread
 

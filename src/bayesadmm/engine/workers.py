@@ -89,22 +89,39 @@ def train_client(
         return algorithm.client_update(state, message, data, generator_for(seed, round_, client))
 
 
-def fixed_cohorts(ids: Iterable[int], cohort_size: int) -> list[list[int]]:
-    """The clients' cohorts for the whole run: their ids in order, `cohort_size` at a time. A round trains each
-    cohort's chosen members together (`engine.cohort`), so what is batched with what depends neither on the round's
-    order of clients nor on how many workers share them (`assign` gives each worker whole cohorts)."""
-    ordered = sorted(ids)
-    return [ordered[start : start + cohort_size] for start in range(0, len(ordered), cohort_size)]
+def fixed_cohorts(sizes: Mapping[int, int], cohort_size: int, spread: int | None = None) -> list[list[int]]:
+    """The clients' cohorts for the whole run, from their numbers of examples `sizes`: the clients, largest first
+    (ties: lower id first), are taken a band of `spread` cohorts at a time (`spread` × `cohort_size` clients of
+    similar sizes), and each band's clients are dealt to its cohorts back and forth (1, 2, …, n, n, …, 2, 1, 1, …).
+    A cohort takes about a fixed time per step of its largest client plus a time per client step
+    (`python benchmarks/cohort.py`): cohorts of similar clients waste few steps, and the cohorts of a band, of nearly
+    equal work, keep `spread` workers equally busy. `spread` defaults to the machine's cores (`os.cpu_count()`),
+    where `bayesadmm run` starts one worker each. Each cohort's ids in order.
+
+    A round trains each cohort's chosen members together (`engine.cohort`), so what is batched with what depends
+    neither on the round's order of clients nor on how many workers share them (`assign` gives each worker whole
+    cohorts)."""
+    if cohort_size < 1:
+        raise ValueError(f"cohort_size must be >= 1, got {cohort_size}")
+    spread = max(1, spread if spread is not None else os.cpu_count() or 1)
+    ordered = sorted(sizes, key=lambda k: (-sizes[k], k))
+    cohorts: list[list[int]] = []
+    for start in range(0, len(ordered), spread * cohort_size):
+        band = ordered[start : start + spread * cohort_size]
+        dealt: list[list[int]] = [[] for _ in range(math.ceil(len(band) / cohort_size))]
+        for position, k in enumerate(band):
+            turn, index = divmod(position, len(dealt))
+            dealt[index if turn % 2 == 0 else len(dealt) - 1 - index].append(k)
+        cohorts.extend(sorted(cohort) for cohort in dealt)
+    return cohorts
 
 
-def assign(sizes: Mapping[int, int], workers: int, cohort_size: int = 1) -> list[list[int]]:
+def assign(sizes: Mapping[int, int], workers: int, cohorts: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
     """Clients per worker, with balanced numbers of examples: longest processing time first (Graham 1969), i.e. each
-    cohort (`fixed_cohorts`; one client each by default), from the largest down (ties: lower first id first), goes
-    to the worker with the fewest examples so far (ties: fewer cohorts, then lower index). No worker is left without
-    a cohort while there are enough. Each worker's clients in id order: whole cohorts, so that cutting a worker's
-    clients into cohorts again gives the same ones (all but the last cohort are full, and the last holds the
-    largest ids)."""
-    cohorts = fixed_cohorts(sizes, cohort_size)
+    of `cohorts` (`fixed_cohorts`; one client each by default), from the largest down (ties: lower first id first),
+    goes to the worker with the fewest examples so far (ties: fewer cohorts, then lower index). No worker is left
+    without a cohort while there are enough. Each worker's clients in id order, whole cohorts."""
+    cohorts = [[k] for k in sorted(sizes)] if cohorts is None else [list(c) for c in cohorts]
     load = {c[0]: sum(sizes[k] for k in c) for c in cohorts}
     groups: list[list[int]] = [[] for _ in range(max(1, min(workers, len(cohorts))))]
     counts, loads = [0] * len(groups), [0] * len(groups)
@@ -315,13 +332,14 @@ def _worker(
     group: list[int],
     default_dtype: torch.dtype,
     cohort_size: int = 0,
+    cohorts: list[list[int]] | None = None,
 ) -> None:
     """A worker's life: build its clients, then answer the parent's commands until "close" (or the parent is gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent handles it
     _keep_freed_memory()
     torch.set_num_threads(1)
     torch.set_default_dtype(default_dtype)  # as in the parent, so that tensors made without a dtype agree
-    local = _local_runner(make_algorithm(), {k: source(k) for k in group}, source, seed, cohort_size)
+    local = _local_runner(make_algorithm(), {k: source(k) for k in group}, source, seed, cohort_size, cohorts)
     commands: dict[str, Callable[..., Any]] = {
         "start": lambda server: local.start(_loads(server)),
         "put": lambda states: local.restore({"clients": _loads(states)}, Path(".")),
@@ -418,7 +436,9 @@ class ClientPool:
     def __init__(self, make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int, cohort_size: int = 0):
         if workers < 2:
             raise ValueError(f"ClientPool needs at least 2 workers, got {workers} (use LocalClients)")
-        self.groups = assign(dict(source.sizes), workers, max(cohort_size, 1))
+        sizes = dict(source.sizes)
+        layout = fixed_cohorts(sizes, cohort_size) if cohort_size > 0 else None
+        self.groups = assign(sizes, workers, layout)
         self.owner = {k: index for index, group in enumerate(self.groups) for k in group}
         self.last_info: dict[int, dict[str, float]] = {}
         context = torch.multiprocessing.get_context("spawn")
@@ -440,6 +460,7 @@ class ClientPool:
                         group,
                         torch.get_default_dtype(),
                         cohort_size,
+                        None if layout is None else [c for c in layout if self.owner[c[0]] == index],
                     ),
                 )
                 _start(process)
@@ -592,14 +613,22 @@ def client_runner(
     return ClientPool(make_algorithm, source, seed, workers, cohort_size if algorithm.local is not None else 0)
 
 
-def _local_runner(algorithm: Algorithm, clients: Mapping[int, Any], source, seed: int, cohort_size: int):
-    """`CohortClients` where `cohort_size` > 0 and the algorithm and clients batch, `LocalClients` otherwise."""
+def _local_runner(
+    algorithm: Algorithm,
+    clients: Mapping[int, Any],
+    source,
+    seed: int,
+    cohort_size: int,
+    cohorts: list[list[int]] | None = None,
+):
+    """`CohortClients` where `cohort_size` > 0 and the algorithm and clients batch (in `cohorts` where given: a
+    worker's share of the run's), `LocalClients` otherwise."""
     from bayesadmm.engine.cohort import CohortClients, cohort_rows  # (engine.cohort builds on this module)
 
     rows = cohort_rows(algorithm, clients, source) if cohort_size > 0 else None
     if rows is None:
         return LocalClients(algorithm, clients, seed)
-    return CohortClients(algorithm, clients, seed, cohort_size, rows)
+    return CohortClients(algorithm, clients, seed, cohort_size, rows, cohorts=cohorts)
 
 
 def _start(process) -> None:
