@@ -197,3 +197,13 @@ def test_automatic_cohorts_on_a_cpu_follow_the_solver_and_the_cores_and_elsewher
     assert automatic_cohort(10, 2, "cpu", fedavg) == 1
     assert automatic_cohort(10, 2, "cuda") == 5 and automatic_cohort(10, 1, "cuda:0") == 10
     assert automatic_cohort(1000, 1, "cuda") == DEFAULT_COHORT and automatic_cohort(1, 4, "cuda") == 1
+
+
+def test_cohorts_given_must_hold_each_client_once_within_the_size():
+    model, clients = _clients(torch.float64)
+    algorithm, ids = _algorithm("fedavg", model), sorted(clients)
+    runner = CohortClients(algorithm, clients, 0, 2, cohorts=[ids[:2], ids[2:4], ids[4:]])
+    assert runner.cohorts == [ids[:2], ids[2:4], ids[4:]]
+    for bad in ([ids[:3], ids[3:]], [ids[:2], ids[2:4]], [ids[:2], ids[1:3], ids[3:]]):
+        with pytest.raises(ValueError, match="each client once"):
+            CohortClients(algorithm, clients, 0, 2, cohorts=bad)

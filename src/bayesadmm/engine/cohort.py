@@ -44,7 +44,7 @@ DEFAULT_COHORT = 64
 def automatic_cohort(clients: int, workers: int, device: str = "cpu", algorithm: Algorithm | None = None) -> int:
     """The cohort size of `cohort=0`. On a CPU, for an algorithm whose local solver batches: the clients spread over
     the machine's cores, at most the solver's `cpu_cohort` (16 for Adam, 1 for IVON: `benchmarks/cohort.py` measured
-    cohorts of Adam steps 1.3-2.3x faster than one client at a time, and IVON's no faster), so that each core's
+    cohorts of Adam steps 1.6-2.1x faster than one client at a time, and IVON's hardly faster), so that each core's
     worker gets at least one cohort. The size depends on the clients and the machine, not on `workers`: the same
     clients are batched together, and a run gives the same bits, for any number of workers. Without an algorithm
     (or one that does not batch) 1. On another device each worker's share of the clients as one cohort, at most
@@ -90,9 +90,10 @@ class CohortClients(LocalClients):
         self.local, self.rows, self.cohort_size = algorithm.local, rows, cohort_size
         if cohorts is None:
             cohorts = fixed_cohorts({k: int(d.num_examples) for k, d in self.clients.items()}, cohort_size)
-        elif sorted(k for c in cohorts for k in c) != sorted(self.clients) or any(len(c) > cohort_size for c in cohorts):
-            raise ValueError(f"cohorts must hold each client once, at most {cohort_size} each")
         self.cohorts = [list(c) for c in cohorts]
+        held = sorted(k for c in self.cohorts for k in c)
+        if held != sorted(self.clients) or any(len(c) > cohort_size for c in self.cohorts):
+            raise ValueError(f"cohorts must hold each client once, at most {cohort_size} each")
         self.workspace = Workspace()  # the solvers' scratch matrices, reused by every cohort
         self.single_thread = single_thread
 

@@ -12,7 +12,7 @@ block of the output matrix. Autograd is then used only for ``∂ℓ/∂F`` (any 
 gives ``∂ℓ/∂F`` in closed form (``loss_grad``: autograd of the cross-entropy of a cohort of 5 takes 0.3 ms a step,
 the closed form 0.06 ms), and the per-step costs of the generic route go: vmap's batching of every operation, and
 the copy that assembles the flat gradient from the layers' pieces. For the papers' MLP in cohorts of 5 to 32 vmap's
-route takes 1.24-1.47x the written-out one's time (``python benchmarks/batched_gradients.py``, docs/performance.md).
+route takes 1.20-1.90x the written-out one's time (``python benchmarks/batched_gradients.py``, docs/performance.md).
 The two agree to rounding (tests/models/test_batched.py).
 """
 
