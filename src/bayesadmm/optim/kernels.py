@@ -36,8 +36,6 @@ from torch import Tensor
 from bayesadmm import rng
 
 __all__ = [
-    "adam_step",
-    "adam_step_",
     "compile_enabled",
     "fused",
     "recheck_compile_enabled",
@@ -112,8 +110,7 @@ def fused(fn: Callable, *, inductor_config: dict[str, Any] | None = None) -> Cal
 # cold cache, for ~350 lines of C++. realize_reads_threshold=0 makes every pointwise result with more than one use
 # (and a read of some input) a node of its own; the scheduler fuses them back into the one loop and drops the
 # in-kernel buffers, so the C++ has the same operations in another order (the same numbers, bit for bit, at the same
-# speed) and the compile costs about what a trivial kernel's does. `adam_step_` keeps torch's settings (no noise;
-# they would only add a scalar buffer).
+# speed) and the compile costs about what a trivial kernel's does.
 INDUCTOR_CONFIG: dict[str, Any] = {"realize_reads_threshold": 0}
 # `sample_rows_step`'s (clients, pairs) nodes: Inductor merges the two loops of a node whose buffers are contiguous,
 # and a merged node no longer fuses with the unmerged ones (those reading a client's key, or writing the cat's
@@ -202,47 +199,6 @@ def sample_step(
     eps = rng.counter_normal(key, mc_samples * d, mean.dtype, mean.device).view(mc_samples, d)
     sigma = torch.rsqrt(ess * (hess + delta))
     return mean + sigma * eps, eps
-
-
-def adam_step(
-    param: Tensor,
-    first: Tensor,
-    second: Tensor,
-    grad: Tensor,
-    weight1: Tensor,
-    beta2: Tensor,
-    weight2: Tensor,
-    step_size: Tensor,
-    root_correction: Tensor,
-    eps: Tensor,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One step of torch.optim.Adam's arithmetic on flat tensors, in its order of operations: the new (θ, m, v) from
-    the gradient, with weight1 = 1 − β₁, weight2 = 1 − β₂ (computed in double precision, as Adam does, not from
-    rounded β's), step_size = lr/(1 − β₁ᵗ) and root_correction = sqrt(1 − β₂ᵗ), all 0-d tensors, as ε."""
-    new_first = first.lerp(grad, weight1)
-    new_second = second * beta2 + weight2 * grad * grad
-    denom = new_second.sqrt() / root_correction + eps
-    return param + (-step_size) * new_first / denom, new_first, new_second
-
-
-@functools.partial(fused, inductor_config={})
-def adam_step_(
-    param: Tensor,
-    first: Tensor,
-    second: Tensor,
-    grad: Tensor,
-    weight1: Tensor,
-    beta2: Tensor,
-    weight2: Tensor,
-    step_size: Tensor,
-    root_correction: Tensor,
-    eps: Tensor,
-) -> None:
-    """`adam_step` with the new (θ, m, v) written into param, first and second (one pass once compiled: the
-    cohort's Adam updates many clients' parameters as one long vector)."""
-    new = adam_step(param, first, second, grad, weight1, beta2, weight2, step_size, root_correction, eps)
-    for state, value in zip((param, first, second), new, strict=True):
-        state.copy_(value)
 
 
 @functools.partial(fused, inductor_config=ROWS_INDUCTOR_CONFIG)

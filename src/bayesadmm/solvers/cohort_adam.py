@@ -1,7 +1,9 @@
 """`LocalAdam.train` for a cohort of clients at once: their parameters as the rows of one (K, d) matrix, each step's
-minibatch gradients by `solvers.cohort.batch_gradients`, and Adam's update (torch.optim.Adam's arithmetic, defaults
-β = (0.9, 0.999), ε = 1e-8) on the rows of the clients that take that step, seen as one vector, by the fused kernel
-`optim.kernels.adam_step_`.
+minibatch gradients by `solvers.cohort.batch_gradients`, and Adam's update (defaults β = (0.9, 0.999), ε = 1e-8) on
+the rows of the clients that take that step, seen as one vector, by torch's fused Adam (`torch.optim.adam.adam` with
+`fused=True`, what `torch.optim.Adam(fused=True)` runs: one pass over the vectors, called as one ATen operation,
+without the guards and wrappers of a torch.compile'd kernel, which cost as much as the pass itself for a client or
+two).
 
 Each client keeps its own problem (a, b, c of `solvers.adam`), its own shuffles (drawn from its generator by
 `plan_batches`) and its own step count; a client that has taken all its steps leaves the active set (the rows are
@@ -16,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+from torch.optim.adam import adam as adam_update
 
 from bayesadmm.checks import all_finite
-from bayesadmm.optim import kernels
 from bayesadmm.solvers.cohort import StackedClients, batch_gradients, plan_batches
 
 if TYPE_CHECKING:
@@ -54,10 +56,7 @@ def adam_cohort(
         center = scratch.stack("center", centers, like)
     first, second = scratch.rows("first", len(chosen), like).zero_(), scratch.rows("second", len(chosen), like).zero_()
 
-    def scalar(x: float) -> Tensor:  # (the fused kernel takes every hyperparameter as a tensor)
-        return torch.tensor(x, dtype=theta.dtype, device=theta.device)
-
-    weight1, beta2, weight2, eps = scalar(1 - BETA1), scalar(BETA2), scalar(1 - BETA2), scalar(EPS)
+    step = torch.zeros((), dtype=torch.float32, device=like.device)  # as torch.optim.Adam(fused=True) keeps it
     for t, active in enumerate(plan.active):
         rows = slice(0, active)
         params = theta[rows]
@@ -70,19 +69,23 @@ def adam_cohort(
             extra = pull if extra is None else extra + pull
         if extra is not None:
             grads.add_(extra)
-        # torch.optim.Adam's step t + 1 for every active client, on their rows as one vector (one fused pass)
-        step = t + 1
-        kernels.adam_step_(
-            params.view(-1),
-            first[rows].view(-1),
-            second[rows].view(-1),
-            grads.view(-1),
-            weight1,
-            beta2,
-            weight2,
-            scalar(adam.lr / (1 - BETA1**step)),
-            scalar((1 - BETA2**step) ** 0.5),
-            eps,
+        # Adam's step t + 1 for every active client, on their rows as one vector (one fused pass; it counts the step)
+        step.fill_(t)
+        adam_update(
+            [params.view(-1)],
+            [grads.view(-1)],
+            [first[rows].view(-1)],
+            [second[rows].view(-1)],
+            [],
+            [step],
+            fused=True,
+            amsgrad=False,
+            beta1=BETA1,
+            beta2=BETA2,
+            lr=adam.lr,
+            weight_decay=0.0,
+            eps=EPS,
+            maximize=False,
         )
     if not all_finite(theta):
         raise FloatingPointError("local training diverged (non-finite parameters); lower the learning rate")
