@@ -220,7 +220,7 @@ def test_cohort_setting_trains_a_rounds_clients_together_with_the_per_client_num
     from bayesadmm.engine import cohort as engine_cohort
     from bayesadmm.engine.cohort import CohortClients
 
-    monkeypatch.setattr(engine_cohort.os, "cpu_count", lambda: 2)  # automatic: the 4 clients over 2 cores
+    monkeypatch.setattr(engine_cohort, "usable_cores", lambda: 2)  # automatic: the 4 clients over 2 cores
     automatic = 2 if algorithm == "fedavg" else 1  # Adam's cohorts up to 16; IVON one client at a time on a CPU
     trained = []
     train = CohortClients.train

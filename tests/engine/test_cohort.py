@@ -188,12 +188,12 @@ def test_automatic_cohorts_on_a_cpu_follow_the_solver_and_the_cores_and_elsewher
 
     model, _ = _clients(torch.float64)
     fedavg, ivon = _algorithm("fedavg", model), _algorithm("ivon-admm", model)
-    monkeypatch.setattr(cohort.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(cohort, "usable_cores", lambda: 2)
     assert automatic_cohort(10, 2, "cpu", fedavg) == automatic_cohort(10, 1, "cpu", fedavg) == 5  # not per worker
     assert automatic_cohort(1000, 2, "cpu", fedavg) == fedavg.local.solver.cpu_cohort == 16
     assert automatic_cohort(1000, 2, "cpu", ivon) == automatic_cohort(1000, 2, "cpu") == 1
     assert automatic_cohort(1000, 2, "cpu", _algorithm("fedpa", model)) == 1  # its client update does not batch
-    monkeypatch.setattr(cohort.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(cohort, "usable_cores", lambda: 16)
     assert automatic_cohort(10, 2, "cpu", fedavg) == 1
     assert automatic_cohort(10, 2, "cuda") == 5 and automatic_cohort(10, 1, "cuda:0") == 10
     assert automatic_cohort(1000, 1, "cuda") == DEFAULT_COHORT and automatic_cohort(1, 4, "cuda") == 1

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -31,7 +30,7 @@ import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.engine.workers import LocalClients, fixed_cohorts, one_thread
+from bayesadmm.engine.workers import LocalClients, fixed_cohorts, one_thread, usable_cores
 from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
 
 # clients per batched computation: bounds the memory of the stacked states (about 10 model-sized vectors per client
@@ -43,18 +42,19 @@ DEFAULT_COHORT = 64
 
 def automatic_cohort(clients: int, workers: int, device: str = "cpu", algorithm: Algorithm | None = None) -> int:
     """The cohort size of `cohort=0`. On a CPU, for an algorithm whose local solver batches: the clients spread over
-    the machine's cores, at most the solver's `cpu_cohort` (16 for Adam, 1 for IVON: `benchmarks/cohort.py` measured
-    cohorts of Adam steps 1.6-2.1x faster than one client at a time, and IVON's hardly faster), so that each core's
-    worker gets at least one cohort. The size depends on the clients and the machine, not on `workers`: the same
-    clients are batched together, and a run gives the same bits, for any number of workers. Without an algorithm
-    (or one that does not batch) 1. On another device each worker's share of the clients as one cohort, at most
-    `DEFAULT_COHORT`: small per-client computations leave a GPU idle, a batched one does not."""
+    the cores this process may use (`usable_cores`), at most the solver's `cpu_cohort` (16 for Adam, 1 for IVON:
+    `benchmarks/cohort.py` measured cohorts of Adam steps 1.6-2.1x faster than one client at a time, and IVON's
+    hardly faster), so that each core's worker gets at least one cohort. The size depends on the clients and the
+    machine, not on `workers`: the same clients are batched together, and a run gives the same bits, for any number
+    of workers. Without an algorithm (or one that does not batch) 1. On another device each worker's share of the
+    clients as one cohort, at most `DEFAULT_COHORT`: small per-client computations leave a GPU idle, a batched one
+    does not."""
     if torch.device(device).type != "cpu":
         return max(1, min(DEFAULT_COHORT, math.ceil(clients / max(workers, 1))))
     if algorithm is None or algorithm.local is None:
         return 1
     limit = int(getattr(algorithm.local.solver, "cpu_cohort", 1))
-    return max(1, min(limit, math.ceil(clients / (os.cpu_count() or 1))))
+    return max(1, min(limit, math.ceil(clients / usable_cores())))
 
 
 def cohort_rows(algorithm: Algorithm, clients: Mapping[int, Any], source: Any = None) -> ClientRows | None:

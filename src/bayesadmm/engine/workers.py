@@ -57,6 +57,12 @@ def default_workers() -> int:
     """The number of cores this process may use (or $BAYESADMM_WORKERS)."""
     if os.environ.get("BAYESADMM_WORKERS"):
         return max(1, int(os.environ["BAYESADMM_WORKERS"]))
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity where the system has one (a container's share, not the
+    host's count), `os.cpu_count()` elsewhere."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
@@ -95,15 +101,15 @@ def fixed_cohorts(sizes: Mapping[int, int], cohort_size: int, spread: int | None
     similar sizes), and each band's clients are dealt to its cohorts back and forth (1, 2, …, n, n, …, 2, 1, 1, …).
     A cohort takes about a fixed time per step of its largest client plus a time per client step
     (`python benchmarks/cohort.py`): cohorts of similar clients waste few steps, and the cohorts of a band, of nearly
-    equal work, keep `spread` workers equally busy. `spread` defaults to the machine's cores (`os.cpu_count()`),
-    where `bayesadmm run` starts one worker each. Each cohort's ids in order.
+    equal work, keep `spread` workers equally busy. `spread` defaults to the cores this process may use
+    (`usable_cores`), where `bayesadmm run` starts one worker each. Each cohort's ids in order.
 
     A round trains each cohort's chosen members together (`engine.cohort`), so what is batched with what depends
     neither on the round's order of clients nor on how many workers share them (`assign` gives each worker whole
     cohorts)."""
     if cohort_size < 1:
         raise ValueError(f"cohort_size must be >= 1, got {cohort_size}")
-    spread = max(1, spread if spread is not None else os.cpu_count() or 1)
+    spread = max(1, spread if spread is not None else usable_cores())
     ordered = sorted(sizes, key=lambda k: (-sizes[k], k))
     cohorts: list[list[int]] = []
     for start in range(0, len(ordered), spread * cohort_size):
@@ -653,6 +659,7 @@ __all__: Sequence[str] = [
     "train_client",
     "assign",
     "fixed_cohorts",
+    "usable_cores",
     "default_workers",
     "one_thread",
     "checkpointed_states",
