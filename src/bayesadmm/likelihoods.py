@@ -76,9 +76,9 @@ class Classification:
 
     def nll_grad(self, outputs: Tensor, targets: Tensor, weights: Tensor | float) -> Tensor:
         """``∂/∂F Σ_i w_i (−log softmax(f_i)_{y_i}) = w_i (softmax(f_i) − onehot(y_i))`` for logits ``(..., C)``,
-        labels ``(...)`` and weights broadcastable to ``(...)``: a new tensor. Computed as autograd computes
-        ``mean_nll``'s gradient (the exponential of the log-softmax, times ``w``, less ``w`` at the label), so a
-        weight of ``1/N`` gives the bits of ``mean_nll``'s backward pass."""
+        labels ``(...)`` and weights broadcastable to ``(...)``: a new tensor. Computed by the operation autograd runs
+        for ``mean_nll`` (aten's log-softmax backward of −w at the label), so a weight of ``1/N`` gives the bits of
+        ``mean_nll``'s backward pass."""
         weights = torch.as_tensor(weights, dtype=outputs.dtype, device=outputs.device)
         weights = weights.expand(outputs.shape[:-1]).unsqueeze(-1)
         if targets.is_floating_point():  # class probabilities, as F.cross_entropy takes them

@@ -43,7 +43,7 @@ DEFAULT_COHORT = 64
 def automatic_cohort(clients: int, workers: int, device: str = "cpu", algorithm: Algorithm | None = None) -> int:
     """The cohort size of `cohort=0`. On a CPU, for an algorithm whose local solver batches: the clients spread over
     the cores this process may use (`usable_cores`), at most the solver's `cpu_cohort` (16 for Adam, 1 for IVON:
-    `benchmarks/cohort.py` measured cohorts of Adam steps 1.6-2.1x faster than one client at a time, and IVON's
+    `benchmarks/cohort.py` measured cohorts of Adam steps 1.7-2.4x faster than one client at a time, and IVON's
     hardly faster), so that each core's worker gets at least one cohort. The size depends on the clients and the
     machine, not on `workers`: the same clients are batched together, and a run gives the same bits, for any number
     of workers. Without an algorithm (or one that does not batch) 1. On another device each worker's share of the
