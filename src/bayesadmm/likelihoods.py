@@ -79,14 +79,17 @@ class Classification:
         labels ``(...)`` and weights broadcastable to ``(...)``: a new tensor. Computed by the operation autograd runs
         for ``mean_nll`` (aten's log-softmax backward of −w at the label), so a weight of ``1/N`` gives the bits of
         ``mean_nll``'s backward pass."""
-        weights = torch.as_tensor(weights, dtype=outputs.dtype, device=outputs.device)
-        weights = weights.expand(outputs.shape[:-1]).unsqueeze(-1)
-        if targets.is_floating_point():  # class probabilities, as F.cross_entropy takes them
-            outer = targets * weights.neg()
+        if isinstance(weights, float) and not targets.is_floating_point():  # one weight: scattered as a number
+            outer = torch.zeros_like(outputs).scatter_(-1, targets.unsqueeze(-1), -weights)
         else:
-            outer = torch.zeros_like(outputs).scatter_(-1, targets.unsqueeze(-1), weights.neg())
+            weights = torch.as_tensor(weights, dtype=outputs.dtype, device=outputs.device)
+            weights = weights.expand(outputs.shape[:-1]).unsqueeze(-1)
+            if targets.is_floating_point():  # class probabilities, as F.cross_entropy takes them
+                outer = targets * weights.neg()
+            else:
+                outer = torch.zeros_like(outputs).scatter_(-1, targets.unsqueeze(-1), weights.neg())
         log_probs = torch.log_softmax(outputs, dim=-1)
-        return torch.ops.aten._log_softmax_backward_data(outer, log_probs, -1, outputs.dtype)
+        return torch._log_softmax_backward_data(outer, log_probs, -1, outputs.dtype)
 
     def predictive(self, outputs: Tensor) -> Tensor:
         """``(1/S) Σ_s softmax(f_s)``, shape ``(N, C)``; for ``S = 1`` the same bits as ``softmax(f_1)``."""

@@ -58,26 +58,23 @@ def plan_gradients(
     written into ``out`` (S, d), which is returned. ``loss_grad(outputs, *args)``, where given, is the gradient of
     the rows' summed losses with respect to the outputs (S, N, ...) in closed form, used instead of autograd."""
     count = thetas.shape[0]
-    offsets = [0]
-    for slot in slots[:-1]:
-        offsets.append(offsets[-1] + slot.numel)
-
-    def block(matrix: Tensor, index: int) -> Tensor:  # parameter `index` of every row, (S, *shape): a view
-        start = offsets[index]
-        return matrix[:, start : start + slots[index].numel].view(count, *slots[index].shape)
-
+    numels = [slot.numel for slot in slots]
+    # every parameter of every row as a view (S, *shape): one split and a view each (a step's fixed cost is its
+    # number of calls into torch, which for a client or two weighs as much as the products)
+    params = [p.view(count, *slot.shape) for p, slot in zip(thetas.split_with_sizes(numels, 1), slots, strict=True)]
+    grads = [g.view(count, *slot.shape) for g, slot in zip(out.split_with_sizes(numels, 1), slots, strict=True)]
     if X.is_floating_point() and X.dtype != thetas.dtype:
         X = X.to(thetas.dtype)
     trail: list[tuple] = []  # what the backward pass needs of each step, in forward order
     h = X
     for step in plan:
         if step[0] == "linear":
-            weight, flat_in = block(thetas, step[1]), h.reshape(count, -1, h.shape[-1])
-            z = torch.bmm(flat_in, weight.transpose(1, 2))
+            flat_in = h if h.dim() == 3 else h.reshape(count, -1, h.shape[-1])
+            z = torch.bmm(flat_in, params[step[1]].transpose(1, 2))
             if step[2] is not None:  # (a separate add_ is a little faster than baddbmm on a CPU)
-                z.add_(block(thetas, step[2]).unsqueeze(1))
+                z.add_(params[step[2]].unsqueeze(1))
             trail.append((step, flat_in, h.shape))
-            h = z.view(*h.shape[:-1], z.shape[-1])
+            h = z if h.dim() == 3 else z.view(*h.shape[:-1], z.shape[-1])
         elif step[0] == "act":
             h = step[1](h)
             trail.append((step, h, None))
@@ -95,12 +92,14 @@ def plan_gradients(
     for i in range(len(trail) - 1, first_linear - 1, -1):
         step, saved, shape = trail[i]
         if step[0] == "linear":
-            flat_delta = delta.reshape(count, -1, delta.shape[-1])
-            torch.bmm(flat_delta.transpose(1, 2), saved, out=block(out, step[1]))
+            flat_delta = delta if delta.dim() == 3 else delta.reshape(count, -1, delta.shape[-1])
+            torch.bmm(flat_delta.transpose(1, 2), saved, out=grads[step[1]])
             if step[2] is not None:
-                torch.sum(flat_delta, dim=1, out=block(out, step[2]))
+                torch.sum(flat_delta, dim=1, out=grads[step[2]])
             if i > first_linear:  # the images need no gradient
-                delta = torch.bmm(flat_delta, block(thetas, step[1])).view(shape)
+                delta = torch.bmm(flat_delta, params[step[1]])
+                if len(shape) != 3:
+                    delta = delta.view(shape)
         elif step[0] == "act":
             if step[2] is not None:  # the activation's backward from its output (None: the identity)
                 delta = step[2](delta, saved)

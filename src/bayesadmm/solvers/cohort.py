@@ -137,7 +137,8 @@ class BatchPlan(NamedTuple):
 
     order: list[int]  # cohort positions, by number of steps (most first; ties in cohort order)
     steps: list[int]  # steps of each client, in `order`
-    rows: Tensor  # (K, T, B) rows of X of client order[i]'s step t (0 where padded), on the data's device
+    rows: Tensor  # (T, K, B) rows of X of client order[i]'s step t (0 where padded), on the data's device
+    targets: Tensor  # (T, K, B, ...) the y of those rows: gathered once, not at every step
     counts: Tensor  # (K, T) examples in that minibatch (0 after the client's last step), on the CPU
     active: list[int]  # active[t]: how many clients (a prefix of `order`) take step t
     width: list[int]  # width[t]: the one minibatch size of step t's active clients, or -1 where they differ
@@ -152,14 +153,14 @@ def plan_batches(
     steps = [epochs * b for b in blocks]
     order = sorted(range(len(data)), key=lambda i: -steps[i])
     most = max(steps)
-    rows = torch.zeros((len(data), most, batch_size), dtype=torch.int64)
+    rows = torch.zeros((most, len(data), batch_size), dtype=torch.int64)  # step-major: a step's rows are one block
     counts = torch.zeros((len(data), most), dtype=torch.int64)
     for slot, i in enumerate(order):
         n, b = data.sizes[i], blocks[i]
         table = torch.zeros((epochs, b * batch_size), dtype=torch.int64)
         for epoch in range(epochs):  # drawn on the CPU generator as `minibatches` draws them
             table[epoch, :n] = rng.randperm(n, generators[i], "cpu")
-        rows[slot, : steps[i]] = table.add_(data.offsets[i]).view(epochs * b, batch_size)
+        rows[: steps[i], slot] = table.add_(data.offsets[i]).view(epochs * b, batch_size)
         sizes = torch.full((b,), batch_size, dtype=torch.int64)
         sizes[-1] = n - (b - 1) * batch_size
         counts[slot, : epochs * b] = sizes.repeat(epochs)
@@ -169,7 +170,8 @@ def plan_batches(
     for t in range(most):
         column = counts[: active[t], t]
         width.append(int(column[0]) if bool((column == column[0]).all()) else -1)
-    return BatchPlan(order, ordered_steps, rows.to(data.X.device), counts, active, width)
+    rows = rows.to(data.X.device)
+    return BatchPlan(order, ordered_steps, rows, take_rows(data.y, rows), counts, active, width)
 
 
 def _weighted_nll(likelihood, outputs: Tensor, y: Tensor, w: Tensor) -> Tensor:
@@ -184,10 +186,11 @@ def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tenso
     "gradients" matrix (overwritten by the next call)."""
     active, samples, dim = thetas.shape
     width = plan.width[t]
-    rows = plan.rows[:active, t, : max(width, 0) or None]  # (A, b)
+    rows = plan.rows[t, :active, : max(width, 0) or None]  # (A, b)
+    y = plan.targets[t, :active, : max(width, 0) or None]
     if samples > 1:
-        rows = rows.repeat_interleave(samples, dim=0)
-    x, y = take_rows(data.X, rows), take_rows(data.y, rows)
+        rows, y = rows.repeat_interleave(samples, dim=0), y.repeat_interleave(samples, dim=0)
+    x = take_rows(data.X, rows)
     flat = thetas.reshape(active * samples, dim)
     out = data.workspace.rows("gradients", active * samples, flat[0])
     nll_grad = getattr(data.likelihood, "nll_grad", None)  # the loss's gradient in closed form, where it has one

@@ -1,9 +1,9 @@
 """`LocalAdam.train` for a cohort of clients at once: their parameters as the rows of one (K, d) matrix, each step's
 minibatch gradients by `solvers.cohort.batch_gradients`, and Adam's update (defaults β = (0.9, 0.999), ε = 1e-8) on
-the rows of the clients that take that step, seen as one vector, by torch's fused Adam (`torch.optim.adam.adam` with
-`fused=True`, what `torch.optim.Adam(fused=True)` runs: one pass over the vectors, called as one ATen operation,
-without the guards and wrappers of a torch.compile'd kernel, which cost as much as the pass itself for a client or
-two).
+the rows of the clients that take that step, seen as one vector, by torch's fused Adam: the ATen operation
+`torch._fused_adam_` that `torch.optim.Adam(fused=True)` runs, one pass over the vectors, called directly: without
+torch.optim's Python wrapper (its grouping of the tensors and its checks, at every step) and without a torch.compile'd
+kernel's guards, a step's fixed cost is a few calls into torch.
 
 Each client keeps its own problem (a, b, c of `solvers.adam`), its own shuffles (drawn from its generator by
 `plan_batches`) and its own step count; a client that has taken all its steps leaves the active set (the rows are
@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from torch.optim.adam import adam as adam_update
 
 from bayesadmm.checks import all_finite
 from bayesadmm.solvers.cohort import StackedClients, batch_gradients, plan_batches
@@ -56,9 +55,12 @@ def adam_cohort(
         center = scratch.stack("center", centers, like)
     first, second = scratch.rows("first", len(chosen), like).zero_(), scratch.rows("second", len(chosen), like).zero_()
 
+    # flat views of the state: the active clients' rows are a prefix, so each step's operands are one slice each
+    flat_theta, flat_first, flat_second = theta.view(-1), first.view(-1), second.view(-1)
+    width = theta.shape[1]
     step = torch.zeros((), dtype=torch.float32, device=like.device)  # as torch.optim.Adam(fused=True) keeps it
     for t, active in enumerate(plan.active):
-        rows = slice(0, active)
+        rows, flat = slice(0, active), slice(0, active * width)
         params = theta[rows]
         grads = batch_gradients(data, plan, t, params.unsqueeze(1)).squeeze(1)
         extra = adam.weight_decay * params if adam.weight_decay else None
@@ -69,22 +71,22 @@ def adam_cohort(
             extra = pull if extra is None else extra + pull
         if extra is not None:
             grads.add_(extra)
-        # Adam's step t + 1 for every active client, on their rows as one vector (one fused pass; it counts the step)
-        step.fill_(t)
-        adam_update(
-            [params.view(-1)],
+        # Adam's step t + 1 for every active client, on their rows as one vector: the one fused pass that
+        # torch.optim.adam.adam(..., fused=True) runs after counting the step, called without its Python wrapper
+        step.fill_(t + 1)
+        torch._fused_adam_(
+            [flat_theta[flat]],
             [grads.view(-1)],
-            [first[rows].view(-1)],
-            [second[rows].view(-1)],
+            [flat_first[flat]],
+            [flat_second[flat]],
             [],
             [step],
-            fused=True,
-            amsgrad=False,
+            lr=adam.lr,
             beta1=BETA1,
             beta2=BETA2,
-            lr=adam.lr,
             weight_decay=0.0,
             eps=EPS,
+            amsgrad=False,
             maximize=False,
         )
     if not all_finite(theta):
