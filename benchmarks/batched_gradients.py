@@ -8,7 +8,9 @@ of any other model, `batched.vmap_gradients`), on the papers' MLP (784-200-100-1
 For each cohort size K: K random parameter vectors and K minibatches of random images, each route called `--calls`
 times per repetition, the routes alternating; printed: the median milliseconds per call of each, the ratios to the
 closed form's, and the largest difference between the written-out and the vmap routes (they agree to float32
-rounding; the two written-out ones give the same bits).
+rounding; the two written-out ones give the same bits). Then one client, as the per-client solvers take its
+gradient: `SupervisedData.batch_grad` (the written-out route for one row) against autograd of `batch_loss`, on a
+client of 1200 random images, alternating the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 import torch
 
+from bayesadmm.clients import SupervisedData
 from bayesadmm.likelihoods import Classification
 from bayesadmm.models import batched, mlp
 
@@ -72,6 +75,31 @@ def main() -> None:
         print(f"K={k:3d}: written-out with the closed form {closed_ms:6.2f} ms, with autograd {autograd_ms:6.2f} ms, "
               f"vmap {vmap_ms:6.2f} ms per call; autograd / closed form {autograd_ms / closed_ms:.2f}, vmap / closed "
               f"form {vmap_ms / closed_ms:.2f}; largest difference (vmap) {gap:.1e}")
+    one_client(model, gen, args.calls, args.repeats)
+
+
+def one_client(model, gen: torch.Generator, calls: int, repeats: int) -> None:
+    """`SupervisedData.batch_grad` against autograd of `batch_loss` on one client's minibatches."""
+    data = SupervisedData(model, torch.rand(1200, 784, generator=gen), torch.randint(0, 10, (1200,), generator=gen))
+    theta = 0.05 * torch.randn(model.dim, generator=gen)
+    idx = torch.randperm(1200, generator=gen)[:BATCH]
+
+    def autograd() -> torch.Tensor:
+        leaf = theta.detach().requires_grad_(True)
+        return torch.autograd.grad(data.batch_loss(leaf, idx), leaf)[0]
+
+    routes = {"batch_grad": lambda: data.batch_grad(theta, idx), "autograd": autograd}
+    gap = float((routes["batch_grad"]() - routes["autograd"]()).abs().max())
+    times: dict[str, list[float]] = {name: [] for name in routes}
+    for _ in range(repeats):
+        for name, route in routes.items():
+            began = time.perf_counter()
+            for _ in range(calls):
+                route()
+            times[name].append((time.perf_counter() - began) / calls * 1e3)
+    grad_ms, autograd_ms = (statistics.median(times[name]) for name in routes)
+    print(f"one client: SupervisedData.batch_grad {grad_ms:6.2f} ms, autograd of batch_loss {autograd_ms:6.2f} ms per "
+          f"call; autograd / batch_grad {autograd_ms / grad_ms:.2f}; largest difference {gap:.1e}")
 
 
 if __name__ == "__main__":

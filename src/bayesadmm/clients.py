@@ -11,6 +11,7 @@ instead of two per client.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -62,6 +63,25 @@ class SupervisedData:
     def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
         """The likelihood's mean negative log-likelihood over the examples `idx`."""
         return self.likelihood.mean_nll(self.model.forward(theta, take_rows(self.X, idx)), take_rows(self.y, idx))
+
+    def batch_grad(self, theta: Tensor, idx: Tensor) -> Tensor:
+        """∇θ of `batch_loss(θ, idx)`, a new tensor. A model run from its plan with a likelihood that has `nll_grad`
+        takes the written-out backward pass (`FlatModel.batched_gradients` of one row), which builds no autograd
+        graph (`python benchmarks/batched_gradients.py`: its "one client" line); any other by autograd."""
+        nll_grad = getattr(self.likelihood, "nll_grad", None)
+        if nll_grad is None or not getattr(self.model, "written_out_backward", False):
+            leaf = theta.detach().requires_grad_(True)
+            (grad,) = torch.autograd.grad(self.batch_loss(leaf, idx), leaf)
+            return grad
+        x, y = take_rows(self.X, idx).unsqueeze(0), take_rows(self.y, idx).unsqueeze(0)
+        mean_grad = functools.partial(_scaled_nll_grad, nll_grad, 1.0 / idx.numel())
+        thetas = theta.detach().unsqueeze(0)
+        return self.model.batched_gradients(thetas, x, self.likelihood.mean_nll, y, loss_grad=mean_grad)[0]
+
+
+def _scaled_nll_grad(nll_grad, weight: float, outputs: Tensor, targets: Tensor) -> Tensor:
+    """`nll_grad` with one weight for every example (1/N: the gradient of the mean)."""
+    return nll_grad(outputs, targets, weight)
 
 
 def take_rows(t: Tensor, idx: Tensor) -> Tensor:

@@ -167,20 +167,25 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
     from bayesadmm.problems.neural import ClassificationData
 
     after_round_1 = {"yes": False}
-    batch_loss, save = ClassificationData.batch_loss, loop._save_checkpoint
+    batch_loss, batch_grad, save = ClassificationData.batch_loss, ClassificationData.batch_grad, loop._save_checkpoint
 
     def poisoned(self, theta, idx):
         loss = batch_loss(self, theta, idx)
         return loss * float("nan") if after_round_1["yes"] else loss
+
+    def poisoned_grad(self, theta, idx):  # the per-client solvers' gradient
+        grad = batch_grad(self, theta, idx)
+        return grad * float("nan") if after_round_1["yes"] else grad
 
     def save_and_flag(path, round_, server, clients):
         save(path, round_, server, clients)
         after_round_1["yes"] = round_ >= 1
 
     monkeypatch.setattr(ClassificationData, "batch_loss", poisoned)
+    monkeypatch.setattr(ClassificationData, "batch_grad", poisoned_grad)
     monkeypatch.setattr(loop, "_save_checkpoint", save_and_flag)
     out = tmp_path / "diverged"
-    # cohort=1: the per-client path, whose batch_loss is poisoned (a cohort's breakdown: test_cohort.py)
+    # cohort=1: the per-client path, whose batch_loss and batch_grad are poisoned (a cohort's breakdown: test_cohort.py)
     code = main(["run", "fmnist-heterog10", *SMALL, "rounds=3", "method=fedavg", "cohort=1", f"out={out}", "--quiet"])
     assert code == loop.EXIT_DIVERGED
     status = json.loads((out / "status.json").read_text())

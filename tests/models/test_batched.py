@@ -123,3 +123,29 @@ def test_a_closed_form_loss_gradient_gives_the_autograd_routes_bits():
         assert torch.equal(closed, model.batched_gradients(thetas, X, F.cross_entropy, y))
         closed = model.batched_gradients(thetas, X, weighted, y, w, loss_grad=likelihood.nll_grad)
         assert torch.equal(closed, model.batched_gradients(thetas, X, weighted, y, w))
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "flatten-images", "residual"])
+def test_a_clients_batch_grad_is_the_gradient_of_its_batch_loss(name):
+    """SupervisedData.batch_grad (the per-client solvers' gradient): autograd of batch_loss, in float64 to 1e-12, by
+    the written-out route for plan-run models and by autograd for any other model or a likelihood without nll_grad."""
+    from bayesadmm.clients import SupervisedData
+    from bayesadmm.likelihoods import Classification
+
+    class _NoClosedForm(Classification):  # mean_nll only: batch_grad must fall back to autograd
+        nll_grad = None
+
+    build, shape = NETS[name]
+    model = FlatModel(build)
+    gen = torch.Generator().manual_seed(4)
+    X = torch.randn(20, *shape, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, CLASSES, (20,), generator=gen)
+    theta = model.initial_params(gen).to(torch.float64).requires_grad_()
+    idx = torch.randperm(20, generator=gen)[:7]
+    for likelihood in (Classification(), _NoClosedForm()):
+        data = SupervisedData(model, X, y, likelihood)
+        (expected,) = torch.autograd.grad(data.batch_loss(theta, idx), theta)
+        got = data.batch_grad(theta, idx)
+        assert got.shape == theta.shape and not got.requires_grad
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert model.written_out_backward == (name != "residual")

@@ -217,6 +217,12 @@ class FlatModel:
             raise ValueError(f"thetas must have shape (S, {self.dim}), got {shape}")
         return vmap(self.forward, in_dims=(0, None))(thetas, X)
 
+    @property
+    def written_out_backward(self) -> bool:
+        """Whether ``batched_gradients`` runs the written-out backward pass (a model run from its plan), which needs
+        no autograd graph when it is given the loss's gradient at the outputs."""
+        return self._plan is not None
+
     def batched_gradients(
         self,
         thetas: Tensor,

@@ -90,10 +90,14 @@ class LocalAdam:
         optimizer = torch.optim.Adam([theta], lr=self.lr)
         center = theta0.detach() if prox_center is None else prox_center
         has_prox = torch.is_tensor(prox_weight) or prox_weight != 0.0
+        batch_grad = getattr(data, "batch_grad", None)  # the data's own gradient (no autograd graph), where it has one
         steps = 0
         for idx in minibatches(data.num_examples, self.batch_size, self.epochs, generator, theta0.device):
             optimizer.zero_grad(set_to_none=True)
-            data.batch_loss(theta, idx).backward()
+            if batch_grad is not None:
+                theta.grad = batch_grad(theta, idx)
+            else:
+                data.batch_loss(theta, idx).backward()
             with torch.no_grad():
                 # the extra terms' gradient, without a zero vector to start from where there is none (FedAvg). This
                 # changes only the sign of some zero gradient entries, which Adam's moments do not see (its first

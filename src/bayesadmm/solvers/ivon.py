@@ -279,7 +279,12 @@ class Setup(NamedTuple):
 
 
 def _grad(data, theta: Tensor, idx: Tensor) -> Tensor:
-    """∇ of the mean loss over `idx` at `theta` (a fresh leaf, so nothing leaks between samples)."""
+    """∇ of the mean loss over `idx` at `theta`: the data's own `batch_grad` where it has one (`SupervisedData`:
+    without an autograd graph for an MLP), autograd of `batch_loss` at a fresh leaf otherwise (nothing leaks between
+    samples)."""
+    batch_grad = getattr(data, "batch_grad", None)
+    if batch_grad is not None:
+        return batch_grad(theta, idx)
     theta = theta.detach().requires_grad_(True)
     (grad,) = torch.autograd.grad(data.batch_loss(theta, idx), theta)
     return grad
