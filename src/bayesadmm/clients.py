@@ -37,7 +37,9 @@ class ClientData(Protocol):
     def num_examples(self) -> int: ...
 
     def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
-        """Mean negative log-likelihood of the examples `idx` under the flat parameters `theta` (differentiable)."""
+        """Mean negative log-likelihood of the examples `idx` under the flat parameters `theta` (differentiable).
+        A client may also have `batch_grad(theta, idx)`, this loss's gradient, which the per-client solvers then
+        use instead of autograd (`SupervisedData.batch_grad`)."""
         ...
 
 

@@ -9,10 +9,10 @@ Two routes. Any model: ``vmap`` of ``grad`` of the row's loss over the rows. A `
 (``Flatten``, ``Linear`` and elementwise activations, see ``models.functional``): the forward pass as batched matrix
 products on views of ``Θ`` and the backward pass written out, each layer's weight gradient computed straight into its
 block of the output matrix. Autograd is then used only for ``∂ℓ/∂F`` (any likelihood), or not at all where the caller
-gives ``∂ℓ/∂F`` in closed form (``loss_grad``: a cohort of 5's gradients take 2.05 ms a call with it, 2.68 ms with
+gives ``∂ℓ/∂F`` in closed form (``loss_grad``: a cohort of 5's gradients take 1.90 ms a call with it, 2.60 ms with
 autograd of the cross-entropy), and the per-step costs of the generic route go: vmap's batching of every operation, and
 the copy that assembles the flat gradient from the layers' pieces. For the papers' MLP in cohorts of 5 to 32 vmap's
-route takes 1.20-1.90x the written-out one's time (``python benchmarks/batched_gradients.py``, docs/performance.md).
+route takes 1.37-2.00x the written-out one's time (``python benchmarks/batched_gradients.py``, docs/performance.md).
 The two agree to rounding (tests/models/test_batched.py).
 """
 

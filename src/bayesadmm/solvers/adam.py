@@ -61,7 +61,7 @@ class LocalAdam:
     epochs: int = 1
     batch_size: int = 32
     weight_decay: float = 0.0
-    # clients per cohort where the engine chooses on a CPU: cohorts of 16 and 32 took 0.42-0.57 of the per-client
+    # clients per cohort where the engine chooses on a CPU: cohorts of 16 and 32 took 0.61-0.64 of the per-client
     # round's time for FedAvg on 10 to 1000 clients (`python benchmarks/cohort.py`, docs/performance.md)
     cpu_cohort: ClassVar[int] = 16
 

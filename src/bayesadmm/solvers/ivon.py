@@ -139,8 +139,8 @@ class IVONSolver:
     schedule: LRSchedule = field(default_factory=ConstantLR)  # the step size of each round
     start: RoundStart = field(default_factory=RestartAtHessInit)  # what each round's IVON state starts from
     # one client at a time where the engine chooses on a CPU: IVON's per-step passes over the parameters (drawing
-    # the noise, the update) cost per client what they cost batched: cohorts of 5 to 32 took 0.81-0.99 of the
-    # per-client round's time on one thread (`python benchmarks/cohort.py --method ivon-admm`) and 1.05 of it with
+    # the noise, the update) cost per client what they cost batched: cohorts of 5 to 32 took 1.03-1.19 of the
+    # per-client round's time on one thread (`python benchmarks/cohort.py --method ivon-admm`) and 1.09 of it with
     # two workers on fmnist-heterog10 (`python benchmarks/runners.py --method ivon-admm`; docs/performance.md)
     cpu_cohort: ClassVar[int] = 1
 
