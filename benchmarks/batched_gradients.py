@@ -34,6 +34,18 @@ def mean_grad(outputs: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return Classification().nll_grad(outputs, y, 1.0 / BATCH)
 
 
+def alternate(routes: dict, calls: int, repeats: int) -> list[float]:
+    """Each route's median milliseconds per call: `repeats` rounds of `calls` calls of each route in turn."""
+    times: dict[str, list[float]] = {name: [] for name in routes}
+    for _ in range(repeats):
+        for name, route in routes.items():
+            began = time.perf_counter()
+            for _ in range(calls):
+                route()
+            times[name].append((time.perf_counter() - began) / calls * 1e3)
+    return [statistics.median(times[name]) for name in routes]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, nargs="+", default=[5, 16, 32])
@@ -64,14 +76,7 @@ def main() -> None:
         if not torch.equal(closed, routes["autograd"]()):
             raise SystemExit("the closed-form and the autograd loss gradients differ: a bug")
         gap = float((closed - routes["vmap"]()).abs().max())
-        times: dict[str, list[float]] = {name: [] for name in routes}
-        for _ in range(args.repeats):
-            for name, route in routes.items():
-                began = time.perf_counter()
-                for _ in range(args.calls):
-                    route()
-                times[name].append((time.perf_counter() - began) / args.calls * 1e3)
-        closed_ms, autograd_ms, vmap_ms = (statistics.median(times[name]) for name in routes)
+        closed_ms, autograd_ms, vmap_ms = alternate(routes, args.calls, args.repeats)
         print(f"K={k:3d}: written-out with the closed form {closed_ms:6.2f} ms, with autograd {autograd_ms:6.2f} ms, "
               f"vmap {vmap_ms:6.2f} ms per call; autograd / closed form {autograd_ms / closed_ms:.2f}, vmap / closed "
               f"form {vmap_ms / closed_ms:.2f}; largest difference (vmap) {gap:.1e}")
@@ -90,14 +95,7 @@ def one_client(model, gen: torch.Generator, calls: int, repeats: int) -> None:
 
     routes = {"batch_grad": lambda: data.batch_grad(theta, idx), "autograd": autograd}
     gap = float((routes["batch_grad"]() - routes["autograd"]()).abs().max())
-    times: dict[str, list[float]] = {name: [] for name in routes}
-    for _ in range(repeats):
-        for name, route in routes.items():
-            began = time.perf_counter()
-            for _ in range(calls):
-                route()
-            times[name].append((time.perf_counter() - began) / calls * 1e3)
-    grad_ms, autograd_ms = (statistics.median(times[name]) for name in routes)
+    grad_ms, autograd_ms = alternate(routes, calls, repeats)
     print(f"one client: SupervisedData.batch_grad {grad_ms:6.2f} ms, autograd of batch_loss {autograd_ms:6.2f} ms per "
           f"call; autograd / batch_grad {autograd_ms / grad_ms:.2f}; largest difference {gap:.1e}")
 
