@@ -76,13 +76,14 @@ class SupervisedData:
             (grad,) = torch.autograd.grad(self.batch_loss(leaf, idx), leaf)
             return grad
         x, y = take_rows(self.X, idx).unsqueeze(0), take_rows(self.y, idx).unsqueeze(0)
-        mean_grad = functools.partial(_scaled_nll_grad, nll_grad, 1.0 / idx.numel())
+        mean_grad = functools.partial(scaled_nll_grad, nll_grad, 1.0 / idx.numel())
         thetas = theta.detach().unsqueeze(0)
         return self.model.batched_gradients(thetas, x, self.likelihood.mean_nll, y, loss_grad=mean_grad)[0]
 
 
-def _scaled_nll_grad(nll_grad, weight: float, outputs: Tensor, targets: Tensor) -> Tensor:
-    """`nll_grad` with one weight for every example (1/N: the gradient of the mean)."""
+def scaled_nll_grad(nll_grad, weight: float, outputs: Tensor, targets: Tensor) -> Tensor:
+    """`nll_grad` with one weight for every example (1/N: the gradient of a minibatch's mean loss), as
+    `FlatModel.batched_gradients` takes a `loss_grad` (here and in `solvers.cohort`)."""
     return nll_grad(outputs, targets, weight)
 
 

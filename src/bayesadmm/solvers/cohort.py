@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.func import vmap
 
 from bayesadmm import rng
-from bayesadmm.clients import take_rows
+from bayesadmm.clients import scaled_nll_grad, take_rows
 
 
 class Workspace:
@@ -186,8 +186,8 @@ def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tenso
     "gradients" matrix (overwritten by the next call)."""
     active, samples, dim = thetas.shape
     width = plan.width[t]
-    rows = plan.rows[t, :active, : max(width, 0) or None]  # (A, b)
-    y = plan.targets[t, :active, : max(width, 0) or None]
+    cut = max(width, 0) or None  # the one minibatch size, or all B columns (padded) where they differ
+    rows, y = plan.rows[t, :active, :cut], plan.targets[t, :active, :cut]  # (A, b)
     if samples > 1:
         rows, y = rows.repeat_interleave(samples, dim=0), y.repeat_interleave(samples, dim=0)
     x = take_rows(data.X, rows)
@@ -195,7 +195,7 @@ def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tenso
     out = data.workspace.rows("gradients", active * samples, flat[0])
     nll_grad = getattr(data.likelihood, "nll_grad", None)  # the loss's gradient in closed form, where it has one
     if width > 0:
-        mean_grad = None if nll_grad is None else functools.partial(_mean_nll_grad, nll_grad, 1.0 / width)
+        mean_grad = None if nll_grad is None else functools.partial(scaled_nll_grad, nll_grad, 1.0 / width)
         grads = data.model.batched_gradients(flat, x, data.likelihood.mean_nll, y, out=out, loss_grad=mean_grad)
     else:
         counts = plan.counts[:active, t].to(thetas.device, thetas.dtype)
@@ -206,8 +206,3 @@ def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tenso
         loss = functools.partial(_weighted_nll, data.likelihood)
         grads = data.model.batched_gradients(flat, x, loss, y, weights, out=out, loss_grad=nll_grad)
     return grads.view(active, samples, dim)
-
-
-def _mean_nll_grad(nll_grad, weight: float, outputs: Tensor, y: Tensor) -> Tensor:
-    """∂/∂F of Σ_s mean_nll(F_s, y_s), each row's examples weighted 1/(the minibatch's size)."""
-    return nll_grad(outputs, y, weight)
