@@ -207,3 +207,48 @@ def test_cohorts_given_must_hold_each_client_once_within_the_size():
     for bad in ([ids[:3], ids[3:]], [ids[:2], ids[2:4]], [ids[:2], ids[1:3], ids[3:]]):
         with pytest.raises(ValueError, match="each client once"):
             CohortClients(algorithm, clients, 0, 2, cohorts=bad)
+
+
+def _problem_sets(dim: int, dtype: torch.dtype) -> dict[str, list]:
+    """Cohorts of AdamProblems whose extra terms take each of `ExtraTerms`' forms."""
+    from bayesadmm.solvers.adam import AdamProblem
+
+    gen = torch.Generator().manual_seed(7)
+    vec = lambda scale=1.0: scale * torch.randn(dim, generator=gen, dtype=dtype)  # noqa: E731
+    theta_g = vec(0.3)
+    return {
+        "none (FedAvg)": [AdamProblem(theta_g) for _ in range(3)],
+        "one weight, one centre (FedProx)": [AdamProblem(theta_g, prox_weight=0.3, prox_center=theta_g)] * 3,
+        "one weight, own linear terms (FedDyn)": [
+            AdamProblem(theta_g, linear=vec(0.1), prox_weight=torch.tensor(0.3, dtype=dtype), prox_center=theta_g)
+            for _ in range(3)
+        ],
+        "mixed": [
+            AdamProblem(vec(0.3), linear=vec(0.1), prox_weight=vec().abs(), prox_center=vec(0.3)),
+            AdamProblem(theta_g, prox_weight=0.7),
+            AdamProblem(vec(0.3), linear=vec(0.1)),
+        ],
+    }
+
+
+@pytest.mark.parametrize("terms", ["none (FedAvg)", "one weight, one centre (FedProx)",
+                                   "one weight, own linear terms (FedDyn)", "mixed"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.02])
+def test_adam_cohort_solves_each_clients_own_extra_terms(terms, weight_decay):
+    from bayesadmm.solvers.adam import LocalAdam
+    from bayesadmm.solvers.cohort import client_rows
+
+    model, clients = _clients(torch.float64)
+    ids = [0, 1, 4]
+    dim = model.initial_params(torch.Generator().manual_seed(0)).numel()
+    problems = _problem_sets(dim, torch.float64)[terms]
+    adam = LocalAdam(lr=0.05, epochs=2, batch_size=8, weight_decay=weight_decay)
+    sequential = [adam.solve_problem(p, clients[k], torch.Generator().manual_seed(k))
+                  for p, k in zip(problems, ids, strict=True)]
+    rows = client_rows(clients)
+    assert rows is not None
+    batched = adam.solve_cohort(problems, rows.cohort(ids, clients), [torch.Generator().manual_seed(k) for k in ids])
+    for (a, steps_a), (b, steps_b) in zip(sequential, batched, strict=True):
+        assert steps_a == steps_b
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
+    assert not torch.equal(sequential[0][0], problems[0].theta0)  # trained
