@@ -1,7 +1,8 @@
 """Cohort training (`engine.cohort.CohortClients`): a round's clients trained as one batched computation give the
 per-client results (`LocalClients`, i.e. `train_client`) to 1e-10 in float64 and to rounding in float32, for every
 registered method whose client update batches (its `Algorithm.local`), with clients of different sizes, several
-epochs, partial participation and cohorts smaller than a round."""
+epochs, partial participation and cohorts smaller than a round; on the CPU, and on a CUDA device where there is one
+(`scripts/device_check.sh` runs them on a GPU machine)."""
 
 from __future__ import annotations
 
@@ -23,20 +24,22 @@ TOY = {"lr": 0.05, "epochs": 2, "batch_size": 8, "mu": 0.01, "alpha": 0.01, "rho
 SIZES = {0: 24, 1: 13, 2: 5, 3: 24, 4: 17}  # full and partial minibatches, 1 to 3 per epoch
 # the methods whose local solver is Adam or IVON and whose client update batches: each must expose a LocalStep
 BATCHED = {"fedavg", "fedprox", "feddyn", "admm", "ama", "fedlap", "ivon-admm", "ivon-pvi"}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
 def _net() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
-def _clients(dtype: torch.dtype) -> tuple[FlatModel, dict[int, SupervisedData]]:
+def _clients(dtype: torch.dtype, device: str = "cpu") -> tuple[FlatModel, dict[int, SupervisedData]]:
     gen = torch.Generator().manual_seed(0)
     centres = 3.0 * torch.randn(3, 4, generator=gen, dtype=dtype)
     model = FlatModel(_net)
     clients = {}
     for k, n in SIZES.items():
         y = torch.cat([torch.full((n // 2,), k % 3), torch.randint(0, 3, (n - n // 2,), generator=gen)])
-        clients[k] = SupervisedData(model, centres[y] + torch.randn(n, 4, generator=gen, dtype=dtype), y)
+        X = centres[y] + torch.randn(n, 4, generator=gen, dtype=dtype)
+        clients[k] = SupervisedData(model, X.to(device), y.to(device))
     return model, clients
 
 
@@ -83,15 +86,17 @@ def test_the_methods_that_batch_are_the_adam_and_ivon_ones():
 
 @pytest.mark.parametrize("name", sorted(BATCHED))
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_cohort_gives_the_per_client_results(name, dtype):
-    model, clients = _clients(dtype)
-    theta0 = model.initial_params(torch.Generator().manual_seed(1)).to(dtype)
+@pytest.mark.parametrize("device", DEVICES)
+def test_cohort_gives_the_per_client_results(name, dtype, device):
+    model, clients = _clients(dtype, device)
+    theta0 = model.initial_params(torch.Generator().manual_seed(1)).to(device, dtype)
     algorithm = _algorithm(name, model)
     sequential = _run(LocalClients(algorithm, clients, seed=3), algorithm, theta0, 3)
     batched = _run(CohortClients(algorithm, clients, seed=3, cohort_size=3), algorithm, theta0, 3)
     left, right = _flat(sequential[:2]) + _flat([h[0] for h in sequential[2]]), _flat(batched[:2]) + _flat(
         [h[0] for h in batched[2]])
     assert len(left) == len(right) and all(a.dtype == b.dtype == dtype for a, b in zip(left, right, strict=True))
+    assert all(a.device == b.device == theta0.device for a, b in zip(left, right, strict=True) if a.dim() > 0)
     tol = 1e-10 if dtype == torch.float64 else 64 * torch.finfo(torch.float32).eps  # float32: a few roundings
     worst = max(float((a - b).abs().max() / (1 + a.abs().max())) for a, b in zip(left, right, strict=True))
     assert worst <= tol, f"{name}: cohort and per-client results differ by {worst:.3g} (relative)"
@@ -252,3 +257,20 @@ def test_adam_cohort_solves_each_clients_own_extra_terms(terms, weight_decay):
         assert steps_a == steps_b
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
     assert not torch.equal(sequential[0][0], problems[0].theta0)  # trained
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("name", ["fedavg", "feddyn", "ivon-admm"])
+def test_a_cuda_run_gives_the_cpu_numbers(name):
+    """The same random numbers on any device (`bayesadmm.rng` draws on CPU generators), so in float64 a GPU's cohort
+    round lands on the CPU's per-client numbers up to the devices' different roundings."""
+    runs = {}
+    for device in ("cpu", "cuda"):
+        model, clients = _clients(torch.float64, device)
+        theta0 = model.initial_params(torch.Generator().manual_seed(1)).to(device)
+        algorithm = _algorithm(name, model)
+        runner = LocalClients(algorithm, clients, seed=3) if device == "cpu" else CohortClients(
+            algorithm, clients, seed=3, cohort_size=3)
+        runs[device] = _flat(_run(runner, algorithm, theta0, 2)[:2])
+    for a, b in zip(runs["cpu"], runs["cuda"], strict=True):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-8, atol=1e-8)
