@@ -27,7 +27,7 @@ python3 -m pytest -q -p no:cacheprovider tests/engine/test_cohort.py -k "cuda" 2
 
 echo "== 2. bayesadmm.run on CUDA"
 python3 - <<'PY' 2>&1 | tee "$out/api.log"
-import tempfile, time, torch
+import tempfile, torch
 from sklearn.datasets import load_digits
 from torch import nn
 import bayesadmm
@@ -43,9 +43,9 @@ for method, hp in hparams.items():
     for device, cohort in (("cpu", 1), ("cuda", 1), ("cuda", 0)):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(64, 200), nn.Sigmoid(), nn.Linear(200, 10))
-        began = time.perf_counter()
+        folder = tempfile.mkdtemp(prefix=f"{method}-{device}-{cohort}-")
         result = bayesadmm.run(model, clients, test=test, algorithm=method, rounds=5, hparams=hp, device=device,
-                               cohort=cohort, seed=0, progress=False, out=tempfile.mkdtemp(prefix=f"{method}-{device}-{cohort}-"))
+                               cohort=cohort, seed=0, progress=False, out=folder)
         seconds = sorted(line["seconds"] for line in result.history[1:])
         print(f"| {method} | {device} | {cohort} | {100 * result.history[-1]['test_acc']:.2f} % | "
               f"{seconds[len(seconds) // 2]:.3f} |", flush=True)

@@ -58,8 +58,11 @@ class Workspace:
         return matrix[:count]
 
     def stack(self, name: str, vectors: Sequence[Tensor], like: Tensor) -> Tensor:
-        """`vectors` (each 0-d or of like's shape) as the rows of matrix `name`."""
+        """`vectors` (each 0-d or of like's shape) as the rows of matrix `name`; one broadcast copy where they are all
+        one tensor (the broadcast θ_g that every client starts from)."""
         out = self.rows(name, len(vectors), like)
+        if all(vector is vectors[0] for vector in vectors):
+            return out.copy_(vectors[0])
         for row, vector in zip(out, vectors, strict=True):
             row.copy_(vector)
         return out

@@ -77,14 +77,11 @@ class ExtraTerms(NamedTuple):
     def add_to(self, grads: Tensor, params: Tensor) -> None:
         """Add the terms' gradient at `params` (A, d), the first A clients', to their `grads`."""
         active = params.shape[0]
-        linear = None if self.linear is None else self.linear[:active]
-        extra = None
+        linear = extra = None if self.linear is None else self.linear[:active]
         if self.decay:
             extra = torch.mul(params, self.decay, out=self.scratch.rows("extra", active, params[0]))
             if linear is not None:
                 extra.add_(linear)
-        else:
-            extra = linear
         if self.center is not None:
             pull = self.scratch.rows("pull", active, params[0])
             center = self.center if self.center.shape[0] == 1 else self.center[:active]
@@ -103,11 +100,7 @@ def adam_cohort(
     plan = plan_batches(data, adam.batch_size, adam.epochs, generators)
     chosen = [problems[i] for i in plan.order]
     like, scratch = chosen[0].theta0, data.workspace
-    starts = [p.theta0.detach() for p in chosen]
-    if all(start is starts[0] for start in starts):  # the broadcast θ_g: one copy into every row
-        theta = scratch.rows("theta", len(chosen), like).copy_(starts[0].expand(len(chosen), -1))
-    else:
-        theta = scratch.stack("theta", starts, like)
+    theta = scratch.stack("theta", [p.theta0.detach() for p in chosen], like)
     terms = ExtraTerms.of(adam, chosen, scratch, like)
     first, second = scratch.rows("first", len(chosen), like).zero_(), scratch.rows("second", len(chosen), like).zero_()
 
