@@ -133,14 +133,17 @@ def round_flops(scenario: Scenario) -> tuple[float, int]:
     return examples * (2 * total + 2 * total + 2 * (total - first)), scenario.steps_per_round
 
 
-def matmul_throughput(n: int = 2048, seconds: float = 2.0) -> float:
-    """float32 flop/s of torch.mm of n×n matrices on all threads (the best of repeated timings)."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    out = torch.empty(n, n)
+def matmul_throughput(n: int = 2048, seconds: float = 2.0, device: str = "cpu") -> float:
+    """float32 flop/s of torch.mm of n×n matrices on `device` (the CPU: all threads; the best of repeated timings)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    out = torch.empty(n, n, device=device)
+    sync = torch.cuda.synchronize if out.is_cuda else (lambda: None)
     torch.mm(a, b, out=out)
+    sync()
     best, began = math.inf, time.perf_counter()
     while time.perf_counter() - began < seconds:
         start = time.perf_counter()
         torch.mm(a, b, out=out)
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best

@@ -3,6 +3,7 @@
     python benchmarks/peers/compare.py --scenario fmnist-heterog10 --method fedavg --repeats 5
     python benchmarks/peers/compare.py --scenario fmnist-heterog10 --method ivon-admm --repeats 3
     python benchmarks/peers/compare.py --scenario fmnist-heterog100 --method fedavg --repeats 3 --bayesadmm cohort=10
+    python benchmarks/peers/compare.py --scenario fmnist-heterog100 --method fedavg --repeats 1 --device cuda --epochs 2
 
 Three contenders, each a 3-round run from the same partition, the same initial weights and the same settings (the
 scenario's preset: epochs, batch size, learning rate, all clients every round, the MLP 784-200-100-10), taken in
@@ -13,7 +14,7 @@ bayesadmm; ...), so that a drift in the machine's load falls on all of them:
   stop_at=3, seed=<scenario's>, out=<a temporary folder>, ...)` with the module holding the scenario's initial
   weights and the clients' (X_k, y_k) of the scenario's partition. Its time per round is the `seconds` of each
   round's metrics line (client updates and server step; the evaluation is timed apart as eval_seconds and not
-  counted). `--bayesadmm KEY=VALUE` passes bayesadmm.run settings (workers, cohort, device, eval_samples,
+  counted). `--bayesadmm KEY=VALUE` passes bayesadmm.run settings (workers, cohort, eval_samples,
   checkpoint_every); default: bayesadmm.run's defaults (workers=1, cohort=0).
 * plain: `plain.py`, a hand-written loop: a DataLoader per client, torch.optim.Adam (or IVON), clients one after
   another, default torch threads; timed with time.perf_counter around each round.
@@ -34,6 +35,13 @@ threads measured in the same run (before and after the runs; the better of the t
 could take on this machine, and each contender's seconds per round over that limit.
 `--plain-threads N` runs the plain loop on N torch threads (default: torch's).
 
+On a GPU (`--device cuda`) all three train there: bayesadmm.run with `device="cuda"` (its automatic GPU cohorts unless
+`--bayesadmm cohort=N` says otherwise), the plain loop with the model on the GPU and each minibatch moved there from
+its CPU DataLoader, and the Flower simulation with `client_resources = {"num_cpus": 1, "num_gpus": --flower-gpus}`
+(0.25: four ClientApps share the GPU at once), as Flower's guides set it. The limit is then the round's arithmetic at
+the GPU's float32 torch.mm throughput (no TF32). `--epochs N` replaces the preset's local epochs for every contender
+(a shorter round, the same ratios per local step); `--contenders` runs a subset.
+
 Exit codes: 0 done, 2 a missing dependency (flwr) or a bad argument.
 """
 
@@ -52,7 +60,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 CONTENDERS = ("bayesadmm", "plain", "flower")
-RUN_SETTINGS = {"workers": int, "cohort": int, "device": str, "eval_samples": int, "checkpoint_every": int}
+RUN_SETTINGS = {"workers": int, "cohort": int, "eval_samples": int, "checkpoint_every": int}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,6 +69,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--method", default="fedavg", choices=("fedavg", "ivon-admm"))
     parser.add_argument("--repeats", type=int, default=5, help="repetitions of the three contenders")
     parser.add_argument("--plain-threads", type=int, default=0, help="torch threads of the plain loop (0: default)")
+    parser.add_argument("--device", default="cpu", help="where all three contenders train: cpu or cuda")
+    parser.add_argument("--flower-gpus", type=float, default=0.25, help="each ClientApp's num_gpus on a GPU")
+    parser.add_argument("--epochs", type=int, default=0, help="local epochs for every contender (0: the preset's)")
+    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
     parser.add_argument(
         "--bayesadmm",
         nargs="*",
@@ -71,6 +83,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if "bayesadmm" not in args.contenders:
+        parser.error("--contenders must include bayesadmm (the ratios are to it)")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this machine's torch sees no CUDA device")
+    if not 0 < args.flower_gpus <= 1:
+        parser.error("--flower-gpus must be in (0, 1]")
     settings = {}
     for item in args.bayesadmm:
         key, sep, value = item.partition("=")
@@ -80,6 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             settings[key] = RUN_SETTINGS[key](value)
         except ValueError:
             parser.error(f"--bayesadmm {key} must be {RUN_SETTINGS[key].__name__}, got {value!r}")
+    settings["device"] = args.device
     args.settings = settings
     return args
 
@@ -126,12 +145,12 @@ def run_bayesadmm(scenario, settings: dict, folder: str) -> dict:
     return out
 
 
-def measure_throughput(matmul_throughput) -> float:
-    """torch.mm's flop/s on all of the machine's threads (torch's thread count restored after)."""
+def measure_throughput(matmul_throughput, device: str) -> float:
+    """torch.mm's flop/s on `device` (on the CPU, all of the machine's threads; torch's thread count restored after)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or threads)
     try:
-        return matmul_throughput()
+        return matmul_throughput(device=device)
     finally:
         torch.set_num_threads(threads)
 
@@ -143,7 +162,8 @@ def fmt_acc(run: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    require_flower()
+    if "flower" in args.contenders:
+        require_flower()
     # the Ray workers of the Flower contender import this folder's modules
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
     from common import ROUNDS, TIMED, load_scenario, matmul_throughput, median_timed, round_flops
@@ -153,31 +173,37 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.perf_counter()
     scenario = load_scenario(args.scenario, args.method)
+    if args.epochs:
+        scenario.hparams["epochs"] = args.epochs
+    contenders = tuple(name for name in CONTENDERS if name in args.contenders)
     sizes = [len(y) for _, y in scenario.clients]
     print(
         f"{args.scenario}, {args.method}: {len(sizes)} clients ({sum(sizes)} examples), hparams {scenario.hparams}, "
         f"seed {scenario.seed}; {ROUNDS} rounds a run (timed: {TIMED}); torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads; bayesadmm.run settings {args.settings or '(defaults)'}"
+        f"{torch.get_num_threads()} threads; bayesadmm.run settings {args.settings}"
     )
+    if args.device != "cpu":
+        print(f"device: {torch.cuda.get_device_name(args.device)}; Flower's num_gpus per ClientApp {args.flower_gpus}")
     if args.method == "ivon-admm":
         print(f"peers' IVON: {OPTIMIZER}")
-    throughputs = [measure_throughput(matmul_throughput)]
-    runs: dict[str, list[dict]] = {name: [] for name in CONTENDERS}
+    throughputs = [measure_throughput(matmul_throughput, args.device)]
+    runs: dict[str, list[dict]] = {name: [] for name in contenders}
     try:
         with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
             for rep in range(args.repeats):
-                order = CONTENDERS[rep % 3 :] + CONTENDERS[: rep % 3]
+                turn = rep % len(contenders)
+                order = contenders[turn:] + contenders[:turn]
                 for name in order:
                     print(f"[repetition {rep + 1}/{args.repeats}] {name} ...", flush=True)
                     t0, load = time.perf_counter(), f"{os.getloadavg()[0]:.1f}"
                     if name == "bayesadmm":
                         run = run_bayesadmm(scenario, args.settings, f"{tmp}/bayesadmm-{rep}")
                     elif name == "plain":
-                        run = run_plain(scenario, threads=args.plain_threads)
+                        run = run_plain(scenario, threads=args.plain_threads, device=args.device)
                     else:
                         data_dir = Path(tmp) / f"flower-{rep}"
                         data_dir.mkdir()
-                        run = run_flower(scenario, str(data_dir))
+                        run = run_flower(scenario, str(data_dir), device=args.device, gpus=args.flower_gpus)
                     runs[name].append(run)
                     rounds = " ".join(f"{s:.2f}" for s in run["seconds"])
                     print(
@@ -189,15 +215,16 @@ def main(argv: list[str] | None = None) -> int:
         shutdown_ray()
 
     flops, steps = round_flops(scenario)
-    throughputs.append(measure_throughput(matmul_throughput))
+    throughputs.append(measure_throughput(matmul_throughput, args.device))
     throughput = max(throughputs)  # measured before and after the runs; the machine is shared
     limit = flops / throughput
+    where = "the GPU" if args.device != "cpu" else f"{os.cpu_count()} threads"
     print(
         f"\n{args.scenario}, {args.method}, {args.repeats} repetitions; seconds per round: the median over rounds "
         f"{TIMED[0]}-{TIMED[-1]} of every repetition"
     )
     medians = {}
-    for name in CONTENDERS:
+    for name in contenders:
         timed = [run["seconds"][r - 1] for run in runs[name] for r in TIMED]
         medians[name] = statistics.median(timed)
         per_rep = " ".join(f"{median_timed(run['seconds']):.2f}" for run in runs[name])
@@ -206,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         if any("ens_acc" in run for run in runs[name]):
             line += "  predictive: " + " ".join(f"{100 * run['ens_acc']:.2f}" for run in runs[name])
         print(line)
-    for name in ("plain", "flower"):
+    for name in contenders[1:]:
         each = [
             median_timed(a["seconds"]) / median_timed(b["seconds"])
             for a, b in zip(runs[name], runs["bayesadmm"], strict=True)
@@ -218,10 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"limit: {flops / 1e9:.2f} GFLOP a round ({steps} local steps of batch {scenario.batch_size}; "
         f"per example 6P - 2P_first) at {throughput / 1e9:.1f} GFLOP/s (torch.mm 2048x2048 float32, "
-        f"{os.cpu_count()} threads; the better of {throughputs[0] / 1e9:.1f} before and "
+        f"{where}; the better of {throughputs[0] / 1e9:.1f} before and "
         f"{throughputs[1] / 1e9:.1f} after the runs) = {limit:.3f} s/round"
     )
-    print("  over the limit: " + ", ".join(f"{name} {medians[name] / limit:.1f}x" for name in CONTENDERS))
+    print("  over the limit: " + ", ".join(f"{name} {medians[name] / limit:.1f}x" for name in contenders))
     print(f"wall time {time.perf_counter() - began:.0f} s")
     return 0
 

@@ -9,12 +9,14 @@
   A round's time runs from `configure_train` to the end of `aggregate_train` (time.perf_counter), so Ray's start-up
   and the final evaluation are outside it.
 * `run_flower`: `flwr.simulation.run_simulation` with the Ray backend, each ClientApp taking one CPU (so two run at
-  once on this 2-core machine); Ray is shut down at the end.
+  once on a 2-core machine), or on a GPU one CPU and a fraction of the GPU (`num_gpus` 0.25: four at once), with the
+  model and each minibatch moved there; Ray is shut down at the end.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 import warnings
 from pathlib import Path
@@ -61,21 +63,24 @@ def train(msg: Message, context: Context) -> Message:
     X, y = _partition(str(config["data-dir"]), pid)
     loader = DataLoader(TensorDataset(X, y), batch_size=int(config["batch_size"]), shuffle=True)
     hp = {k: config[k] for k in HPARAMS if k in config}
-    model = make_mlp()
+    device = str(config["device"])
+    model = make_mlp().to(device)
     metrics = MetricRecord({"num-examples": len(y), "unit-weight": 1})
     if config["method"] == "fedavg":
         model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        fedavg_update(model, loader, float(hp["lr"]), int(hp["epochs"]))
+        fedavg_update(model, loader, float(hp["lr"]), int(hp["epochs"]), device)
         arrays = ArrayRecord(model.state_dict())
     else:
         server = msg.content["arrays"].to_torch_state_dict()
-        m_g, s_g = server["m"], server["s"]
+        m_g, s_g = server["m"].to(device), server["s"].to(device)
         if "duals" not in context.state:
             context.state["duals"] = ArrayRecord({"v": torch.zeros_like(m_g), "u": torch.zeros_like(m_g)})
-        duals = context.state["duals"].to_torch_state_dict()
+        duals = {k: v.to(device) for k, v in context.state["duals"].to_torch_state_dict().items()}
         round_ = int(config["server-round"])
         lr = cosine_lr(hp["lr"], round_, int(config["schedule-rounds"])) if hp.get("cosine") else hp["lr"]
-        v_k, u_k, a, b = ivon_admm_update(model, loader, m_g, s_g, duals["v"], duals["u"], hp, round_, lr, len(y))
+        v_k, u_k, a, b = ivon_admm_update(
+            model, loader, m_g, s_g, duals["v"], duals["u"], hp, round_, lr, len(y), device
+        )
         context.state["duals"] = ArrayRecord({"v": v_k, "u": u_k})
         arrays = ArrayRecord({"a": a, "b": b})
     return Message(content=RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
@@ -110,8 +115,12 @@ class TimedStrategy(FedAvg):
         return arrays, metrics
 
 
-def run_flower(scenario: Scenario, data_dir: str, rounds: int = ROUNDS) -> dict:
-    """`rounds` rounds of the Flower app; returns {"seconds": [...], "acc": ..., ("ens_acc": ...)}."""
+def run_flower(
+    scenario: Scenario, data_dir: str, rounds: int = ROUNDS, device: str = "cpu", gpus: float = 0.25
+) -> dict:
+    """`rounds` rounds of the Flower app; returns {"seconds": [...], "acc": ..., ("ens_acc": ...)}. With a CUDA
+    `device` each ClientApp trains there and asks Ray for `gpus` of the GPU (so 1/gpus of them run at once), as
+    Flower's guides set `client_resources`; otherwise one CPU each."""
     from flwr.simulation import run_simulation
 
     K, hp = len(scenario.clients), scenario.hparams
@@ -142,6 +151,7 @@ def run_flower(scenario: Scenario, data_dir: str, rounds: int = ROUNDS) -> dict:
         config = ConfigRecord(
             {
                 "method": scenario.method,
+                "device": device,
                 "data-dir": data_dir,
                 "schedule-rounds": scenario.schedule_rounds,
                 **{k: v for k, v in hp.items() if k in HPARAMS},
@@ -151,7 +161,12 @@ def run_flower(scenario: Scenario, data_dir: str, rounds: int = ROUNDS) -> dict:
         out["seconds"], out["arrays"] = strategy.seconds, result.arrays.to_torch_state_dict()
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 2}}
+    if torch.device(device).type == "cuda":
+        resources = {"num_cpus": 1, "num_gpus": gpus}
+        init_args = {"num_cpus": os.cpu_count() or 1, "num_gpus": 1}
+    else:
+        resources, init_args = {"num_cpus": 1, "num_gpus": 0.0}, {"num_cpus": 2}
+    backend_config = {"client_resources": resources, "init_args": init_args}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

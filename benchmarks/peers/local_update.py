@@ -34,12 +34,14 @@ except ImportError:  # pragma: no cover - the fallback
 OPTIMIZER = "ivon-opt ivon.IVON" if ivon_opt is not None else "bayesadmm.optim.IVON (ivon-opt not importable)"
 
 
-def fedavg_update(model: nn.Module, loader: Iterable, lr: float, epochs: int) -> int:
-    """Train `model` in place: `epochs` passes of Adam over `loader`; returns the number of steps."""
+def fedavg_update(model: nn.Module, loader: Iterable, lr: float, epochs: int, device: str = "cpu") -> int:
+    """Train `model` (on `device`) in place: `epochs` passes of Adam over `loader`, each minibatch moved to `device`
+    as a tutorial's loop moves it; returns the number of steps."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     steps = 0
     for _ in range(epochs):
         for X, y in loader:
+            X, y = X.to(device), y.to(device)
             optimizer.zero_grad()
             F.cross_entropy(model(X), y).backward()
             optimizer.step()
@@ -58,10 +60,11 @@ def ivon_admm_update(
     round_: int,
     lr: float,
     num_examples: int,
+    device: str = "cpu",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One client's IVON-ADMM step from the broadcast (m_g, s_g) and its duals (v_k, u_k) (module docstring).
-    `lr` is this round's step size (the schedule applied). Returns the new duals and the reply (a, b) =
-    (v_k + ρ s_k m_k, u_k + ρ s_k). `model` ends holding m_k."""
+    """One client's IVON-ADMM step from the broadcast (m_g, s_g) and its duals (v_k, u_k) (module docstring), all on
+    `device` with `model`; each minibatch is moved there. `lr` is this round's step size (the schedule applied).
+    Returns the new duals and the reply (a, b) = (v_k + ρ s_k m_k, u_k + ρ s_k). `model` ends holding m_k."""
     rho, tau, gamma = hp["rho"], hp["tau"], hp["gamma"]
     ess = num_examples / (rho * tau)
     v, u, delta = tau * v_k / num_examples, tau * u_k / num_examples, s_g / ess
@@ -103,6 +106,7 @@ def ivon_admm_update(
         group = None
     for _ in range(hp["epochs"]):
         for X, y in loader:
+            X, y = X.to(device), y.to(device)
             with opt.sampled_params(train=True):
                 opt.zero_grad()
                 F.cross_entropy(model(X), y).backward()
