@@ -6,8 +6,8 @@
 #
 # It needs python3 with a CUDA build of torch, numpy, matplotlib, tqdm, pytest and scikit-learn (the device image has
 # them) and puts src/ on the path. Flower with Ray and ivon-opt, which that image lacks, are taken from
-# $CARRY/site.tar.xz if it is there (a site-packages folder for its Python; how to make one: docs/performance.md,
-# "GPU"); without them the Flower contender is left out. FashionMNIST is read where it is installed; elsewhere its
+# $CARRY/site.tar.xz if it is there (a site-packages folder for its Python, made by scripts/device_carry.sh);
+# without them the Flower contender is left out. FashionMNIST is read where it is installed; elsewhere its
 # images are made random (seeded) beside its real label files from $CARRY/fashion-mnist if they are there, so that a
 # scenario's partition is the real one and every shape and step is as with the real images; no timing changes.
 # Each step runs under its own time limit and logs to $OUT (or /tmp/device-check):
