@@ -1,6 +1,7 @@
 """FedEP / FedSEP / FedPA identities (Guo et al. 2023): exactness for Gaussian likelihoods, round 1 = FedPA, the
 damped natural-parameter updates written out, FedSEP's cavity, and the Algorithm contract."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -30,6 +31,29 @@ def _exact(clients, prior_precision=None):
     return torch.linalg.solve(P, h), P, h
 
 
+def _regression(sizes, d=3, noise=0.5, seed=20):
+    """Conjugate Bayesian linear regression, y = Xθ + ε with ε ~ N(0, σ²): client k's likelihood in θ is the Gaussian
+    N(θ; (XᵀX)⁻¹Xᵀy, σ²(XᵀX)⁻¹), and the data for the closed form (numpy, float64)."""
+    rng = np.random.default_rng(seed)
+    theta = rng.normal(size=d)
+    data, clients = [], []
+    for n in sizes:
+        X = rng.normal(size=(n, d))
+        y = X @ theta + noise * rng.normal(size=n)
+        gram = X.T @ X
+        data.append((X, y))
+        clients.append(GaussianLikelihood(torch.from_numpy(np.linalg.solve(gram, X.T @ y)),
+                                          torch.from_numpy(noise**2 * np.linalg.inv(gram))))
+    return data, clients
+
+
+def _regression_posterior(data, noise, prior_precision):
+    """Mean and precision of the exact posterior under the prior N(0, δ⁻¹ I) (δ = 0: flat prior)."""
+    d = data[0][0].shape[1]
+    precision = prior_precision * np.eye(d) + sum(X.T @ X for X, _ in data) / noise**2
+    return np.linalg.solve(precision, sum(X.T @ y for X, y in data) / noise**2), precision
+
+
 def _run(alg, clients, rounds, d=3):
     trace = []
     server, states = run_rounds(alg, clients, torch.zeros(d), rounds,
@@ -51,6 +75,27 @@ def test_one_undamped_round_with_full_family_is_exact(prior):
     # the fixed point: a second round changes nothing
     server2, _, _ = _run(alg, clients, 3)
     assert nat.allclose(server2.natural, server.natural, atol=1e-10)
+
+
+@pytest.mark.parametrize("prior", [None, 3.0])
+@pytest.mark.parametrize("sizes", [[10, 10, 10], [4, 9, 25]])
+@pytest.mark.parametrize("method", ["fedep", "fedsep", "fedpa"])
+def test_the_fixed_point_is_the_exact_regression_posterior(method, sizes, prior):
+    """With exact tilted inference in the full family, FedEP, FedSEP (q_g ∝ p q̄^K) and FedPA all end at the exact
+    posterior p(θ) Π_k p_k(θ), prior included, whatever the client sizes."""
+    noise = 0.5
+    data, clients = _regression(sizes, noise=noise)
+    family = FullGaussian(3)
+    if method == "fedpa":
+        alg = fedpa.make(family, ExactGaussian(), prior_precision=prior)
+    else:
+        alg = {"fedep": fedep.make, "fedsep": fedsep.make}[method](
+            family, ExactGaussian(), client_sizes=sizes, prior_precision=prior)
+    server, _, _ = _run(alg, clients, 100)
+    post = alg.posterior(server)
+    mean, precision = _regression_posterior(data, noise, 0.0 if prior is None else prior)
+    np.testing.assert_allclose(post.precision.numpy(), precision, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(post.mean.numpy(), mean, rtol=0, atol=1e-10)
 
 
 def test_damped_full_family_converges_to_the_exact_posterior():
@@ -174,11 +219,14 @@ def test_fedsep_cavity_and_statelessness():
     server = alg.init_server(torch.zeros(2))
     server = server._replace(natural=family.from_moments(torch.tensor([1.0, -2.0]), torch.tensor([3.0, 5.0])))
     msg = alg.broadcast(server)
+    eta_g, Lam_g, Lam_0 = torch.tensor([3.0, -10.0]), torch.tensor([3.0, 5.0]), 2.0
     for k, frac in ((0, 0.25), (1, 0.75)):
         state = alg.init_client(server, k)
         new, reply, _ = alg.client_update(state, msg, clients[k], None)
         assert new == state                                                    # no step 5
-        assert nat.allclose(spy.cavities[-1], nat.scale(server.natural, 1 - frac), atol=1e-14)
+        # λ_{−k} = λ_g − (n_k/N)(λ_g − λ_0): the share n_k/N of the likelihood part leaves, the prior stays
+        expected = ((1 - frac) * eta_g, -0.5 * (Lam_g - frac * (Lam_g - Lam_0)))
+        assert nat.allclose(spy.cavities[-1], expected, atol=1e-14)
         tilted = ExactGaussian()(family, clients[k], spy.cavities[-1], None)
         assert nat.allclose(unpack("delta", reply), nat.sub(tilted, server.natural), atol=1e-14)
     # default exponent 1/K

@@ -34,7 +34,7 @@ REGISTRY: dict[str, Callable[..., Algorithm]] = {
     "ivon-pvi": ivon_admm.make_pvi,
     "bayes-admm-iso": smoothing_admm.make,
     "fedep": ep_registry.make_fedep,
-    "fedsep": ep_registry.make_fedsep,
+    "fedsep": partial(ep_registry.make_fedep, stateless=True),
     "fedpa": ep_registry.make_fedpa,
 }
 

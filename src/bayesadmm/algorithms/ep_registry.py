@@ -31,21 +31,28 @@ from bayesadmm.solvers.ep_inference import NGVI, SGMCMC, Laplace, ScaledIdentity
 
 
 class InferenceSettings(NamedTuple):
-    """The registry's inference hyperparameters (see `make_fedep`); `owner` names the method in errors."""
+    """The registry's inference hyperparameters (see `make_fedep`); `owner` names the method in errors. The field
+    defaults are the registry's defaults: `make_fedep` and `make_fedpa` take theirs from `DEFAULTS`."""
 
     owner: str
-    alpha: float
-    fisher_samples: int
-    lr: float
-    epochs: int
-    batch_size: int
-    shrinkage: float
-    mcmc_lr: float
-    mcmc_momentum: float
-    ngvi_beta: float
-    ngvi_epochs: int
-    ngvi_samples: int
-    ngvi_debias: bool
+    alpha: float = 1e-2
+    fisher_samples: int = 1
+    lr: float = 1e-3
+    epochs: int = 1
+    batch_size: int = 32
+    shrinkage: float = 1e-4
+    mcmc_lr: float = 1e-2
+    mcmc_momentum: float = 0.9
+    ngvi_beta: float = 0.99
+    # NGVI's T and N: the paper's 5 × 5 costs 25 times T = N = 1, and T = N = 1 about what Laplace's one Fisher pass
+    # does, as every draw is one per-example-gradient pass over the minibatch (on the FashionMNIST MLP 12–30 times a
+    # plain gradient step; docs/architecture.md)
+    ngvi_epochs: int = 1
+    ngvi_samples: int = 1
+    ngvi_debias: bool = True
+
+
+DEFAULTS = InferenceSettings("")
 
 
 def _local_adam(settings: InferenceSettings):
@@ -109,26 +116,26 @@ def make_fedep(
     num_clients: int,
     client_sizes: Mapping[int, int],
     inference: str = "identity",
-    alpha: float = 1e-2,
-    fisher_samples: int = 1,
-    lr: float = 1e-3,
-    epochs: int = 1,
-    batch_size: int = 32,
-    shrinkage: float = 1e-4,
-    mcmc_lr: float = 1e-2,
-    mcmc_momentum: float = 0.9,
-    ngvi_beta: float = 0.99,
-    ngvi_epochs: int = 1,
-    ngvi_samples: int = 1,
-    ngvi_debias: bool = True,
+    alpha: float = DEFAULTS.alpha,
+    fisher_samples: int = DEFAULTS.fisher_samples,
+    lr: float = DEFAULTS.lr,
+    epochs: int = DEFAULTS.epochs,
+    batch_size: int = DEFAULTS.batch_size,
+    shrinkage: float = DEFAULTS.shrinkage,
+    mcmc_lr: float = DEFAULTS.mcmc_lr,
+    mcmc_momentum: float = DEFAULTS.mcmc_momentum,
+    ngvi_beta: float = DEFAULTS.ngvi_beta,
+    ngvi_epochs: int = DEFAULTS.ngvi_epochs,
+    ngvi_samples: int = DEFAULTS.ngvi_samples,
+    ngvi_debias: bool = DEFAULTS.ngvi_debias,
     damping: float | None = None,
     prior_precision: float | None = None,
     init_site_precision: float | None = None,
     stateless: bool = False,
     name: str | None = None,
 ) -> Algorithm:
-    """FedEP (`fedep.make`) with the diagonal family; `stateless=True` builds FedSEP (`fedsep.make`), as
-    `method=fedsep` does.
+    """FedEP (`fedep.make`) with the diagonal family; `stateless=True` builds FedSEP (`fedsep.make`): the registry's
+    `fedsep` is this factory with `stateless=True`.
 
     inference: "identity", "laplace", "mcmc" or "ngvi" (module docstring).
     alpha: α, the per-example site precision (I; the floor of L and V; the norm M's precision is rescaled to; and
@@ -140,9 +147,7 @@ def make_fedep(
     shrinkage: ρ ∈ [0, 1] of M's variance ρ + (1 − ρ) Var_emp (paper: 1e-4 for CIFAR-100 and EMNIST).
     mcmc_lr: the chain's SGD step (default 0.01, the paper's client lr for CIFAR-100 and EMNIST).
     ngvi_beta, ngvi_epochs, ngvi_samples: β_NGVI, T_NGVI and N_NGVI of V; s is updated per minibatch of
-        `batch_size`. The paper uses 0.99, 5, 5; the defaults here are 0.99, 1, 1 because every draw costs one
-        per-example-gradient pass over the minibatch (on the FashionMNIST MLP 12–30 times a plain gradient step),
-        so T = N = 1 costs about what Laplace's one Fisher pass does and 5 × 5 costs 25 times that.
+        `batch_size`. The paper uses 0.99, 5, 5; the defaults draw fewer (`InferenceSettings` says why).
         ngvi_debias: Adam's bias correction of s.
     init_site_precision: the initial sites' α (default: alpha)."""
     factory, name = (fedsep.make, name or "fedsep") if stateless else (fedep.make, name or "fedep")
@@ -172,70 +177,22 @@ def make_fedep(
     )
 
 
-def make_fedsep(
-    *,
-    dim: int,
-    num_clients: int,
-    client_sizes: Mapping[int, int],
-    inference: str = "identity",
-    alpha: float = 1e-2,
-    fisher_samples: int = 1,
-    lr: float = 1e-3,
-    epochs: int = 1,
-    batch_size: int = 32,
-    shrinkage: float = 1e-4,
-    mcmc_lr: float = 1e-2,
-    mcmc_momentum: float = 0.9,
-    ngvi_beta: float = 0.99,
-    ngvi_epochs: int = 1,
-    ngvi_samples: int = 1,
-    ngvi_debias: bool = True,
-    damping: float | None = None,
-    prior_precision: float | None = None,
-    init_site_precision: float | None = None,
-) -> Algorithm:
-    """FedSEP (`fedsep.make`): stateless clients with the shared-factor cavity; settings as `make_fedep`."""
-    local = tilted_inference(
-        inference,
-        InferenceSettings(
-            "fedsep",
-            alpha,
-            fisher_samples,
-            lr,
-            epochs,
-            batch_size,
-            shrinkage,
-            mcmc_lr,
-            mcmc_momentum,
-            ngvi_beta,
-            ngvi_epochs,
-            ngvi_samples,
-            ngvi_debias,
-        ),
-    )
-    return fedsep.make(
-        DiagonalGaussian(dim),
-        local,
-        **_ep_sites(num_clients, client_sizes, alpha, damping, prior_precision, init_site_precision),
-    )
-
-
 def make_fedpa(
     *,
     dim: int,
     inference: str = "mcmc",
-    alpha: float = 1e-2,
-    fisher_samples: int = 1,
-    lr: float = 1e-3,
-    epochs: int = 1,
-    batch_size: int = 32,
-    shrinkage: float = 1e-4,
-    mcmc_lr: float = 1e-2,
-    mcmc_momentum: float = 0.9,
-    ngvi_beta: float = 0.99,
-    ngvi_epochs: int = 5,
-    ngvi_samples: int = 5,
-    ngvi_debias: bool = True,
+    alpha: float = DEFAULTS.alpha,
+    fisher_samples: int = DEFAULTS.fisher_samples,
+    lr: float = DEFAULTS.lr,
+    epochs: int = DEFAULTS.epochs,
+    batch_size: int = DEFAULTS.batch_size,
+    shrinkage: float = DEFAULTS.shrinkage,
+    mcmc_lr: float = DEFAULTS.mcmc_lr,
+    mcmc_momentum: float = DEFAULTS.mcmc_momentum,
+    ngvi_beta: float = DEFAULTS.ngvi_beta,
+    ngvi_epochs: int = DEFAULTS.ngvi_epochs,
+    ngvi_samples: int = DEFAULTS.ngvi_samples,
+    ngvi_debias: bool = DEFAULTS.ngvi_debias,
     prior_precision: float | None = None,
 ) -> Algorithm:
     """FedPA (`fedpa.make`): each client approximates its own posterior (uniform cavity) with `inference` (default

@@ -1,12 +1,16 @@
 """FedSEP: FedEP with stateless clients, by stochastic EP (Guo et al., ICLR 2023, Sec. 2.2.4; Li et al. 2015).
 
 One shared factor stands for an average client, q_g ∝ q_0 q̄^K, so a client keeps no site: Alg. 4 without step 5,
-with the cavity
+with the cavity that removes client k's share n_k/N of the likelihood part q_g/q_0 and keeps the prior q_0:
 
-    cavity:  q_{−k} = q_g^{1 − n_k/N},  i.e.  λ_{−k} = (1 − n_k/N) λ_g
+    cavity:  q_{−k} = q_g (q_g/q_0)^{−n_k/N},  i.e.  λ_{−k} = λ_g − (n_k/N)(λ_g − λ_0)
 
-([CODE] reading; the printed formula q_g/q_k is the stateful one, garbled), n_k/N from `client_sizes`
-(default 1/K). Tilted inference, delta and the damped server are FedEP's (`fedep`, `ep_common.DampedServer`).
+n_k/N from `client_sizes` (default 1/K). The printed formula q_g/q_k is the stateful one, garbled; with equal sizes
+this is q_g/q̄ for the average factor q̄ = (q_g/q_0)^{1/K}, and with the uniform prior (λ_0 = 0) it is the authors'
+code's q_g^{1 − n_k/N} ([CODE]). As the shares sum to 1, exact tilted inference in the full family, λ̂_k = λ_{−k} + λ_k
+with λ_k the natural parameters of the likelihood p_k, gives Σ_k Δ_k = λ_0 + Σ_k λ_k − λ_g: the fixed point is the
+exact posterior, prior included. Tilted inference, delta and the damped server are FedEP's (`fedep`,
+`ep_common.DampedServer`).
 """
 
 from __future__ import annotations
@@ -17,14 +21,14 @@ from typing import NamedTuple
 import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message, NoInfo, pack, unpack
-from bayesadmm.algorithms.ep_common import IDENTITY, ServerState, clip_delta, damped_server
+from bayesadmm.algorithms.ep_common import IDENTITY, ServerState, clip_delta, damped_server, prior_natural
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ep_inference import TiltedInference
 from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
 
 
 class ClientState(NamedTuple):
-    fraction: float  # n_k / N, the exponent of the cavity (configuration, not learnt)
+    fraction: float  # n_k / N, client k's share of the likelihood part of q_g (configuration, not learnt)
 
 
 def cavity_fractions(num_clients: int | None, client_sizes: Sequence[int] | None) -> Callable[[int], float]:
@@ -64,7 +68,8 @@ def make(
         state: ClientState, message: Message, data, generator: torch.Generator
     ) -> tuple[ClientState, Message, NoInfo]:
         lam_g = unpack("lam", message)
-        cavity = nat.scale(lam_g, 1.0 - state.fraction)
+        lam_0 = prior_natural(family, prior_precision, lam_g[0])
+        cavity = nat.sub(lam_g, nat.scale(nat.sub(lam_g, lam_0), state.fraction))
         tilted = inference(family, data, cavity, generator)
         delta = clip_delta(nat.sub(tilted, lam_g), clip_norm)
         return state, pack("delta", delta), NoInfo()
