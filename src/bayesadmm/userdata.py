@@ -118,7 +118,8 @@ def check_data(
     model: FlatModel, theta: Tensor, likelihood: Likelihood, clients: Mapping[int, Pair], test: Pair | None = None
 ) -> tuple[dict[int, Pair], Pair | None]:
     """The clients' (X, y) by id and the test set checked against `model` at the parameters `theta` and against
-    `likelihood` (the rules of the module docstring), with labels and integer features cast as those rules say.
+    `likelihood` (the rules of this module, which the guide states as "What your data must look like"), with labels
+    and integer features cast as those rules say.
     Raises `DataError` naming the first client (or the test set) that breaks a rule."""
     named = {f"client {k}": pair for k, pair in clients.items()}
     if test is not None:
