@@ -5,7 +5,7 @@ The public API:
     bayesadmm.run(model, clients, test, algorithm=..., hparams=..., likelihood=..., rounds=..., ...)  -> Result
     bayesadmm.Classification(), GaussianRegression(noise), NegLogLikelihood(fn)                      likelihoods
     bayesadmm.algorithms.REGISTRY, bayesadmm.algorithms.make(name, **hparams), bayesadmm.Algorithm   algorithms
-    bayesadmm.ClientData, SupervisedData                                                             client data
+    bayesadmm.ClientData, SupervisedData, DataError                                                  client data
     bayesadmm.FlatModel                                                                              a module as f(θ, x)
     bayesadmm.optim.IVON                                                                             a torch optimizer
     bayesadmm.Federation, Settings, run_federation                                                   the engine's loop
@@ -20,6 +20,7 @@ from bayesadmm.federated import algorithm_factory, run
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood, NegLogLikelihood
 from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
+from bayesadmm.userdata import DataError
 
 __version__ = "0.1.0"
 
@@ -34,6 +35,7 @@ __all__ = [
     "ClientData",
     "SupervisedData",
     "TensorClients",
+    "DataError",
     "Likelihood",
     "Classification",
     "GaussianRegression",

@@ -12,7 +12,7 @@ instead of two per client.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,7 +22,7 @@ from torch import Tensor
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 
-__all__ = ["ClientData", "ClientSource", "SupervisedData", "TensorClients", "ClientObjects", "as_tensors"]
+__all__ = ["ClientData", "ClientSource", "SupervisedData", "TensorClients", "ClientObjects"]
 
 
 @runtime_checkable
@@ -164,22 +164,6 @@ class ClientObjects:
 
     def __call__(self, client: int) -> Any:
         return self.clients[client]
-
-
-def as_tensors(data: Any, what: str) -> tuple[Tensor, Tensor]:
-    """(X, y) from a pair of tensors or from a map-style `torch.utils.data.Dataset` of (x, y) pairs (stacked)."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, Tensor) for t in data):
-        return data[0], data[1]
-    if hasattr(data, "__getitem__") and hasattr(data, "__len__"):
-        items: Sequence = [data[i] for i in range(len(data))]
-        if not items:
-            raise ValueError(f"{what} is an empty dataset")
-        if not all(isinstance(item, (tuple, list)) and len(item) == 2 for item in items):
-            raise ValueError(f"{what}: a dataset's items must be (input, target) pairs")
-        xs = [torch.as_tensor(item[0]) for item in items]
-        ys = [torch.as_tensor(item[1]) for item in items]
-        return torch.stack(xs), torch.stack(ys)
-    raise TypeError(f"{what} must be an (X, y) pair of tensors or a Dataset of (x, y) pairs, got {type(data).__name__}")
 
 
 def client_ids(clients: Iterable) -> list[int]:

@@ -25,10 +25,11 @@ import torch
 from torch import Tensor, nn
 
 from bayesadmm.algorithms import REGISTRY, Algorithm
-from bayesadmm.clients import ClientData, ClientObjects, TensorClients, as_tensors, client_ids
+from bayesadmm.clients import ClientData, ClientObjects, TensorClients, client_ids
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
+from bayesadmm.userdata import as_tensors, check_client_objects, check_data
 
 __all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
 
@@ -80,16 +81,26 @@ def _name(factory: Any) -> str:
     return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', type(factory).__name__)}"
 
 
-def _client_source(clients: Any, model: FlatModel, likelihood: Likelihood, device: str):
-    """A `TensorClients` from (X, y) pairs / Datasets, or a `ClientObjects` from ready `ClientData` objects."""
+def _clients_and_test(
+    clients: Any, test: Any, model: FlatModel, theta0: Tensor, likelihood: Likelihood, device: str
+) -> tuple[TensorClients | ClientObjects, Tensor, Tensor]:
+    """The client source (a `TensorClients` from (X, y) pairs / Datasets, or a `ClientObjects` from ready
+    `ClientData` objects) and the test set, checked against the model and the likelihood (`userdata.check_data`):
+    data that does not fit is a `DataError` naming the client, before the run directory exists."""
     by_id = dict(clients) if isinstance(clients, Mapping) else dict(enumerate(clients))
     client_ids(by_id)
     if not by_id:
         raise ValueError("clients is empty: give a list of (X, y) pairs or Datasets, or a mapping id → one")
+    test_pair = as_tensors(test, "the test set")
     if all(isinstance(data, ClientData) for data in by_id.values()):
-        return ClientObjects(by_id)
-    parts = {k: as_tensors(data, f"client {k}") for k, data in by_id.items()}
-    return TensorClients.from_parts(model, parts, likelihood, device)
+        check_client_objects(theta0.to(device), by_id)
+        _, checked = check_data(model, theta0, likelihood, {}, test_pair)
+        source: TensorClients | ClientObjects = ClientObjects(by_id)
+    else:
+        parts = {k: as_tensors(data, f"client {k}") for k, data in by_id.items()}
+        parts, checked = check_data(model, theta0, likelihood, parts, test_pair)
+        source = TensorClients.from_parts(model, parts, likelihood, device)
+    return source, checked[0], checked[1]
 
 
 def run(
@@ -122,12 +133,16 @@ def run(
     Args:
         model: any `torch.nn.Module` (its current parameters are the initial ones; its buffers are carried as
             constants) or a `FlatModel`.
-        clients: a list of clients, or a mapping from client id (int) to client, each an (X, y) pair of tensors, a
-            `torch.utils.data.Dataset` of (x, y) pairs, or a ready `bayesadmm.ClientData` object.
-        test: the evaluation set, an (X, y) pair or a Dataset.
+        clients: a list of clients, or a mapping from client id (int) to client, each an (X, y) pair of tensors or
+            array-likes (numpy arrays, lists of numbers), a `torch.utils.data.Dataset` of (x, y) pairs, or a ready
+            `bayesadmm.ClientData` object. Checked against the model and the likelihood before anything is written
+            (`bayesadmm.userdata.check_data`; the rules: docs/guides/own-model.md): integer labels of any dtype
+            become int64, integer features the model's float dtype unless it takes them as they are; data that does
+            not fit raises `DataError` naming the client and the fix.
+        test: the evaluation set, an (X, y) pair or a Dataset, checked as the clients are.
         algorithm: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory, or an Algorithm (see
             `algorithm_factory`). A factory must be a module-level function (or a partial of one) for workers > 1.
-        hparams: the algorithm's keyword hyperparameters.
+        hparams: the algorithm's keyword hyperparameters, a mapping of name → value.
         likelihood: `Classification()` (default), `GaussianRegression(noise)` or `NegLogLikelihood(fn)`.
         metrics: extra metrics, name → `fn(outputs (S, N, ...), targets) -> float`, reported as `test_<name>` at
             the mean and `ens_test_<name>` for the predictive.
@@ -163,6 +178,11 @@ def run(
         stop_at=stop_at,
         cohort=cohort,
     )
+    if hparams is not None and not isinstance(hparams, Mapping):
+        raise TypeError(
+            f"hparams must be a mapping of name → value, e.g. {{'lr': 0.1}}, got {type(hparams).__name__}; "
+            "for (name, value) pairs pass dict(pairs)"
+        )
     likelihood = likelihood or Classification()
     if not isinstance(likelihood, Likelihood):
         raise TypeError(
@@ -175,8 +195,7 @@ def run(
         if isinstance(model, FlatModel)
         else flat.flatten(dict(model.named_parameters())).detach().clone()
     )
-    source = _client_source(clients, flat, likelihood, device)
-    X_test, y_test = as_tensors(test, "test")
+    source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
     make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes)
     federation = Federation(
         flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {})

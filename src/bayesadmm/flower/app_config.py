@@ -34,6 +34,7 @@ from bayesadmm.federated import algorithm_factory
 from bayesadmm.flower.loaders import entry_point, load_tensors
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
 from bayesadmm.models import FlatModel
+from bayesadmm.userdata import check_data
 
 APP_CONFIG = "flower.json"  # in the run directory: the run config a resume starts from
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -287,14 +288,15 @@ def user_federation(run: FlowerRun, sizes: Mapping[int, int]) -> Federation:
     """The server's Federation of a run of your own model: the discovered clients' sizes, the server's evaluation
     set, the model's initial parameters."""
     model, initial = model_of(run.setup)
-    X, y = load_tensors(run.eval_data)
+    theta0, likelihood = initial(), likelihood_of(run.setup)
+    _, (X, y) = check_data(model, theta0, likelihood, {}, load_tensors(run.eval_data))  # as bayesadmm.run's test set
     device = run.settings.device
     return Federation(
         model,
         NodeClients(dict(sizes)),
         algorithm_of(run.setup, model, sizes),
-        initial().to(device),
+        theta0.to(device),
         X.to(device),
         y.to(device),
-        likelihood_of(run.setup),
+        likelihood,
     )

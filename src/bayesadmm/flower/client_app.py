@@ -93,13 +93,13 @@ def client_data(text: str, setup: Mapping[str, Any], node_config: Mapping[str, A
             data = None
             if node_config.get("data") or node_config.get("loader"):
                 model, _ = model_of(setup)  # the preset's model, from the arguments the server sent
-                data = node_data(node_config, model, Classification(), setup["device"])
+                data = node_data(node_config, model, Classification(), setup["device"], k)
             if data is None:
                 data_dir = str(node_config.get(p.DATA_DIR, "") or os.environ.get("BAYESADMM_DATA", "") or "")
                 data = preset_slice(setup["preset"], k, data_dir)
         else:
             model, _ = model_of(setup)
-            data = node_data(node_config, model, likelihood_of(setup), setup["device"])
+            data = node_data(node_config, model, likelihood_of(setup), setup["device"], k)
             if data is None:
                 raise ValueError(
                     "this SuperNode has no data: start it with --node-config "

@@ -22,9 +22,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bayesadmm.clients import ClientData, SupervisedData, as_tensors
+from bayesadmm.clients import ClientData, SupervisedData
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import FlatModel
+from bayesadmm.userdata import as_tensors, check_data
 
 DATA, LOADER = "data", "loader"
 
@@ -82,9 +83,11 @@ def save_tensors(path: str | Path, X: Tensor, y: Tensor) -> Path:
 
 
 def node_data(
-    node_config: Mapping[str, Any], model: FlatModel, likelihood: Likelihood, device: str
+    node_config: Mapping[str, Any], model: FlatModel, likelihood: Likelihood, device: str, client: int = 0
 ) -> ClientData | None:
-    """The node's own client data, from its node config's ``loader`` or ``data``; None if it names neither."""
+    """The node's own client data, from its node config's ``loader`` or ``data``; None if it names neither. (X, y)
+    are checked against the model and the likelihood as `bayesadmm.run` checks a client's (`userdata.check_data`,
+    naming the node's `client` id), at the parameters of a freshly built model: the check only needs their shape."""
     if node_config.get(LOADER):
         loaded = entry_point(str(node_config[LOADER]), LOADER)(dict(node_config))
         if isinstance(loaded, ClientData) and not isinstance(loaded, (tuple, list)):
@@ -94,6 +97,8 @@ def node_data(
         X, y = load_tensors(str(node_config[DATA]))
     else:
         return None
+    parts, _ = check_data(model, model.initial_params(torch.Generator()), likelihood, {client: (X, y)})
+    X, y = parts[client]
     return SupervisedData(model, X.to(device), y.to(device), likelihood)
 
 
