@@ -387,6 +387,14 @@ def test_output_hessians_in_closed_form():
 
 
 @pytest.mark.parametrize("case", range(4))
+def test_output_hessian_factor_multiplies_out_to_the_output_hessian(case):
+    """L_i L_iᵀ = Λ_i: the closed-form factor the GGN backpropagates is one of the Hessian."""
+    likelihood, outputs, _ = _curvature_cases()[case]
+    factor = likelihood.output_hessian_factor(outputs)
+    torch.testing.assert_close(factor @ factor.mT, likelihood.output_hessian(outputs), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("case", range(4))
 def test_sampled_targets_give_the_fisher_which_is_the_output_hessian(case):
     """E_{ŷ∼p(y|f)}[∇_f nll(f, ŷ) ∇_f nll(f, ŷ)ᵀ] = output_hessian(f) (Fisher = Hessian for these likelihoods): the
     Monte-Carlo Fisher of FedLap-Cov and FedEP is unbiased. The same generator gives the same targets."""

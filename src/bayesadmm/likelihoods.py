@@ -28,6 +28,13 @@ Fisher, and ``mean_nll(·, soft_targets(f))`` is smallest at ``f`` (its gradient
 is what FedLap-Func's fixed points rely on. A method that needs one of them checks for it with ``require`` when it is
 built, so a likelihood without it is refused before training, never silently replaced by the softmax's.
 
+The GGN consumes a factor ``L_i L_iᵀ = Λ_i`` of each output Hessian, which a likelihood may give in closed form,
+
+    output_hessian_factor(F)  = L, (N, C, K)                          optional; else the symmetric square root
+
+as the built-in three do (softmax: columns ``√p_c (p − e_c)``, accurate however small ``p_c``, where the
+eigenvectors of a nearly degenerate ``Λ_i`` are not).
+
 The implementations are frozen dataclasses of plain values, so they pickle into worker processes; names such as
 ``"gaussian"`` are mapped to them by the config layer.
 
@@ -176,6 +183,13 @@ class Classification:
         """One label per example drawn from ``softmax(f_i)``, shape ``(N,)``."""
         return rng.multinomial(torch.softmax(outputs, dim=-1), generator)
 
+    def output_hessian_factor(self, outputs: Tensor) -> Tensor:
+        """``L_i`` with ``L_i L_iᵀ = diag(p_i) − p_i p_iᵀ``, shape ``(N, C, C)``: column c is ``√p_ic (p_i − e_c)``,
+        since ``Σ_c p_c (p − e_c)(p − e_c)ᵀ = diag(p) − ppᵀ``."""
+        p = torch.softmax(outputs, dim=-1)
+        eye = torch.eye(p.shape[-1], dtype=p.dtype, device=p.device)
+        return (p.unsqueeze(-1) - eye) * p.sqrt().unsqueeze(-2)
+
     def soft_targets(self, outputs: Tensor) -> Tensor:
         """The class probabilities ``softmax(f_i)``, shape ``(N, C)`` (``mean_nll`` takes probabilities as targets)."""
         return torch.softmax(outputs, dim=-1)
@@ -236,6 +250,12 @@ class GaussianRegression:
         """``I_C / noise²`` for every example, shape ``(N, C, C)``, whatever the outputs."""
         n, c = outputs.shape[0], math.prod(outputs.shape[1:])
         eye = torch.eye(c, dtype=outputs.dtype, device=outputs.device) / self.noise**2
+        return eye.expand(n, c, c).clone()
+
+    def output_hessian_factor(self, outputs: Tensor) -> Tensor:
+        """``I_C / noise`` for every example, shape ``(N, C, C)``."""
+        n, c = outputs.shape[0], math.prod(outputs.shape[1:])
+        eye = torch.eye(c, dtype=outputs.dtype, device=outputs.device) / self.noise
         return eye.expand(n, c, c).clone()
 
     def sample_targets(self, outputs: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -303,6 +323,10 @@ class Poisson:
     def output_hessian(self, outputs: Tensor) -> Tensor:
         """``diag(exp(f_i))``, shape ``(N, C, C)``."""
         return torch.diag_embed(outputs.reshape(outputs.shape[0], -1).exp())
+
+    def output_hessian_factor(self, outputs: Tensor) -> Tensor:
+        """``diag(exp(f_i / 2))``, shape ``(N, C, C)``."""
+        return torch.diag_embed((0.5 * outputs.reshape(outputs.shape[0], -1)).exp())
 
     def sample_targets(self, outputs: Tensor, generator: torch.Generator | None) -> Tensor:
         """Counts (as floats) drawn from ``Poisson(exp(f_i))``, the outputs' shape."""
