@@ -33,7 +33,7 @@ from bayesadmm.models import FlatModel
 __all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
 
 # What the engine passes to an algorithm factory that asks for it by name (its keyword arguments).
-ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes")
+ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "likelihood")
 
 
 def algorithm_factory(
@@ -41,18 +41,20 @@ def algorithm_factory(
     hparams: Mapping[str, Any],
     model: FlatModel,
     client_sizes: Mapping[int, int],
+    likelihood: Likelihood | None = None,
 ) -> Callable[[], Algorithm]:
     """A zero-argument callable that builds the algorithm, picklable when `algorithm` is (worker processes get it).
 
     `algorithm`: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory (any callable returning an Algorithm:
-    it gets `hparams` as keyword arguments plus whichever of `dim`, `model`, `num_clients`, `client_sizes` its
-    signature names), or a ready Algorithm (then `hparams` must be empty; it runs in this process only, as a tuple
-    of closures does not pickle).
+    it gets `hparams` as keyword arguments plus whichever of `dim`, `model`, `num_clients`, `client_sizes` and
+    `likelihood` its signature names; `likelihood` only where one is given here, so that a method that needs its
+    curvature can check it), or a ready Algorithm (then `hparams` must be empty; it runs in this process only, as a
+    tuple of closures does not pickle).
     """
     if isinstance(algorithm, str):
         if algorithm not in REGISTRY:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(sorted(REGISTRY))}")
-        return algorithm_factory(REGISTRY[algorithm], hparams, model, client_sizes)
+        return algorithm_factory(REGISTRY[algorithm], hparams, model, client_sizes, likelihood)
     if isinstance(algorithm, Algorithm):
         if hparams:
             raise ValueError(f"hparams {sorted(hparams)} given with a ready Algorithm; pass its factory instead")
@@ -62,6 +64,8 @@ def algorithm_factory(
     parameters = inspect.signature(algorithm).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
     supplied = {"dim": model.dim, "model": model, "num_clients": len(client_sizes), "client_sizes": dict(client_sizes)}
+    if likelihood is not None:
+        supplied["likelihood"] = likelihood
     kwargs = {k: v for k, v in supplied.items() if k in parameters and k not in hparams}
     unknown = sorted(k for k in hparams if k not in parameters and not takes_any)
     if unknown:

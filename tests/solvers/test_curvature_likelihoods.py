@@ -216,3 +216,71 @@ def test_fedlap_cov_server_precision_is_delta_plus_the_clients_curvatures_in_clo
         server, _ = run_rounds(alg, clients, theta0, rounds=rounds, seed=0)
         expected = delta + (1 - (1 - rho) ** rounds) * curvatures
         np.testing.assert_allclose(alg.posterior(server).precision.numpy(), expected, rtol=1e-12)
+
+
+# --- FedEP: Laplace and NGVI inference on a linear-Gaussian model -----------------------------------------------------
+
+
+def test_fedep_with_laplace_reaches_the_exact_posterior_mean_of_a_linear_gaussian_model():
+    """Every EP fixed point has the MAP as its mean whatever the sites' (diagonal, sampled) precisions: Σ_k ∇ℓ_k(μ) +
+    δμ = 0 from the tilted means; for a linear-Gaussian model that is the exact posterior mean (numpy). The precision
+    is δ + Σ_k (H_k + α n_k) with H_k the Gaussian likelihood's sampled-target Fisher, whose mean is
+    diag(X̃_kᵀX̃_k)/σ²: here within the Monte-Carlo error of 500 draws per example (the softmax's gave 0)."""
+    from bayesadmm.algorithms import fedep
+    from bayesadmm.families import DiagonalGaussian
+    from bayesadmm.solvers.adam import LocalAdam
+    from bayesadmm.solvers.ep_inference import Laplace
+
+    K, n, delta, alpha = 3, 20, 2.0, 1e-3
+    model, clients = _gaussian_clients(K=K, n=n)
+    mean, precision = _exact_posterior(clients, delta)
+    laplace = Laplace(alpha=alpha, fisher_samples=500, solver=LocalAdam(lr=0.05, epochs=200, batch_size=n))
+    alg = fedep.make(DiagonalGaussian(model.dim), laplace, num_clients=K, damping=1.0, prior_precision=delta,
+                     client_sizes=[n] * K, init_site_precision=alpha)
+    server, _ = run_rounds(alg, clients, _theta(model), rounds=10, seed=0)
+    posterior = alg.posterior(server)
+    assert np.abs(posterior.mean.numpy() - mean).max() < 1e-4
+    expected = delta + sum((_with_bias(c.X.numpy()) ** 2).sum(0) for c in clients) / SIGMA**2 + alpha * K * n
+    np.testing.assert_allclose(posterior.precision.numpy(), expected, rtol=0.05)
+    # (the exact posterior's precision diagonal is the same without the floor α n_k)
+    np.testing.assert_allclose(np.diag(precision), expected - alpha * K * n, rtol=1e-12)
+
+
+def test_ngvi_averages_the_gaussian_likelihoods_fisher():
+    """For a linear-Gaussian model the per-example Fisher is x̃_i²/σ² whatever θ, so NGVI's running average s (with
+    the bias correction) is its mean over the examples, (1/n) Σ_i x̃_i²/σ², within the Monte-Carlo error."""
+    from bayesadmm.families import DiagonalGaussian
+    from bayesadmm.solvers.ep_inference import NGVI
+
+    model, clients = _gaussian_clients(K=1, n=20)
+    data = clients[0]
+    family = DiagonalGaussian(model.dim)
+    cavity = family.from_moments(torch.zeros(model.dim, dtype=torch.float64),
+                                 torch.full((model.dim,), 10.0, dtype=torch.float64))
+    method = NGVI(alpha=0.0, beta=0.9, epochs=60, samples=2, batch_size=None, fisher_samples=50)
+    s = method.average_fisher(data, _theta(model), cavity, torch.Generator().manual_seed(0))
+    expected = (_with_bias(data.X.numpy()) ** 2).mean(0) / SIGMA**2
+    np.testing.assert_allclose(s.numpy(), expected, rtol=0.05)
+
+
+def _squared_error(outputs, targets):
+    return (targets - outputs) ** 2
+
+
+def test_ep_registry_refuses_laplace_and_ngvi_for_a_likelihood_that_cannot_draw_targets():
+    """Before any training: the factory names the method, the inference, the likelihood and what to supply; the
+    inference that reads only the loss is built."""
+    from bayesadmm.algorithms import ep_registry
+
+    bare = NegLogLikelihood(_squared_error)
+    sizes = {0: 10, 1: 10}
+    for make in (ep_registry.make_fedep, ep_registry.make_fedsep):
+        for inference in ("laplace", "ngvi"):
+            with pytest.raises(TypeError, match=rf"with inference='{inference}' needs the likelihood's "
+                                                r"sample_targets.*NegLogLikelihood.*sample_targets="):
+                make(dim=4, num_clients=2, client_sizes=sizes, inference=inference, likelihood=bare)
+        make(dim=4, num_clients=2, client_sizes=sizes, inference="identity", likelihood=bare)
+        make(dim=4, num_clients=2, client_sizes=sizes, inference="laplace", likelihood=Poisson())
+    with pytest.raises(TypeError, match="fedpa with inference='laplace'"):
+        ep_registry.make_fedpa(dim=4, inference="laplace", likelihood=bare)
+    ep_registry.make_fedpa(dim=4, inference="mcmc", likelihood=bare)
