@@ -194,6 +194,11 @@ class Classification:
         """The class probabilities ``softmax(f_i)``, shape ``(N, C)`` (``mean_nll`` takes probabilities as targets)."""
         return torch.softmax(outputs, dim=-1)
 
+    def classes(self, targets: Tensor) -> Tensor:
+        """The class of each target, ``(N,)``: the label, or the most probable class of probability targets ``(N, C)``
+        (what FedLap-Func draws its memory within)."""
+        return targets.argmax(dim=-1) if targets.is_floating_point() else targets
+
     def predictive(self, outputs: Tensor) -> Tensor:
         """``(1/S) Σ_s softmax(f_s)``, shape ``(N, C)``; for ``S = 1`` the same bits as ``softmax(f_1)``."""
         _check_draws(outputs)
