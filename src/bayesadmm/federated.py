@@ -132,7 +132,10 @@ def run(
         algorithm: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory, or an Algorithm (see
             `algorithm_factory`). A factory must be a module-level function (or a partial of one) for workers > 1.
         hparams: the algorithm's keyword hyperparameters.
-        likelihood: `Classification()` (default), `GaussianRegression(noise)` or `NegLogLikelihood(fn)`.
+        likelihood: `Classification()` (default), `GaussianRegression(noise)`, `Poisson()` or
+            `NegLogLikelihood(fn)`. It reaches the algorithm's factory too (where its signature names `likelihood`):
+            the methods that need its curvature (fedlap-cov, fedlap-func, fedep/fedsep/fedpa with
+            inference="laplace" or "ngvi") refuse one without it here, with a `MissingCurvatureError`.
         metrics: extra metrics, name → `fn(outputs (S, N, ...), targets) -> float`, reported as `test_<name>` at
             the mean and `ens_test_<name>` for the predictive.
         rounds: communication rounds.
@@ -181,7 +184,8 @@ def run(
     )
     source = _client_source(clients, flat, likelihood, device)
     X_test, y_test = as_tensors(test, "test")
-    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes)
+    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood)
+    make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
     federation = Federation(
         flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {})
     )

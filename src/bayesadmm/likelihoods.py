@@ -63,6 +63,7 @@ __all__ = [
     "GaussianRegression",
     "Likelihood",
     "NegLogLikelihood",
+    "MissingCurvatureError",
     "Poisson",
     "require",
 ]
@@ -73,7 +74,8 @@ COVERAGE_LEVELS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.
 
 @runtime_checkable
 class Likelihood(Protocol):
-    """An observation model ``p(y | f)`` of the targets given the model's outputs ``f``."""
+    """An observation model ``p(y | f)`` of the targets given the model's outputs ``f``. The methods that need its
+    curvature read the optional members of ``CurvatureLikelihood`` (module docstring)."""
 
     def mean_nll(self, outputs: Tensor, targets: Tensor) -> Tensor:
         """Mean negative log-likelihood over the batch (a differentiable scalar): the training loss."""
@@ -120,16 +122,21 @@ CURVATURE_MEMBERS: dict[str, str] = {
 }
 
 
+class MissingCurvatureError(TypeError):
+    """A method was given a likelihood without a member of `CurvatureLikelihood` that it needs (`require`)."""
+
+
 def require(likelihood: object, members: Sequence[str], method: str) -> None:
-    """Raise a TypeError naming `method`, the likelihood and what to supply unless `likelihood` has every one of
-    `members` (names of `CURVATURE_MEMBERS`) as a callable. Called where a method is built, so that a likelihood
-    without the curvature it needs is refused before any training, not replaced by another's."""
+    """Raise a `MissingCurvatureError` (a TypeError) naming `method`, the likelihood and what to supply unless
+    `likelihood` has every one of `members` (names of `CURVATURE_MEMBERS`) as a callable. Called where a method is
+    built, so that a likelihood without the curvature it needs is refused before any training, not replaced by
+    another's."""
     missing = [name for name in members if not callable(getattr(likelihood, name, None))]
     if not missing:
         return
     what = "; ".join(CURVATURE_MEMBERS[name] for name in missing)
     given = ", ".join(f"{name}=..." for name in missing)
-    raise TypeError(
+    raise MissingCurvatureError(
         f"{method} needs the likelihood's {' and '.join(missing)}, which {type(likelihood).__name__} does not have "
         f"({what}). Use Classification(), GaussianRegression(noise) or Poisson(), give NegLogLikelihood(fn, {given}), "
         f"implement them on your likelihood (bayesadmm.likelihoods.CurvatureLikelihood), or choose a method that "

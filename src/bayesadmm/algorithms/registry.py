@@ -91,8 +91,10 @@ def fedlap_cov(
     batch_size: int = 32,
     curvature: str = "ggn",
     name: str = "fedlap-cov",
+    likelihood: Likelihood | None = None,
 ) -> Algorithm:
-    """`fedlap_cov.make` with the curvature estimator by name: "ggn" (exact) or "mc-fisher"."""
+    """`fedlap_cov.make` with the curvature estimator by name: "ggn" (exact) or "mc-fisher"; `likelihood` from the
+    engine, checked for what the estimator reads."""
     if not (isinstance(curvature, str) and curvature in CURVATURES):
         raise ValueError(f"{name}: curvature must be one of {', '.join(CURVATURES)}, got {curvature!r}")
     return _fedlap_cov.make(
@@ -104,6 +106,7 @@ def fedlap_cov(
         batch_size=batch_size,
         curvature=CURVATURES[curvature](),
         name=name,
+        likelihood=likelihood,
     )
 
 
