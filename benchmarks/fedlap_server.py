@@ -21,15 +21,16 @@ import time
 import torch
 
 from bayesadmm.algorithms.fedlap_func import Memory, minimize_server, soft_label_loss
+from bayesadmm.likelihoods import Classification
 from bayesadmm.models import mlp
 
 
-def previous_form(model, start, dual_sum, delta, memory, iterations, lr):
+def previous_form(model, likelihood, start, dual_sum, delta, memory, iterations, lr):
     w = torch.nn.Parameter(start.detach().clone())
     optimizer = torch.optim.Adam([w], lr=lr)
     for _ in range(iterations):
         optimizer.zero_grad(set_to_none=True)
-        objective = 0.5 * delta * w.square().sum() - delta * (dual_sum @ w) + soft_label_loss(model, w, memory)
+        objective = 0.5 * delta * w.square().sum() - delta * (dual_sum @ w) + soft_label_loss(model, likelihood, w, memory)
         objective.backward()
         optimizer.step()
     return w.detach()
@@ -52,12 +53,12 @@ def main() -> None:
                     torch.full((args.memory,), 6e-3))
     forms = {"library": minimize_server, "previous": previous_form}
     for form in forms.values():                                                      # warm-up
-        form(model, start, dual_sum, 0.01, memory, 20, 1e-3)
+        form(model, Classification(), start, dual_sum, 0.01, memory, 20, 1e-3)
     times = {name: [] for name in forms}
     for _ in range(args.repeats):
         for name, form in forms.items():
             t0 = time.perf_counter()
-            form(model, start, dual_sum, 0.01, memory, args.steps, 1e-3)
+            form(model, Classification(), start, dual_sum, 0.01, memory, args.steps, 1e-3)
             times[name].append((time.perf_counter() - t0) / args.steps * 1e3)
     ratio = statistics.median(p / q for p, q in zip(times["previous"], times["library"], strict=True))
     print(f"FedLap-Func server step, MLP d={model.dim}, {args.memory} memory points, {args.threads} thread(s)")

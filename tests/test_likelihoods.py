@@ -4,13 +4,23 @@ import math
 import pickle
 from statistics import NormalDist
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from bayesadmm.families import DiagonalGaussian, Posterior
-from bayesadmm.likelihoods import COVERAGE_LEVELS, Classification, GaussianRegression, Likelihood, NegLogLikelihood
+from bayesadmm.likelihoods import (
+    COVERAGE_LEVELS,
+    Classification,
+    CurvatureLikelihood,
+    GaussianRegression,
+    Likelihood,
+    NegLogLikelihood,
+    Poisson,
+    require,
+)
 from bayesadmm.metrics import classification_metrics, evaluate
 from bayesadmm.models import FlatModel
 
@@ -84,10 +94,13 @@ def test_classification_metrics_use_its_bins():
 
 
 def test_likelihoods_satisfy_the_protocol_and_pickle():
-    for likelihood in (Classification(), GaussianRegression(0.5), NegLogLikelihood(_gaussian_nll_half)):
+    for likelihood in (Classification(), GaussianRegression(0.5), Poisson(), NegLogLikelihood(_gaussian_nll_half)):
         assert isinstance(likelihood, Likelihood)
         assert pickle.loads(pickle.dumps(likelihood)) == likelihood
     assert not isinstance(object(), Likelihood)
+    for likelihood in (Classification(), GaussianRegression(0.5), Poisson()):
+        assert isinstance(likelihood, CurvatureLikelihood)
+    assert not isinstance(NegLogLikelihood(_gaussian_nll_half), CurvatureLikelihood)
 
 
 # --- Gaussian regression ------------------------------------------------------------------------------------------
@@ -283,3 +296,160 @@ def test_evaluate_custom_likelihood_and_extra_metrics():
     f = model.forward(posterior.mean, X).squeeze(-1)
     assert gaussian["mae"] == pytest.approx((f - y).abs().mean().item(), rel=1e-12)
     assert "ens_mae" in gaussian
+
+
+# --- Poisson ------------------------------------------------------------------------------------------------------
+
+
+def _poisson_log_pmf(y, rate):
+    """log Poisson(y; rate) in numpy float64, written out."""
+    return y * np.log(rate) - rate - np.vectorize(math.lgamma)(y + 1.0)
+
+
+def test_poisson_loss_is_the_poisson_nll_with_its_constant():
+    g = torch.Generator().manual_seed(11)
+    f = torch.randn(13, generator=g, dtype=torch.float64)
+    y = torch.poisson(torch.full((13,), 3.0, dtype=torch.float64), generator=g)
+    expected = -_poisson_log_pmf(y.numpy(), np.exp(f.numpy())).mean()
+    assert Poisson().mean_nll(f, y).item() == pytest.approx(expected, rel=1e-13)
+    # integer counts, a Linear(·, 1) head, and D outputs summed over the dimensions
+    assert Poisson().mean_nll(f[:, None], y.long()).item() == pytest.approx(expected, rel=1e-13)
+    F2 = torch.randn(13, 2, generator=g, dtype=torch.float64)
+    Y2 = torch.poisson(torch.full((13, 2), 2.0, dtype=torch.float64), generator=g)
+    expected2 = -_poisson_log_pmf(Y2.numpy(), np.exp(F2.numpy())).sum(1).mean()
+    assert Poisson().mean_nll(F2, Y2).item() == pytest.approx(expected2, rel=1e-13)
+    with pytest.raises(ValueError, match="shape"):
+        Poisson().mean_nll(torch.zeros(5, 2), torch.zeros(5))
+
+
+def test_poisson_metrics_of_a_mixture_by_hand():
+    g = torch.Generator().manual_seed(12)
+    draws = 0.5 * torch.randn(3, 20, generator=g, dtype=torch.float64) + 1.0     # log-rates (S, N)
+    y = torch.poisson(torch.full((20,), 2.5, dtype=torch.float64), generator=g)
+    y[0] = 0.0                                                                       # y log y = 0 at y = 0
+    m = Poisson().metrics(Poisson().predictive(draws), y)
+    rates, counts = np.exp(draws.numpy()), y.numpy()
+    mixture = np.exp(_poisson_log_pmf(counts[None], rates)).mean(0)
+    mean_rate = rates.mean(0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ylogy = np.where(counts > 0, counts * np.log(counts / mean_rate), 0.0)
+    assert m["nll"] == pytest.approx(-np.log(mixture).mean(), rel=1e-12)
+    assert m["rmse"] == pytest.approx(np.sqrt(((mean_rate - counts) ** 2).mean()), rel=1e-12)
+    assert m["deviance"] == pytest.approx((2 * (ylogy - (counts - mean_rate))).mean(), rel=1e-12)
+    # the mixture stays finite far from every draw (the densities underflow one by one)
+    far = Poisson().metrics(Poisson().predictive(draws), torch.full((20,), 400.0, dtype=torch.float64))
+    assert math.isfinite(far["nll"]) and far["nll"] > 100
+
+
+# --- curvature: what FedLap-Cov, FedLap-Func and FedEP's Laplace/NGVI consume ----------------------------------------
+
+
+def _curvature_cases():
+    """(likelihood, outputs (N, C), targets) with float64 outputs, for every likelihood with curvature."""
+    g = torch.Generator().manual_seed(13)
+    logits = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    return [
+        (Classification(), logits, torch.randint(0, 4, (6,), generator=g)),
+        (GaussianRegression(0.7), torch.randn(6, 3, generator=g, dtype=torch.float64),
+         torch.randn(6, 3, generator=g, dtype=torch.float64)),
+        (GaussianRegression(0.7), torch.randn(6, 1, generator=g, dtype=torch.float64),
+         torch.randn(6, generator=g, dtype=torch.float64)),                          # a Linear(·, 1) head
+        (Poisson(), 0.5 * torch.randn(6, 2, generator=g, dtype=torch.float64),
+         torch.poisson(torch.full((6, 2), 2.0, dtype=torch.float64), generator=g)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_output_hessian_is_autograds_hessian_of_each_examples_nll(case):
+    """Against torch.autograd.functional.hessian of the likelihood's own mean_nll of one example, at its own target
+    and at a second one: the Hessian does not depend on y (canonical links)."""
+    likelihood, outputs, targets = _curvature_cases()[case]
+    hessian = likelihood.output_hessian(outputs)
+    n, c = outputs.shape
+    assert hessian.shape == (n, c, c) and hessian.dtype == torch.float64
+    other = targets.flip(0)
+    for i in range(n):
+        for y in (targets[i:i + 1], other[i:i + 1]):
+            expected = torch.autograd.functional.hessian(lambda f, y=y: likelihood.mean_nll(f[None], y), outputs[i])
+            torch.testing.assert_close(hessian[i], expected, rtol=1e-12, atol=1e-14)
+
+
+def test_output_hessians_in_closed_form():
+    """Written out in numpy: softmax diag(p) − ppᵀ, Gaussian I/σ², Poisson diag(exp f)."""
+    (cls, logits, _), (gauss, f, _), _, (poisson, log_rates, _) = _curvature_cases()
+    p = np.exp(logits.numpy()) / np.exp(logits.numpy()).sum(1, keepdims=True)
+    np.testing.assert_allclose(cls.output_hessian(logits).numpy(),
+                               np.stack([np.diag(q) - np.outer(q, q) for q in p]), rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(gauss.output_hessian(f).numpy(), np.broadcast_to(np.eye(3) / 0.49, (6, 3, 3)),
+                               rtol=1e-15)
+    np.testing.assert_allclose(poisson.output_hessian(log_rates).numpy(),
+                               np.stack([np.diag(np.exp(row)) for row in log_rates.numpy()]), rtol=1e-14)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_output_hessian_factor_multiplies_out_to_the_output_hessian(case):
+    """L_i L_iᵀ = Λ_i: the closed-form factor the GGN backpropagates is one of the Hessian."""
+    likelihood, outputs, _ = _curvature_cases()[case]
+    factor = likelihood.output_hessian_factor(outputs)
+    torch.testing.assert_close(factor @ factor.mT, likelihood.output_hessian(outputs), rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_sampled_targets_give_the_fisher_which_is_the_output_hessian(case):
+    """E_{ŷ∼p(y|f)}[∇_f nll(f, ŷ) ∇_f nll(f, ŷ)ᵀ] = output_hessian(f) (Fisher = Hessian for these likelihoods): the
+    Monte-Carlo Fisher of FedLap-Cov and FedEP is unbiased. The same generator gives the same targets."""
+    likelihood, outputs, _ = _curvature_cases()[case]
+    draws = 40000
+    repeated = outputs.repeat(draws, 1)
+    targets = likelihood.sample_targets(repeated, torch.Generator().manual_seed(0))
+    assert torch.equal(likelihood.sample_targets(repeated, torch.Generator().manual_seed(0)), targets)
+    f = repeated.clone().requires_grad_()
+    (g,) = torch.autograd.grad(likelihood.mean_nll(f, targets) * f.shape[0], f)      # per-example gradients
+    fisher = (g[:, :, None] * g[:, None, :]).reshape(draws, *outputs.shape, outputs.shape[1]).mean(0)
+    hessian = likelihood.output_hessian(outputs)
+    scale = hessian.diagonal(dim1=1, dim2=2).amax()
+    assert (fisher - hessian).abs().max() < 0.04 * scale, (fisher, hessian)
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_soft_targets_are_where_the_nll_is_stationary(case):
+    """∇_{f'} mean_nll(f', soft_targets(f)) = 0 at f' = f: FedLap-Func's function-space terms vanish at their own
+    predictions, so its fixed points are FedLap's; and soft_targets is E[y | f]."""
+    likelihood, outputs, _ = _curvature_cases()[case]
+    soft = likelihood.soft_targets(outputs)
+    f = outputs.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(likelihood.mean_nll(f, soft), f)
+    assert grad.abs().max() < 1e-14
+    draws = likelihood.sample_targets(outputs.repeat(20000, 1), torch.Generator().manual_seed(1))
+    if draws.dtype == torch.long:                                                    # labels: their frequencies
+        draws = F.one_hot(draws, outputs.shape[1]).double()
+    mean = draws.reshape(20000, outputs.shape[0], -1).mean(0)
+    assert (mean - soft.reshape(outputs.shape[0], -1)).abs().max() < 0.05 * (1 + soft.abs().max())
+
+
+def _hessian_of_half(outputs):
+    return torch.eye(outputs.shape[1], dtype=outputs.dtype).expand(outputs.shape[0], -1, -1) / 0.25
+
+
+def test_require_names_the_method_the_likelihood_and_what_to_supply():
+    for likelihood in (Classification(), GaussianRegression(1.0), Poisson()):
+        require(likelihood, ("output_hessian", "sample_targets", "soft_targets"), "fedlap-cov")
+    bare = NegLogLikelihood(_gaussian_nll_half)
+    with pytest.raises(TypeError) as error:
+        require(bare, ("output_hessian",), "fedlap-cov")
+    message = str(error.value)
+    assert "fedlap-cov" in message and "NegLogLikelihood" in message and "output_hessian=" in message
+    # given as a callable, a member is there; the others are still missing
+    given = NegLogLikelihood(_gaussian_nll_half, output_hessian=_hessian_of_half)
+    require(given, ("output_hessian",), "fedlap-cov")
+    with pytest.raises(TypeError, match="fedep needs the likelihood's sample_targets"):
+        require(given, ("sample_targets",), "fedep")
+    assert pickle.loads(pickle.dumps(given)) == given
+    with pytest.raises(TypeError, match="soft_targets must be None or a callable"):
+        NegLogLikelihood(_gaussian_nll_half, soft_targets="mean")
+    with pytest.raises(TypeError, match="MyLikelihood"):
+
+        class MyLikelihood:
+            pass
+
+        require(MyLikelihood(), ("soft_targets",), "fedlap-func")

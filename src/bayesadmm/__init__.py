@@ -3,7 +3,7 @@
 The public API:
 
     bayesadmm.run(model, clients, test, algorithm=..., hparams=..., likelihood=..., rounds=..., ...)  -> Result
-    bayesadmm.Classification(), GaussianRegression(noise), NegLogLikelihood(fn)                      likelihoods
+    bayesadmm.Classification(), GaussianRegression(noise), Poisson(), NegLogLikelihood(fn)           likelihoods
     bayesadmm.algorithms.REGISTRY, bayesadmm.algorithms.make(name, **hparams), bayesadmm.Algorithm   algorithms
     bayesadmm.ClientData, SupervisedData, DataError                                                  client data
     bayesadmm.FlatModel                                                                              a module as f(θ, x)
@@ -17,7 +17,14 @@ from bayesadmm.clients import ClientData, SupervisedData, TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.federated import algorithm_factory, run
-from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood, NegLogLikelihood
+from bayesadmm.likelihoods import (
+    Classification,
+    CurvatureLikelihood,
+    GaussianRegression,
+    Likelihood,
+    NegLogLikelihood,
+    Poisson,
+)
 from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
 from bayesadmm.userdata import DataError
@@ -37,8 +44,10 @@ __all__ = [
     "TensorClients",
     "DataError",
     "Likelihood",
+    "CurvatureLikelihood",
     "Classification",
     "GaussianRegression",
+    "Poisson",
     "NegLogLikelihood",
     "FlatModel",
     "Federation",

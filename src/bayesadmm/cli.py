@@ -244,6 +244,7 @@ def _run(args) -> int:
     from bayesadmm.engine.loop import RunDirError
     from bayesadmm.experiments.build import build, run, settings_of
     from bayesadmm.experiments.config import ConfigError, check_device, load, resolve
+    from bayesadmm.likelihoods import MissingCurvatureError
 
     resume = args.command == "resume"
     try:  # everything about the configuration is checked before the run directory is touched
@@ -263,8 +264,9 @@ def _run(args) -> int:
                 print(f"override: {line}")
         settings_of(config)  # the engine's own checks (e.g. stop_at against rounds)
         built = build(config)  # the data files, the split and the model's fit to the data
-        built.algorithm()  # the method's own checks of its hyperparameters
-    except (ConfigError, ValueError, FileNotFoundError) as exc:  # ValueError: a data file or a setting's value
+        built.algorithm()  # the method's own checks of its hyperparameters and of the likelihood's curvature
+    # ValueError: a data file or a setting's value; MissingCurvatureError: a method needs more of the likelihood
+    except (ConfigError, ValueError, MissingCurvatureError, FileNotFoundError) as exc:
         if args.debug:
             raise
         print(f"bayesadmm: {exc}", file=sys.stderr)

@@ -34,7 +34,7 @@ from bayesadmm.userdata import as_tensors, check_client_objects, check_data
 __all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
 
 # What the engine passes to an algorithm factory that asks for it by name (its keyword arguments).
-ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes")
+ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "likelihood")
 
 
 def algorithm_factory(
@@ -42,18 +42,20 @@ def algorithm_factory(
     hparams: Mapping[str, Any],
     model: FlatModel,
     client_sizes: Mapping[int, int],
+    likelihood: Likelihood | None = None,
 ) -> Callable[[], Algorithm]:
     """A zero-argument callable that builds the algorithm, picklable when `algorithm` is (worker processes get it).
 
     `algorithm`: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory (any callable returning an Algorithm:
-    it gets `hparams` as keyword arguments plus whichever of `dim`, `model`, `num_clients`, `client_sizes` its
-    signature names), or a ready Algorithm (then `hparams` must be empty; it runs in this process only, as a tuple
-    of closures does not pickle).
+    it gets `hparams` as keyword arguments plus whichever of `dim`, `model`, `num_clients`, `client_sizes` and
+    `likelihood` its signature names; `likelihood` only where one is given here, so that a method that needs its
+    curvature can check it), or a ready Algorithm (then `hparams` must be empty; it runs in this process only, as a
+    tuple of closures does not pickle).
     """
     if isinstance(algorithm, str):
         if algorithm not in REGISTRY:
             raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(sorted(REGISTRY))}")
-        return algorithm_factory(REGISTRY[algorithm], hparams, model, client_sizes)
+        return algorithm_factory(REGISTRY[algorithm], hparams, model, client_sizes, likelihood)
     if isinstance(algorithm, Algorithm):
         if hparams:
             raise ValueError(f"hparams {sorted(hparams)} given with a ready Algorithm; pass its factory instead")
@@ -63,6 +65,8 @@ def algorithm_factory(
     parameters = inspect.signature(algorithm).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
     supplied = {"dim": model.dim, "model": model, "num_clients": len(client_sizes), "client_sizes": dict(client_sizes)}
+    if likelihood is not None:
+        supplied["likelihood"] = likelihood
     kwargs = {k: v for k, v in supplied.items() if k in parameters and k not in hparams}
     unknown = sorted(k for k in hparams if k not in parameters and not takes_any)
     if unknown:
@@ -143,7 +147,10 @@ def run(
         algorithm: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory, or an Algorithm (see
             `algorithm_factory`). A factory must be a module-level function (or a partial of one) for workers > 1.
         hparams: the algorithm's keyword hyperparameters, a mapping of name → value.
-        likelihood: `Classification()` (default), `GaussianRegression(noise)` or `NegLogLikelihood(fn)`.
+        likelihood: `Classification()` (default), `GaussianRegression(noise)`, `Poisson()` or
+            `NegLogLikelihood(fn)`. It reaches the algorithm's factory too (where its signature names `likelihood`):
+            the methods that need its curvature (fedlap-cov, fedlap-func, fedep/fedsep/fedpa with
+            inference="laplace" or "ngvi") refuse one without it here, with a `MissingCurvatureError`.
         metrics: extra metrics, name → `fn(outputs (S, N, ...), targets) -> float`, reported as `test_<name>` at
             the mean and `ens_test_<name>` for the predictive.
         rounds: communication rounds.
@@ -196,7 +203,8 @@ def run(
         else flat.flatten(dict(model.named_parameters())).detach().clone()
     )
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
-    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes)
+    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood)
+    make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
     federation = Federation(
         flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {})
     )

@@ -34,6 +34,11 @@ def multinomial(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     return torch.multinomial(probs.to(_source(generator)), 1, generator=generator).squeeze(-1).to(probs.device)
 
 
+def poisson(rates: Tensor, generator: torch.Generator | None) -> Tensor:
+    """Poisson counts of `rates` (any shape, as floats), drawn on the generator's device, returned on `rates`'."""
+    return torch.poisson(rates.to(_source(generator)), generator=generator).to(rates.device)
+
+
 # --- a counter-based stream of normals, for IVON's per-step noise --------------------------------------------------
 #
 # A sequential generator (torch's mt19937) cannot be drawn inside a fused kernel, and on a CPU it is slow: 178k

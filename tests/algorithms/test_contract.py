@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 
 import pytest
 import torch
 from torch import nn
 
+import bayesadmm
 from bayesadmm.algorithms import REGISTRY
 from bayesadmm.clients import SupervisedData
 from bayesadmm.engine.rundir import load_state, save_state
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.federated import algorithm_factory
+from bayesadmm.likelihoods import GaussianRegression, MissingCurvatureError, NegLogLikelihood, Poisson
 from bayesadmm.models import FlatModel
 
 # Toy values for hyperparameters, used where a factory names them: a 3-class problem of 4 features, 3 clients.
@@ -151,3 +154,143 @@ def test_every_method_learns_a_toy_problem(name):
     # (from θ₀, not the initial posterior: FedPA's starts with no precision at all, a flat prior)
     start, end = accuracy(theta0), accuracy(algorithm.posterior(server).mean)
     assert end >= 0.85 > start, f"{name}: accuracy {start:.2f} -> {end:.2f}"
+
+
+# --- any likelihood, through bayesadmm.run (issue #38) ----------------------------------------------------------------
+#
+# Every method, and every variant that reads the likelihood's curvature, runs a few rounds of `bayesadmm.run` on a small
+# regression and a small count problem: it must learn, and what it takes from the likelihood must not be silently zero
+# (as the softmax's curvature of a one-output head was). Given a likelihood without that curvature, it must refuse
+# before the run directory exists.
+
+SIGMA = 0.5
+VARIANTS = [(name, {}) for name in sorted(REGISTRY)] + [
+    ("fedlap-cov", {"curvature": "mc-fisher"}),
+    *[(method, {"inference": inference}) for method in ("fedep", "fedsep") for inference in ("laplace", "ngvi")],
+    *[("fedpa", {"inference": inference}) for inference in ("identity", "laplace", "ngvi")],
+]
+
+
+def _variant_id(name: str, extra: dict) -> str:
+    return name + "".join(f"[{k}={v}]" for k, v in extra.items())
+
+
+# What each variant reads of the likelihood beyond its loss; a new method that needs curvature must be listed here.
+NEEDS = {
+    "fedlap-cov": "output_hessian",
+    "fedlap-cov[curvature=mc-fisher]": "sample_targets",
+    "fedlap-func": "soft_targets",
+    **{f"{m}[inference={i}]": "sample_targets" for m in ("fedep", "fedsep", "fedpa") for i in ("laplace", "ngvi")},
+}
+# Regression's loss is steeper than the toy classification's: IVON's first steps need a larger initial Hessian, and
+# FedDyn's iterates oscillate at lr 0.05 (its NLL goes up and down from round to round; at 0.01 it falls steadily);
+# FedLap-Func's server needs far fewer than its default 5000 Adam steps on these few memory points.
+REGRESSION_OVERRIDES = {"ivon-admm": {"hess_init": 1.0}, "ivon-pvi": {"hess_init": 1.0}, "feddyn": {"lr": 0.01},
+                        "fedlap-func": {"server_iterations": 200, "server_lr": 0.01, "points_per_class": 4}}
+
+
+def _regression_net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+
+def _regression_problem(counts: bool):
+    """3 clients with shifted inputs (heterogeneous) and a test set: y = 2 g(x) + 0.3 ε, or y ~ Poisson(exp(g(x)
+    + 0.5)), with g(x) = tanh(wᵀx) + 0.3·[x_0 > 0]."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.tensor([0.6, -0.4, 0.3, 0.2])
+
+    def draw(n, shift):
+        X = torch.randn(n, 4, generator=gen) + shift
+        g = torch.tanh(X @ w) + 0.3 * (X[:, 0] > 0)
+        y = torch.poisson((g + 0.5).exp(), generator=gen) if counts else 2 * g + 0.3 * torch.randn(n, generator=gen)
+        return X, y
+
+    return [draw(24, 0.5 * k) for k in range(3)], draw(90, 0.5)
+
+
+def _run(name, extra, likelihood, out, rounds=4):
+    parameters = inspect.signature(REGISTRY[name]).parameters
+    hparams = ({k: v for k, v in TOY_VALUES.items() if k in parameters} | TOY_OVERRIDES.get(name, {})
+               | REGRESSION_OVERRIDES.get(name, {}) | extra)
+    clients, test = _regression_problem(isinstance(likelihood, Poisson))
+    return bayesadmm.run(_regression_net(), clients, test, algorithm=name, hparams=hparams, likelihood=likelihood,
+                         rounds=rounds, eval_samples=4, progress=False, out=out)
+
+
+@pytest.fixture
+def _no_plots(monkeypatch):
+    """The run directory's plot is not what is tested here, and costs more than these runs."""
+    monkeypatch.setattr("bayesadmm.reports.try_plot_run", lambda *args, **kwargs: None)
+
+
+@pytest.mark.usefixtures("_no_plots")
+@pytest.mark.parametrize("kind", ["gaussian", "poisson"])
+@pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=[_variant_id(*v) for v in VARIANTS])
+def test_every_method_learns_regression_and_counts_with_the_likelihoods_own_curvature(name, extra, kind, tmp_path):
+    likelihood = GaussianRegression(SIGMA) if kind == "gaussian" else Poisson()
+    _, (X_test, y_test) = _regression_problem(kind == "poisson")
+    with torch.no_grad():
+        initial = likelihood.mean_nll(_regression_net()(X_test), y_test).item()
+    result = _run(name, extra, likelihood, tmp_path / "run")
+    assert result.status == "completed", result.reason
+    final = result.history[-1]["test_nll"]
+    assert final < initial, f"{_variant_id(name, extra)} on {kind}: test NLL {initial:.3f} -> {final:.3f}"
+
+    needs = NEEDS.get(_variant_id(name, extra))
+    if name == "fedlap-cov":          # S_g = δ + Σ_k V_k: every coordinate gained curvature from the likelihood
+        assert bool((result.posterior.precision > TOY_VALUES["delta"]).all())
+    elif name == "fedlap-func":       # the function-space terms were there, on the server and on the clients
+        assert result.history[-1]["server_memory"] > 0 and result.history[-1]["client_memory_terms"] > 0
+    elif needs is not None:           # Laplace/NGVI: the Fisher adds to the precision of the inference without it
+        plain = _run(name, {"inference": "identity"}, likelihood, tmp_path / "identity")
+        gained = result.posterior.precision / plain.posterior.precision
+        assert gained.median() > 3, f"{_variant_id(name, extra)} on {kind}: precision × {gained.median():.2f}"
+
+
+def _gaussian_nll(outputs, targets):
+    """A user's Gaussian NLL with σ = SIGMA, per example (module level: it pickles), for (N,) targets and for the
+    (N, 1) outputs and drawn targets of the curvature."""
+    residual = ((targets - outputs) / SIGMA).reshape(outputs.shape[0], -1)
+    return (0.5 * residual.square() + math.log(SIGMA * math.sqrt(2 * math.pi))).sum(1)
+
+
+@pytest.mark.usefixtures("_no_plots")
+@pytest.mark.parametrize(("name", "extra"), VARIANTS, ids=[_variant_id(*v) for v in VARIANTS])
+def test_a_likelihood_without_curvature_is_refused_before_the_run_directory_or_serves(name, extra, tmp_path):
+    """NegLogLikelihood(fn) alone: the variants that need its curvature refuse in bayesadmm.run, naming themselves,
+    the likelihood and what to supply, and nothing is written; the others train on it."""
+    bare = NegLogLikelihood(_gaussian_nll)
+    needs = NEEDS.get(_variant_id(name, extra))
+    out = tmp_path / "run"
+    if needs is None:
+        result = _run(name, extra, bare, out, rounds=2)
+        assert result.status == "completed" and math.isfinite(result.history[-1]["test_nll"])
+        return
+    with pytest.raises(MissingCurvatureError) as refusal:
+        _run(name, extra, bare, out)
+    message = str(refusal.value)
+    assert name in message and "NegLogLikelihood" in message and f"{needs}=" in message, message
+    assert not out.exists()
+
+
+def _gaussian_hessian(outputs):
+    return torch.full((outputs.shape[0], 1, 1), SIGMA**-2, dtype=outputs.dtype)
+
+
+def _gaussian_draws(outputs, generator):
+    return outputs + SIGMA * torch.randn(outputs.shape, generator=generator, dtype=outputs.dtype)
+
+
+@pytest.mark.usefixtures("_no_plots")
+@pytest.mark.parametrize("curvature", ["ggn", "mc-fisher"])
+def test_a_user_likelihood_given_its_curvature_runs_fedlap_cov_as_the_built_in_one(curvature, tmp_path):
+    """The same Gaussian written by the user with its output Hessian and its draws: FedLap-Cov's posterior equals the
+    one with GaussianRegression (the square root of the user's Hessian against the closed-form factor; the same
+    normal draws from the client's generator)."""
+    user = NegLogLikelihood(_gaussian_nll, output_hessian=_gaussian_hessian, sample_targets=_gaussian_draws,
+                            soft_targets=torch.clone)
+    mine = _run("fedlap-cov", {"curvature": curvature}, user, tmp_path / "user")
+    built_in = _run("fedlap-cov", {"curvature": curvature}, GaussianRegression(SIGMA), tmp_path / "built-in")
+    torch.testing.assert_close(mine.posterior.precision, built_in.posterior.precision, rtol=1e-5, atol=0)
+    torch.testing.assert_close(mine.posterior.mean, built_in.posterior.mean, rtol=1e-5, atol=1e-6)

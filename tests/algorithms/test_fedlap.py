@@ -219,7 +219,7 @@ def test_mc_fisher_is_an_unbiased_estimate_of_the_ggn():
     assert torch.equal(single[0], single[1]) and not torch.equal(single[0], single[2])
     with pytest.raises(ValueError, match="Generator"):
         MonteCarloFisher()(loss, theta)
-    with pytest.raises(TypeError, match="logits"):
+    with pytest.raises(TypeError, match="per-example outputs"):
         GGN()(synthetic.ridge_clients(1)[0], torch.zeros(5))
 
 

@@ -18,6 +18,7 @@ from bayesadmm.algorithms.fedlap_func import (
     soft_label_loss,
 )
 from bayesadmm.engine.simulate import generator_for, run_rounds
+from bayesadmm.likelihoods import Classification
 from bayesadmm.models import logistic, mlp
 from bayesadmm.problems.neural import ClassificationData
 from bayesadmm.solvers.adam import LocalAdam
@@ -45,6 +46,9 @@ def make_clients(model, seed=0):
         X = MEANS[y] + torch.randn(len(y), 4, generator=g)
         clients.append(ClassificationData(model, X, y))
     return clients
+
+
+SOFTMAX = Classification()
 
 
 def sizes():
@@ -127,7 +131,7 @@ def test_client_keeps_its_memory_and_sends_soft_labels_of_its_latest_model():
     server, _ = alg.server_update(server, {2: reply})
     state2, reply2, info2 = alg.client_update(state, alg.broadcast(server), data, generator_for(0, 2, 2))
     assert torch.equal(reply2["memory.x"], x) and torch.equal(state2.memory_tau, state.memory_tau)
-    torch.testing.assert_close(reply2["memory.soft"], predict(model, state2.theta, x))
+    torch.testing.assert_close(reply2["memory.soft"], predict(model, SOFTMAX, state2.theta, x))
     assert info2.memory_terms == 4                     # 2 global (at ŷ_g) + 2 own (at the previous ŷ_i)
 
 
@@ -149,28 +153,28 @@ def test_soft_label_loss_gradient_matches_finite_differences_and_the_closed_form
     memory = Memory(torch.randn(5, 4, generator=g), F.softmax(torch.randn(5, 3, generator=g), -1),
                     torch.tensor([1.0, -2.0, 0.5, 3.0, -0.3]))
     theta = theta0(net).requires_grad_()
-    assert torch.autograd.gradcheck(lambda t: soft_label_loss(net, t, memory), (theta,))
+    assert torch.autograd.gradcheck(lambda t: soft_label_loss(net, SOFTMAX, t, memory), (theta,))
 
     # logistic regression: ∇_W = Σ_i w_i (p_i − ŷ_i) x_iᵀ, ∇_b = Σ_i w_i (p_i − ŷ_i)
     lin = logistic(in_features=4, num_classes=3)
     theta = theta0(lin, seed=1).requires_grad_()
-    grad, = torch.autograd.grad(soft_label_loss(lin, theta, memory), theta)
-    residual = memory.weight[:, None] * (predict(lin, theta, memory.x) - memory.soft)
+    grad, = torch.autograd.grad(soft_label_loss(lin, SOFTMAX, theta, memory), theta)
+    residual = memory.weight[:, None] * (predict(lin, SOFTMAX, theta, memory.x) - memory.soft)
     torch.testing.assert_close(grad, torch.cat([(residual.T @ memory.x).flatten(), residual.sum(0)]))
     # and the value is the soft-label cross-entropy
     log_p = F.log_softmax(lin.forward(theta, memory.x), -1)
     expected = -(memory.weight * (memory.soft * log_p).sum(1)).sum()
-    torch.testing.assert_close(soft_label_loss(lin, theta, memory), expected)
+    torch.testing.assert_close(soft_label_loss(lin, SOFTMAX, theta, memory), expected)
 
 
 def test_wrapped_data_adds_the_memory_terms_to_every_minibatch():
     model = mlp(in_features=4, hidden=(8,), num_classes=3)
     data = make_clients(model)[0]
     memory = Memory(data.X[:2], torch.full((2, 3), 1 / 3), torch.tensor([0.3, -0.1]))
-    wrapped, theta, idx = WithMemory(data, model, memory), theta0(model), torch.tensor([0, 4, 7])
+    wrapped, theta, idx = WithMemory(data, model, SOFTMAX, memory), theta0(model), torch.tensor([0, 4, 7])
     assert wrapped.num_examples == data.num_examples
     torch.testing.assert_close(wrapped.batch_loss(theta, idx),
-                               data.batch_loss(theta, idx) + soft_label_loss(model, theta, memory))
+                               data.batch_loss(theta, idx) + soft_label_loss(model, SOFTMAX, theta, memory))
 
 
 # --- stationary point -------------------------------------------------------------------------------------------
@@ -186,9 +190,9 @@ def test_function_space_terms_have_zero_gradient_at_a_stationary_point():
     memories = [(d.X[[0, -1]], torch.tensor([2.0, 3.0])) for d in clients]
     x_all = torch.cat([x for x, _ in memories])
     tau_all = torch.cat([t for _, t in memories])
-    message = {"theta": w, "memory.x": x_all, "memory.soft": predict(model, w, x_all), "memory.tau": tau_all}
+    message = {"theta": w, "memory.x": x_all, "memory.soft": predict(model, SOFTMAX, w, x_all), "memory.tau": tau_all}
     own_x, own_tau = memories[0]
-    state = ClientState(0, torch.zeros_like(w), own_x, own_tau, predict(model, w, own_x), w)
+    state = ClientState(0, torch.zeros_like(w), own_x, own_tau, predict(model, SOFTMAX, w, own_x), w)
     terms = client_function_terms(state, message, n_k)
     assert len(terms.weight) == len(tau_all) + len(own_tau)
     torch.testing.assert_close(terms.weight, torch.cat([tau_all, -own_tau]) / n_k)
@@ -197,7 +201,7 @@ def test_function_space_terms_have_zero_gradient_at_a_stationary_point():
         theta = theta.clone().requires_grad_()
         return torch.autograd.grad(data.batch_loss(theta, torch.arange(n_k)), theta)[0]
 
-    wrapped = WithMemory(clients[0], model, terms)
+    wrapped = WithMemory(clients[0], model, SOFTMAX, terms)
     torch.testing.assert_close(gradient(w, wrapped), gradient(w, clients[0]), atol=1e-12, rtol=0)
     # ... and they are not inert elsewhere
     moved = w + 0.3 * torch.randn(w.shape, generator=torch.Generator().manual_seed(0))
@@ -207,7 +211,7 @@ def test_function_space_terms_have_zero_gradient_at_a_stationary_point():
     # there, Adam first jitters by about lr (it normalises rounding-level gradients), then returns.
     n, delta = sizes(), 0.1
     duals = [delta * share * w / n[k] for k, share in enumerate((0.2, 0.3, 0.5))]    # ṽ_k, with Σ_k v_k = w
-    replies = {k: {"dual": duals[k], "memory.x": x, "memory.soft": predict(model, w, x), "memory.tau": t}
+    replies = {k: {"dual": duals[k], "memory.x": x, "memory.soft": predict(model, SOFTMAX, w, x), "memory.tau": t}
                for k, (x, t) in enumerate(memories)}
     server, info = alg.server_update(alg.init_server(w), replies)
     assert info.memory == 6 and info.grad_norm < 1e-6
@@ -276,7 +280,7 @@ def test_numerical_server_reaches_fedlaps_closed_form_without_memory():
     g = torch.Generator().manual_seed(1)
     start = theta0(model)
     dual_sum = start + 0.5 * torch.randn(model.dim, generator=g)
-    w, gradient = minimize_server(model, start, dual_sum, delta, None, iterations=5000, lr=1e-3)
+    w, gradient = minimize_server(model, SOFTMAX, start, dual_sum, delta, None, iterations=5000, lr=1e-3)
     # the paper's FMNIST setting (5000 Adam steps at 1e-3) from an offset of 0.5·N(0, I): within 1e-3 of Σ v_k
     torch.testing.assert_close(w, dual_sum, atol=1e-3, rtol=0)
     assert (w - dual_sum).norm() < 1e-3 * (start - dual_sum).norm()
@@ -289,8 +293,8 @@ def test_numerical_server_with_memory_decreases_its_gradient():
     memory = Memory(torch.randn(6, 4, generator=g), F.softmax(torch.randn(6, 3, generator=g), -1),
                     torch.full((6,), 2.0))
     start, dual_sum = theta0(model), torch.randn(model.dim, generator=g)
-    _, g0 = minimize_server(model, start, dual_sum, 0.5, memory, iterations=0, lr=1e-2)
-    _, g1 = minimize_server(model, start, dual_sum, 0.5, memory, iterations=800, lr=1e-2)
+    _, g0 = minimize_server(model, SOFTMAX, start, dual_sum, 0.5, memory, iterations=0, lr=1e-2)
+    _, g1 = minimize_server(model, SOFTMAX, start, dual_sum, 0.5, memory, iterations=800, lr=1e-2)
     assert g1.norm() < 1e-2 * g0.norm()
 
 
@@ -325,7 +329,7 @@ def test_contract_pure_reproducible_and_order_free():
         server = forward
     message = alg.broadcast(server)
     assert message["memory.x"].shape == (7, 4) and message["memory.tau"].shape == (7,)
-    torch.testing.assert_close(message["memory.soft"], predict(model, server.theta, message["memory.x"]))
+    torch.testing.assert_close(message["memory.soft"], predict(model, SOFTMAX, server.theta, message["memory.x"]))
     # partial participation: an absent client's last reply (dual and memory) still counts
     partial, info = alg.server_update(server, {0: replies[0]})
     assert info.clients == 3 and info.memory == 7
@@ -378,3 +382,128 @@ def test_rejects_bad_settings():
                           torch.Generator().manual_seed(0))
     with pytest.raises(KeyError, match="client_sizes"):
         alg.server_update(server, {5: {"dual": torch.zeros(model.dim)}})
+
+
+# --- other likelihoods: regression and counts (issue #38) ----------------------------------------------------------
+
+SIGMA = 0.5
+
+
+def _linear_gaussian(n=12, seed=0):
+    """A linear model f(x) = wᵀx + b (float64) and memory inputs, targets, weights for its function-space terms."""
+    from torch import nn
+
+    from bayesadmm.models import FlatModel
+
+    g = torch.Generator().manual_seed(seed)
+    model = FlatModel(lambda: nn.Linear(3, 1))
+    x = torch.randn(n, 3, generator=g, dtype=torch.float64)
+    soft = torch.randn(n, 1, generator=g, dtype=torch.float64)            # ŷ_i: predictions of some other w
+    weight = torch.rand(n, generator=g, dtype=torch.float64) * 4 - 1      # τ_i, some negative (a client's own terms)
+    return model, Memory(x, soft, weight)
+
+
+def _features(x):
+    import numpy as np
+    return np.concatenate([x.numpy(), np.ones((x.shape[0], 1))], axis=1)
+
+
+def test_gaussian_function_space_terms_are_the_quadratic_of_the_output_hessian():
+    """With the Gaussian likelihood ℓ(ŷ, w) = (x̃ᵀw − ŷ)²/2σ² + const: the gradient of Σ_i τ_i ℓ(ŷ_i, w) is
+    Σ_i τ_i x̃_i (x̃_iᵀw − ŷ_i)/σ² and its Hessian Σ_i τ_i x̃_i x̃_iᵀ/σ², the output Hessian 1/σ² carried to the
+    parameters (numpy, exact). The softmax's soft-label loss on one output is 0 whatever w."""
+    import numpy as np
+
+    from bayesadmm.likelihoods import GaussianRegression
+
+    model, memory = _linear_gaussian()
+    likelihood = GaussianRegression(SIGMA)
+    theta = model.initial_params(torch.Generator().manual_seed(1)).double()
+    features, tau, soft = _features(memory.x), memory.weight.numpy(), memory.soft.numpy()[:, 0]
+    leaf = theta.clone().requires_grad_()
+    (gradient,) = torch.autograd.grad(soft_label_loss(model, likelihood, leaf, memory), leaf)
+    residual = features @ theta.numpy() - soft
+    np.testing.assert_allclose(gradient.numpy(), features.T @ (tau * residual) / SIGMA**2, rtol=1e-12, atol=1e-13)
+    hessian = torch.autograd.functional.hessian(lambda t: soft_label_loss(model, likelihood, t, memory), theta)
+    np.testing.assert_allclose(hessian.numpy(), (features.T * tau) @ features / SIGMA**2, rtol=1e-12, atol=1e-13)
+    # the predictions are the outputs themselves, and the terms vanish in gradient at their own predictions
+    at_own = memory._replace(soft=predict(model, likelihood, theta, memory.x))
+    torch.testing.assert_close(at_own.soft, model.forward(theta, memory.x))
+    leaf = theta.clone().requires_grad_()
+    (zero,) = torch.autograd.grad(soft_label_loss(model, likelihood, leaf, at_own), leaf)
+    assert zero.abs().max() < 1e-13
+    # what was used before, the softmax of one output: a constant loss (0), no information whatever w
+    leaf = theta.clone().requires_grad_()
+    softmax_value = soft_label_loss(model, SOFTMAX, leaf, Memory(memory.x, torch.ones(12, 1), memory.weight))
+    assert softmax_value.abs() < 1e-12 and torch.autograd.grad(softmax_value, leaf)[0].abs().max() < 1e-12
+
+
+def test_server_with_gaussian_memory_reaches_its_closed_form_minimiser():
+    """The server problem Σ_i τ_i (x̃_iᵀw − ŷ_i)²/2σ² − δ(Σ_k v_k)ᵀw + ½δ‖w‖² (τ_i > 0, as the server's are) is a
+    quadratic with minimiser (δI + Σ_i τ_i x̃_i x̃_iᵀ/σ²)⁻¹ (δ Σ_k v_k + Σ_i τ_i x̃_i ŷ_i/σ²), written out in numpy;
+    the server's Adam reaches it."""
+    import numpy as np
+
+    from bayesadmm.likelihoods import GaussianRegression
+
+    model, memory = _linear_gaussian(seed=2)
+    memory = memory._replace(weight=memory.weight.abs() + 0.5)
+    delta = 0.5
+    g = torch.Generator().manual_seed(3)
+    dual_sum = torch.randn(model.dim, generator=g, dtype=torch.float64)
+    start = torch.zeros(model.dim, dtype=torch.float64)
+    features, tau, soft = _features(memory.x), memory.weight.numpy(), memory.soft.numpy()[:, 0]
+    A = delta * np.eye(4) + (features.T * tau) @ features / SIGMA**2
+    expected = np.linalg.solve(A, delta * dual_sum.numpy() + features.T @ (tau * soft) / SIGMA**2)
+    w, gradient = minimize_server(model, GaussianRegression(SIGMA), start, dual_sum, delta, memory, iterations=3000,
+                                  lr=1e-2)
+    assert np.abs(w.numpy() - expected).max() < 1e-6
+    np.testing.assert_allclose(gradient.numpy(), A @ w.numpy() - (A @ expected), atol=1e-10)
+
+
+def _regression_clients(model, likelihood, counts=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    clients = []
+    for k, n in enumerate(sizes().values()):
+        X = torch.randn(n, 4, generator=g) + k
+        f = X @ torch.tensor([0.4, -0.3, 0.2, 0.1]) + 0.5
+        y = torch.poisson(f.exp(), generator=g) if counts else f + SIGMA * torch.randn(n, generator=g)
+        clients.append(ClassificationData(model, X, y, likelihood))
+    return clients
+
+
+@pytest.mark.parametrize("counts", [False, True], ids=["gaussian", "poisson"])
+def test_regression_memory_is_random_points_of_one_stratum_and_soft_targets_are_the_mean(counts):
+    """Without classes, `points_per_class` random inputs of all the client's, τ_i = τ_f N_k / M_k; the soft targets
+    sent are E[y | f] (f for a Gaussian, exp f for a Poisson), the shape of the model's outputs."""
+    from bayesadmm.likelihoods import GaussianRegression, Poisson
+
+    likelihood = Poisson() if counts else GaussianRegression(SIGMA)
+    model = mlp(in_features=4, hidden=(8,), num_classes=1)
+    clients = _regression_clients(model, likelihood, counts)
+    alg = algorithm(model, likelihood=likelihood, points_per_class=3, tau_f=0.5)
+    server = alg.init_server(theta0(model))
+    state, reply, _ = alg.client_update(alg.init_client(server, 0), alg.broadcast(server), clients[0],
+                                        generator_for(0, 1, 0))
+    assert reply["memory.x"].shape == (3, 4)
+    torch.testing.assert_close(reply["memory.tau"], torch.full((3,), 0.5 * sizes()[0] / 3))
+    outputs = model.forward(state.theta, reply["memory.x"])
+    torch.testing.assert_close(reply["memory.soft"], outputs.exp() if counts else outputs)
+
+
+def _squared_error(outputs, targets):
+    return (targets - outputs) ** 2
+
+
+def test_refuses_a_likelihood_without_soft_targets_and_data_of_another_likelihood():
+    from bayesadmm.likelihoods import GaussianRegression, NegLogLikelihood
+
+    model = mlp(in_features=4, hidden=(8,), num_classes=1)
+    with pytest.raises(TypeError, match=r"fedlap-func needs the likelihood's soft_targets.*NegLogLikelihood"):
+        algorithm(model, likelihood=NegLogLikelihood(_squared_error))
+    alg = algorithm(model, likelihood=NegLogLikelihood(_squared_error, soft_targets=torch.clone))     # given: built
+    alg = algorithm(model)                                                   # the default: the softmax's
+    server = alg.init_server(theta0(model))
+    data = _regression_clients(model, GaussianRegression(SIGMA))[0]
+    with pytest.raises(ValueError, match=r"built for the likelihood Classification.*GaussianRegression"):
+        alg.client_update(alg.init_client(server, 0), alg.broadcast(server), data, generator_for(0, 1, 0))

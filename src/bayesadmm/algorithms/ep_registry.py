@@ -4,9 +4,13 @@ keyword hyperparameters of the command line and the presets, turned into a tilte
 Sec. 2.2.2). Only this module reads the inference names:
 
     inference="identity"  I, ScaledIdentity:  Λ̂ = Λ_{−k} + α n_k, mean by local Adam
-    inference="laplace"   L, Laplace:         Λ̂ = Λ_{−k} + H_k + α n_k, H_k the sampled-label diagonal Fisher
+    inference="laplace"   L, Laplace:         Λ̂ = Λ_{−k} + H_k + α n_k, H_k the sampled-target diagonal Fisher
     inference="mcmc"      M, SGMCMC:          mean and shrunk variance of one SGD(momentum) sample per epoch
     inference="ngvi"      V, NGVI:            Λ̂ = Λ_{−k} + n_k s + α n_k, s the running average Fisher
+
+Laplace and NGVI draw targets from the clients' likelihood for their Fisher; a likelihood that cannot
+(`NegLogLikelihood(fn)` without `sample_targets`) is refused when the method is built, with the likelihood the engine
+supplies (`likelihood`), before any training.
 
 FedEP/FedSEP: sites start at N(θ_0, (α n_k I)⁻¹) around the network's initialisation (`init_site_precision`,
 default α): the FedEP code's hand-over from a FedAvg burn-in, which gives the first cavity a mean to train from (a
@@ -26,8 +30,9 @@ from typing import NamedTuple
 from bayesadmm.algorithms import fedep, fedpa, fedsep
 from bayesadmm.algorithms.base import Algorithm
 from bayesadmm.families import DiagonalGaussian
+from bayesadmm.likelihoods import Likelihood, require
 from bayesadmm.solvers.adam import local_adam
-from bayesadmm.solvers.ep_inference import NGVI, SGMCMC, Laplace, ScaledIdentity, TiltedInference
+from bayesadmm.solvers.ep_inference import NGVI, SGMCMC, Laplace, ScaledIdentity, TiltedInference, likelihood_needs
 
 
 class InferenceSettings(NamedTuple):
@@ -83,13 +88,19 @@ INFERENCE: dict[str, Callable[[InferenceSettings], TiltedInference]] = {
 }
 
 
-def tilted_inference(inference: str, settings: InferenceSettings) -> TiltedInference:
-    """The inference object for its registry name."""
+def tilted_inference(
+    inference: str, settings: InferenceSettings, likelihood: Likelihood | None = None
+) -> TiltedInference:
+    """The inference object for its registry name, refused (TypeError) if it needs more of `likelihood` than it has
+    (None: not checked here; the curvature then checks when it is computed)."""
     try:
         build = INFERENCE[inference]
     except (KeyError, TypeError):
         raise ValueError(f"{settings.owner}: inference must be one of {tuple(INFERENCE)}, got {inference!r}") from None
-    return build(settings)
+    local = build(settings)
+    if likelihood is not None:
+        require(likelihood, likelihood_needs(local), f"{settings.owner} with inference={inference!r}")
+    return local
 
 
 def _ep_sites(
@@ -133,6 +144,7 @@ def make_fedep(
     init_site_precision: float | None = None,
     stateless: bool = False,
     name: str | None = None,
+    likelihood: Likelihood | None = None,
 ) -> Algorithm:
     """FedEP (`fedep.make`) with the diagonal family; `stateless=True` builds FedSEP (`fedsep.make`): the registry's
     `fedsep` is this factory with `stateless=True`.
@@ -143,13 +155,14 @@ def make_fedep(
     lr, epochs, batch_size: the local Adam run for the tilted mean (I, L, V). For M, `epochs` is the number of
         SG-MCMC samples (one per epoch, the paper's "client epochs") and the chain is SGD with `mcmc_lr` and
         `mcmc_momentum` (paper: 0.9) over minibatches of `batch_size`.
-    fisher_samples: label draws per example for the sampled-label Fisher (L, V).
+    fisher_samples: target draws per example for the sampled-target Fisher (L, V).
     shrinkage: ρ ∈ [0, 1] of M's variance ρ + (1 − ρ) Var_emp (paper: 1e-4 for CIFAR-100 and EMNIST).
     mcmc_lr: the chain's SGD step (default 0.01, the paper's client lr for CIFAR-100 and EMNIST).
     ngvi_beta, ngvi_epochs, ngvi_samples: β_NGVI, T_NGVI and N_NGVI of V; s is updated per minibatch of
         `batch_size`. The paper uses 0.99, 5, 5; the defaults draw fewer (`InferenceSettings` says why).
         ngvi_debias: Adam's bias correction of s.
-    init_site_precision: the initial sites' α (default: alpha)."""
+    init_site_precision: the initial sites' α (default: alpha).
+    likelihood: the clients' likelihood (the engine supplies it), checked for what `inference` reads of it."""
     factory, name = (fedsep.make, name or "fedsep") if stateless else (fedep.make, name or "fedep")
     local = tilted_inference(
         inference,
@@ -168,6 +181,7 @@ def make_fedep(
             ngvi_samples,
             ngvi_debias,
         ),
+        likelihood,
     )
     return factory(
         DiagonalGaussian(dim),
@@ -194,6 +208,7 @@ def make_fedpa(
     ngvi_samples: int = DEFAULTS.ngvi_samples,
     ngvi_debias: bool = DEFAULTS.ngvi_debias,
     prior_precision: float | None = None,
+    likelihood: Likelihood | None = None,
 ) -> Algorithm:
     """FedPA (`fedpa.make`): each client approximates its own posterior (uniform cavity) with `inference` (default
     "mcmc", FedPA's SG-MCMC), starting from the global mean (θ_0 in round 1); the server multiplies the latest
@@ -216,5 +231,6 @@ def make_fedpa(
             ngvi_samples,
             ngvi_debias,
         ),
+        likelihood,
     )
     return fedpa.make(DiagonalGaussian(dim), local, prior_precision=prior_precision)

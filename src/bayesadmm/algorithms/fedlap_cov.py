@@ -17,11 +17,14 @@ is the cavity precision over N_k: S_g − V_k = δ + Σ_{j≠k} V_j, positive be
 PSD curvatures (it starts at 0). The client starts at w_g with fresh Adam state (the paper's objective in its
 minibatch form).
 
-Curvature H_k (`curvature`, a `solvers.curvature.DiagonalCurvature`): the diagonal GGN of the SUMMED cross-entropy,
-recomputed every round at the post-update w_k (the "most recent parameters"; our reading, which fits the
+Curvature H_k (`curvature`, a `solvers.curvature.DiagonalCurvature`): the diagonal GGN of the SUMMED negative
+log-likelihood, with the output Hessian of the clients' likelihood (softmax, Gaussian, Poisson, or a user's), recomputed
+every round at the post-update w_k (the "most recent parameters"; our reading, which fits the
 paper's "additional backward pass through the dataset"): exact (`GGN()`, the default; the registry's
 curvature="ggn") or its one-label Monte-Carlo estimate (`MonteCarloFisher()`, curvature="mc-fisher"), drawn with the
-client's generator. `solvers/curvature.py` has the estimators and the data they accept.
+client's generator. `solvers/curvature.py` has the estimators and the data they accept. A likelihood without what
+the estimator reads (`curvature.needs`: the output Hessian for "ggn", target draws for "mc-fisher") is refused when
+the method is built with it (`likelihood`, which the engine supplies), before any training.
 
 Fixed point: w_k = w_g = w* with Σ_k ∇ℓ_k(w*) + δw* = 0 (the MAP), V_k = H_k(w*), S_g = S_k = δ + Σ_k H_k(w*).
 
@@ -47,6 +50,7 @@ from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, ServerInfo, TrainingInfo, merge_replies
 from bayesadmm.families import DiagonalGaussian, Posterior
+from bayesadmm.likelihoods import Likelihood, require
 from bayesadmm.solvers.adam import local_adam
 from bayesadmm.solvers.curvature import GGN, DiagonalCurvature
 from bayesadmm.solvers.von import SubproblemError
@@ -96,9 +100,14 @@ def make(
     batch_size: int = 32,
     curvature: DiagonalCurvature = _EXACT_GGN,
     name: str = "fedlap-cov",
+    likelihood: Likelihood | None = None,
 ) -> Algorithm:
     """FedLap-Cov (diagonal) with prior precision δ, damping ρ (default 1/K), local Adam (lr, epochs, batch_size) and
-    the curvature estimator `curvature` (`GGN()`, the exact diagonal GGN, or `MonteCarloFisher()`)."""
+    the curvature estimator `curvature` (`GGN()`, the exact diagonal GGN, or `MonteCarloFisher()`). `likelihood`: the
+    clients', checked for what the estimator reads (None: checked when the curvature is first computed)."""
+    if likelihood is not None:  # (a curvature of one's own without `needs` reads nothing of it)
+        needs = getattr(curvature, "needs", ())
+        require(likelihood, needs, f"{name} with curvature={getattr(curvature, 'name', type(curvature).__name__)!r}")
     solver = local_adam(name, lr, epochs, batch_size)
     if not _is_count(num_clients):
         raise ValueError(f"{name}: num_clients must be a positive integer, got {num_clients!r}")

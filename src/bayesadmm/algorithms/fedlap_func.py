@@ -2,8 +2,11 @@ r"""FedLap-Func (Swaroop, Khan & Doshi-Velez, ICLR 2025, Eq. 17; derivation App.
 
 FedLap (Eqs. 7–9) is PVI with isotropic Gaussians N(·, I/δ), the site t̂_k ∝ exp(δ v_kᵀw) and the delta method.
 FedLap-Func adds function-space information: every client k keeps a small memory M_k of its own inputs and sends
-the predictions ŷ_i = softmax(f_{w_k}(x_i)) of its latest model on them. With ℓ_k the SUMMED loss of client k,
-ℓ(ŷ, w) = −Σ_c ŷ_c log softmax(f_w(x))_c the soft-label cross-entropy and ŷ_{i,g} = softmax(f_{w_g}(x_i)):
+the predictions ŷ_i = E[y | f_{w_k}(x_i)] of its latest model on them (the likelihood's `soft_targets`: softmax
+probabilities, a Gaussian's mean f, a Poisson's rate exp f). With ℓ_k the SUMMED loss of client k, ℓ(ŷ, w) =
+nll(f_w(x), ŷ) the likelihood's negative log-likelihood at the soft target (for the softmax the soft-label
+cross-entropy −Σ_c ŷ_c log softmax(f_w(x))_c; for a Gaussian (f_w(x) − ŷ)²/2σ² + const) and ŷ_{i,g} =
+E[y | f_{w_g}(x_i)]:
 
     client:  w_k ← argmin_w ℓ_k(w) + δ v_kᵀw + ½δ‖w − w_g‖²                       (the FedLap part)
                             − Σ_{i∈M_k} τ_i ℓ(ŷ_i, w) + Σ_{k'} Σ_{i∈M_k'} τ_i ℓ(ŷ_{i,g}, w)
@@ -14,10 +17,14 @@ The sign of the client's function-space terms is garbled in the paper; this foll
 holds: the client minimises against the cavity q_g/t̂_k, and the global posterior carries every memory term at the
 global predictions (Eq. 25 with all Hessians 0) while client k's own site carries its terms at its own ŷ_i (Eq. 24),
 which the cavity removes. Under this reading the paper's claim holds: when w_k = w_g and ŷ_i, ŷ_{i,g} are the
-predictions of that same w, every function-space term has zero gradient (∇ of ℓ(ŷ, w) w.r.t. the logits is softmax(f_w)
-− ŷ), so the fixed points are FedLap's. With no memory (`points_per_class=0`) or `tau_f=0` the algorithm is FedLap
-exactly: the server problem is then ½δ‖w‖² − δ(Σ v_k)ᵀw with the closed-form minimiser w_g = Σ_k v_k, which is used
-directly.
+predictions of that same w, every function-space term has zero gradient (for a canonical-link likelihood, −log p(y|f)
+= A(f) − yᵀf + c(y), the gradient of ℓ(ŷ, w) in the outputs is E[y | f_w] − ŷ: softmax(f_w) − ŷ for the softmax), so
+the fixed points are FedLap's. App. C derives ℓ(ŷ, w) from the Laplace/GGN approximation with the output Hessian Λ_i
+(Khan et al. 2019), which for these likelihoods is the curvature of ℓ(ŷ, ·) in the outputs: I/σ² for a Gaussian, so
+the terms are exactly the quadratic the derivation adds. The likelihood must therefore give `soft_targets`
+(`likelihoods.CurvatureLikelihood`); one that does not is refused when the method is built. With no memory
+(`points_per_class=0`) or `tau_f=0` the algorithm is FedLap exactly: the server problem is then ½δ‖w‖² − δ(Σ v_k)ᵀw
+with the closed-form minimiser w_g = Σ_k v_k, which is used directly.
 
 Implementation choices (none stated by the paper unless cited):
 - The FedLap part is `fedlap.py`'s, operation for operation, so that without function-space terms the iterates are
@@ -31,8 +38,10 @@ Implementation choices (none stated by the paper unless cited):
   (`fedlap.SizeDamping()`, the registry's `rho="size"`, App. E) or one number in (0, 1] (`fedlap.ConstantDamping`).
 - Memory. At its first update each client picks `points_per_class` random inputs of every class it holds (fewer if
   it holds fewer), with the generator, after local training so that the minibatch stream is FedLap's; the memory is
-  then fixed. τ_i = τ_f N_{k,c}/M_{k,c} (App. E), so Σ_{i∈M_k} τ_i = τ_f N_k: at τ_f = 1 the memory stands for the
-  client's whole data set. ŷ_i come from the w_k just trained; the client keeps them and subtracts exactly those in
+  then fixed. The classes are the likelihood's (`classes(targets)`, which `Classification` has); a likelihood
+  without classes (regression, counts) has one stratum, so `points_per_class` random inputs of all the client's.
+  τ_i = τ_f N_{k,c}/M_{k,c} (App. E), so Σ_{i∈M_k} τ_i = τ_f N_k: at τ_f = 1 the memory stands for the client's
+  whole data set. ŷ_i come from the w_k just trained; the client keeps them and subtracts exactly those in
   the next round, which is what the server holds for it (its last reply).
 - Round 1's clients have no function-space terms (no memory has been sent yet and they have no earlier ŷ_i); round
   1's server already fits the memories its clients just sent.
@@ -64,11 +73,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
-from torch.nn import functional as F
+from torch.func import vmap
 
 from bayesadmm import rng
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
@@ -81,6 +90,7 @@ from bayesadmm.algorithms.fedlap import (
     damping_of,
     site_sum,
 )
+from bayesadmm.likelihoods import Classification, CurvatureLikelihood, Likelihood, require
 from bayesadmm.solvers.adam import local_adam
 
 MEMORY_KEYS = ("memory.x", "memory.soft", "memory.tau")
@@ -114,25 +124,41 @@ class ServerInfo(NamedTuple):
 
 class Memory(NamedTuple):
     x: Tensor  # inputs (M, ...)
-    soft: Tensor  # soft labels (M, C)
+    soft: Tensor  # soft targets (M, ...): the likelihood's E[y | f] (class probabilities (M, C) for the softmax)
     weight: Tensor  # per-point weight (M,), may be negative
 
 
-def soft_label_loss(model, theta: Tensor, memory: Memory) -> Tensor:
-    """Σ_i weight_i · ℓ(soft_i, θ) with ℓ(ŷ, θ) = −Σ_c ŷ_c log softmax(f_θ(x))_c (soft-label cross-entropy)."""
-    log_p = F.log_softmax(model.forward(theta, memory.x), dim=-1)
-    return -(memory.weight * (memory.soft * log_p).sum(-1)).sum()
+def per_example_nll(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> Tensor:
+    """(M,): each example's negative log-likelihood, `mean_nll` of a batch of one, vectorised (vmap)."""
+    return vmap(lambda f, y: likelihood.mean_nll(f.unsqueeze(0), y.unsqueeze(0)))(outputs, targets)
 
 
-def predict(model, theta: Tensor, x: Tensor) -> Tensor:
-    """Soft labels softmax(f_θ(x)), detached."""
+def soft_label_loss(model, likelihood: Likelihood, theta: Tensor, memory: Memory) -> Tensor:
+    """Σ_i weight_i · ℓ(soft_i, θ) with ℓ(ŷ, θ) = nll(f_θ(x), ŷ), the likelihood's negative log-likelihood at the soft
+    target (softmax: the soft-label cross-entropy −Σ_c ŷ_c log softmax(f_θ(x))_c)."""
+    nll = per_example_nll(likelihood, model.forward(theta, memory.x), memory.soft)
+    return (memory.weight * nll).sum()
+
+
+def predict(model, likelihood: CurvatureLikelihood, theta: Tensor, x: Tensor) -> Tensor:
+    """Soft targets E[y | f_θ(x)] (the likelihood's `soft_targets`), detached."""
     with torch.no_grad():
-        return F.softmax(model.forward(theta, x), dim=-1)
+        return likelihood.soft_targets(model.forward(theta, x))
+
+
+def memory_strata(likelihood: Likelihood, y: Tensor) -> Tensor:
+    """(N,) integers the memory is drawn within: the likelihood's classes of the targets where it has classes
+    (`Classification.classes`), else one stratum for all (regression and counts have no classes)."""
+    classes = getattr(likelihood, "classes", None)
+    if classes is None:
+        return torch.zeros(y.shape[0], dtype=torch.long, device=y.device)
+    return classes(y)
 
 
 def select_memory(y: Tensor, points_per_class: int, tau_f: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Indices of `points_per_class` random examples of every class present in y (ascending class order), and their
-    weights τ_i = τ_f N_{k,c}/M_{k,c}, with M_{k,c} = min(points_per_class, N_{k,c})."""
+    """Indices of `points_per_class` random examples of every class present in the labels y (N,) (ascending class
+    order; `memory_strata` gives them), and their weights τ_i = τ_f N_{k,c}/M_{k,c}, with M_{k,c} =
+    min(points_per_class, N_{k,c})."""
     if points_per_class < 1:
         raise ValueError(f"points_per_class must be >= 1 to select a memory, got {points_per_class}")
     indices, taus = [], []
@@ -152,6 +178,7 @@ class WithMemory:
 
     data: Any
     model: Any
+    likelihood: Likelihood
     memory: Memory
 
     @property
@@ -159,7 +186,7 @@ class WithMemory:
         return self.data.num_examples
 
     def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
-        return self.data.batch_loss(theta, idx) + soft_label_loss(self.model, theta, self.memory)
+        return self.data.batch_loss(theta, idx) + soft_label_loss(self.model, self.likelihood, theta, self.memory)
 
 
 def server_memory(replies: Mapping[int, Message]) -> tuple[Tensor, Tensor, Tensor] | None:
@@ -186,7 +213,14 @@ def client_function_terms(state: ClientState, message: Message, n: int) -> Memor
 
 
 def minimize_server(
-    model, start: Tensor, dual_sum: Tensor, delta: float, memory: Memory | None, iterations: int, lr: float
+    model,
+    likelihood: Likelihood,
+    start: Tensor,
+    dual_sum: Tensor,
+    delta: float,
+    memory: Memory | None,
+    iterations: int,
+    lr: float,
 ) -> tuple[Tensor, Tensor]:
     """Adam on Σ_i τ_i ℓ(ŷ_i, w) − δ(Σ_k v_k)ᵀw + ½δ‖w‖² from `start`; returns (w, final gradient).
 
@@ -202,7 +236,7 @@ def minimize_server(
         weight_space = delta * (theta.detach() - dual_sum)
         if memory is None:
             return weight_space
-        (memory_grad,) = torch.autograd.grad(soft_label_loss(model, theta, memory), theta)
+        (memory_grad,) = torch.autograd.grad(soft_label_loss(model, likelihood, theta, memory), theta)
         return memory_grad.add_(weight_space)
 
     for _ in range(iterations):
@@ -233,13 +267,20 @@ def make(
     server_iterations: int = 5000,
     server_lr: float = 1e-3,
     name: str = "fedlap-func",
+    likelihood: Likelihood | None = None,
 ) -> Algorithm:
     """FedLap-Func with prior precision δ, function-space weight τ_f, damping ρ (`fedlap.SizeDamping()`: ρ_k = N_k/N,
     or `fedlap.ConstantDamping(ρ)`), local Adam (lr, epochs, batch_size) and a server Adam (server_iterations,
     server_lr).
 
-    `model` is the FlatModel f_w: the server evaluates it on the memories.
+    `model` is the FlatModel f_w and `likelihood` the clients' likelihood (the engine supplies both; None:
+    `Classification()`, the default of `SupervisedData`): the server evaluates the function-space terms with them on
+    the memories, without the clients' data. The likelihood must give `soft_targets` (refused here otherwise), and a
+    client whose data carries another likelihood is refused at its update.
     """
+    likelihood = Classification() if likelihood is None else likelihood
+    require(likelihood, ("soft_targets",), name)
+    predictive = cast(CurvatureLikelihood, likelihood)  # its soft_targets, checked by require
     sizes = client_sizes_of(client_sizes, name)
     problems = []
     if not (math.isfinite(delta) and delta > 0):
@@ -269,15 +310,23 @@ def make(
         memory = server_memory(server.replies)
         if memory is not None:
             x, _, tau = memory
-            message.update({"memory.x": x, "memory.soft": predict(model, server.theta, x), "memory.tau": tau})
+            message.update(
+                {"memory.x": x, "memory.soft": predict(model, predictive, server.theta, x), "memory.tau": tau}
+            )
         return message
 
     def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
         check_client(name, sizes, state.client_id, data)
+        own = getattr(data, "likelihood", likelihood)
+        if own != likelihood:
+            raise ValueError(
+                f"{name} was built for the likelihood {likelihood!r}, but client {state.client_id}'s data has "
+                f"{own!r}: its function-space terms would be those of another model; build it with the clients' one"
+            )
         n = data.num_examples
         theta_g = message["theta"]
         memory = client_function_terms(state, message, n)
-        objective = data if memory is None else WithMemory(data, model, memory)
+        objective = data if memory is None else WithMemory(data, model, likelihood, memory)
         prox = delta / n
         theta, steps = solver.train(
             objective, theta_g, generator, linear=state.dual, prox_weight=prox, prox_center=theta_g
@@ -285,11 +334,11 @@ def make(
         dual = state.dual + rhos[state.client_id] * prox * (theta - theta_g)
         memory_x, memory_tau = state.memory_x, state.memory_tau
         if memory_x is None and points_per_class > 0:
-            idx, memory_tau = select_memory(data.y, points_per_class, tau_f, generator)
+            idx, memory_tau = select_memory(memory_strata(likelihood, data.y), points_per_class, tau_f, generator)
             memory_x, memory_tau = data.X[idx], memory_tau.to(theta.dtype)
         reply, soft = {"dual": dual}, None
         if memory_x is not None:
-            soft = predict(model, theta, memory_x)
+            soft = predict(model, predictive, theta, memory_x)
             reply.update({"memory.x": memory_x, "memory.soft": soft, "memory.tau": memory_tau})
         info = ClientInfo(steps, 0 if memory is None else len(memory.weight))
         return ClientState(state.client_id, dual, memory_x, memory_tau, soft, theta), reply, info
@@ -301,7 +350,7 @@ def make(
         memory = server_memory(last)
         if memory is not None and bool((memory[2] != 0).any()):
             theta, gradient = minimize_server(
-                model, server.theta, dual_sum, delta, Memory(*memory), server_iterations, server_lr
+                model, likelihood, server.theta, dual_sum, delta, Memory(*memory), server_iterations, server_lr
             )
             info = ServerInfo(len(last), len(memory[2]), float(gradient.norm()))
         else:

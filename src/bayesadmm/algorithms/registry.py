@@ -22,6 +22,7 @@ from bayesadmm.algorithms import fedlap_cov as _fedlap_cov
 from bayesadmm.algorithms import fedlap_func as _fedlap_func
 from bayesadmm.algorithms import fedprox as _fedprox
 from bayesadmm.algorithms.base import Algorithm
+from bayesadmm.likelihoods import Likelihood
 from bayesadmm.solvers.curvature import CURVATURES
 
 
@@ -90,8 +91,10 @@ def fedlap_cov(
     batch_size: int = 32,
     curvature: str = "ggn",
     name: str = "fedlap-cov",
+    likelihood: Likelihood | None = None,
 ) -> Algorithm:
-    """`fedlap_cov.make` with the curvature estimator by name: "ggn" (exact) or "mc-fisher"."""
+    """`fedlap_cov.make` with the curvature estimator by name: "ggn" (exact) or "mc-fisher"; `likelihood` from the
+    engine, checked for what the estimator reads."""
     if not (isinstance(curvature, str) and curvature in CURVATURES):
         raise ValueError(f"{name}: curvature must be one of {', '.join(CURVATURES)}, got {curvature!r}")
     return _fedlap_cov.make(
@@ -103,6 +106,7 @@ def fedlap_cov(
         batch_size=batch_size,
         curvature=CURVATURES[curvature](),
         name=name,
+        likelihood=likelihood,
     )
 
 
@@ -120,8 +124,9 @@ def fedlap_func(
     server_iterations: int = 5000,
     server_lr: float = 1e-3,
     name: str = "fedlap-func",
+    likelihood: Likelihood | None = None,
 ) -> Algorithm:
-    """`fedlap_func.make` with rho "size" (ρ_k = N_k/N) or one number in (0, 1]."""
+    """`fedlap_func.make` with rho "size" (ρ_k = N_k/N) or one number in (0, 1]; `likelihood` from the engine."""
     return _fedlap_func.make(
         model=model,
         delta=delta,
@@ -135,4 +140,5 @@ def fedlap_func(
         server_iterations=server_iterations,
         server_lr=server_lr,
         name=name,
+        likelihood=likelihood,
     )

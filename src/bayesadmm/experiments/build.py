@@ -22,7 +22,7 @@ from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import DATASETS, ConfigError, RunConfig
 from bayesadmm.federated import algorithm_factory
-from bayesadmm.likelihoods import Classification
+from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel, make_model
 
 # The set-up streams, generator_for(seed, 0, <id>); 10⁹ + 3 and + 4 are the engine's (participants, evaluation).
@@ -78,14 +78,17 @@ def settings_of(config: RunConfig) -> Settings:
     )
 
 
-def make_algorithm_factory(config: RunConfig, model: FlatModel, client_sizes: dict[int, int]):
+def make_algorithm_factory(
+    config: RunConfig, model: FlatModel, client_sizes: dict[int, int], likelihood: Likelihood | None = None
+):
     """The registry factory with the configured hyperparameters; the CLI's `cosine=true` is the factory's
-    `cosine_rounds=rounds` (a cosine learning-rate schedule over the whole run)."""
+    `cosine_rounds=rounds` (a cosine learning-rate schedule over the whole run). `likelihood`: the clients', for the
+    methods that check what they need of it."""
     factory = REGISTRY[config.method]
     hparams = {k: v for k, v in config.hparams.items() if k != "cosine"}
     if config.hparams.get("cosine"):
         hparams["cosine_rounds"] = config.rounds
-    return algorithm_factory(factory, hparams, model, client_sizes)
+    return algorithm_factory(factory, hparams, model, client_sizes, likelihood)
 
 
 def build(config: RunConfig) -> Built:
@@ -125,7 +128,7 @@ def build(config: RunConfig) -> Built:
     bounds = torch.tensor([0] + [len(idx) for idx in parts]).cumsum(0).tolist()
     slices = {k: (bounds[k], bounds[k + 1]) for k in range(len(parts))}
     source = TensorClients(model, X[order], y[order], slices, Classification(), config.device)
-    make = make_algorithm_factory(config, model, source.sizes)
+    make = make_algorithm_factory(config, model, source.sizes, source.likelihood)
     federation = Federation(
         model,
         source,

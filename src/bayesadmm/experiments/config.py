@@ -22,7 +22,7 @@ from bayesadmm.engine.loop import check_device
 from bayesadmm.tracking import TRACKERS, available
 
 # Passed by the engine, never set by users.
-ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "cosine_rounds", "name")
+ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "likelihood", "cosine_rounds", "name")
 
 
 @dataclass(frozen=True)

@@ -251,10 +251,10 @@ def algorithm_of(setup: Mapping[str, Any], model: FlatModel, sizes: Mapping[int,
     if "preset" in setup:
         from bayesadmm.experiments.build import make_algorithm_factory
 
-        return make_algorithm_factory(RunConfig(**setup["preset"]), model, dict(sizes))
+        return make_algorithm_factory(RunConfig(**setup["preset"]), model, dict(sizes), likelihood_of(setup))
     name = str(setup["algorithm"])
     algorithm: Any = entry_point(name, "algorithm") if ":" in name else name
-    return algorithm_factory(algorithm, dict(setup["hparams"]), model, dict(sizes))
+    return algorithm_factory(algorithm, dict(setup["hparams"]), model, dict(sizes), likelihood_of(setup))
 
 
 @dataclass(frozen=True)

@@ -2,13 +2,15 @@
 `TiltedInference` (`tilted.py`) for `algorithms.fedep.make`, `fedsep.make` and `fedpa.make`.
 
     I  ScaledIdentity:  mean = argmin L̄_k by LocalAdam;  Λ̂ = Λ_{−k} + α n_k
-    L  Laplace:         mean as I;  Λ̂ = Λ_{−k} + H_k + α n_k, H_k the sampled-label diagonal Fisher
+    L  Laplace:         mean as I;  Λ̂ = Λ_{−k} + H_k + α n_k, H_k the sampled-target diagonal Fisher
     M  SGMCMC:          mean and shrunk variance of one SGD(momentum) sample per epoch (Alg. 2), rescaled
     V  NGVI:            mean as I;  Λ̂ = Λ_{−k} + n_k s + α n_k, s the running average Fisher (Alg. 5)
     ExactGaussian:      closed-form tilted distribution of a Gaussian likelihood (the toy of Sec. 3.1)
 
-I, L, M and V use the diagonal family and a network's data (`problems.neural.ClassificationData`); L̄_k is the
-tilted objective in mean-loss units (`tilted.py`). Each module gives its method's equations.
+I, L, M and V use the diagonal family and a network's data with any likelihood (`clients.SupervisedData`); L and V
+draw targets from the likelihood for their Fisher (its `sample_targets`, listed in their `needs`, which the registry
+checks when it builds the method: `likelihoods.require`). L̄_k is the tilted objective in mean-loss units
+(`tilted.py`). Each module gives its method's equations.
 """
 
 from bayesadmm.solvers.ep_inference.exact import ExactGaussian, GaussianLikelihood
@@ -16,7 +18,7 @@ from bayesadmm.solvers.ep_inference.laplace import Laplace, diagonal_fisher
 from bayesadmm.solvers.ep_inference.ngvi import NGVI
 from bayesadmm.solvers.ep_inference.scaled_identity import ScaledIdentity
 from bayesadmm.solvers.ep_inference.sgmcmc import SGMCMC, clip_and_rescale, sgd_chain, shrunk_moments
-from bayesadmm.solvers.ep_inference.tilted import TiltedInference, cavity_precision, tilted_mean
+from bayesadmm.solvers.ep_inference.tilted import TiltedInference, cavity_precision, likelihood_needs, tilted_mean
 
 __all__ = [
     "NGVI",
@@ -29,6 +31,7 @@ __all__ = [
     "cavity_precision",
     "clip_and_rescale",
     "diagonal_fisher",
+    "likelihood_needs",
     "sgd_chain",
     "shrunk_moments",
     "tilted_mean",

@@ -14,6 +14,7 @@ from torch import Tensor
 from bayesadmm import rng
 from bayesadmm.families import Natural
 from bayesadmm.solvers.adam import LocalAdam, minibatches
+from bayesadmm.solvers.curvature import MonteCarloFisher
 from bayesadmm.solvers.ep_inference.laplace import diagonal_fisher
 from bayesadmm.solvers.ep_inference.tilted import (
     cavity_precision,
@@ -45,9 +46,9 @@ class NGVI:
     alpha: α in Λ̂ = Λ_{−k} + n_k s + α n_k (0: the paper's Σ = (|D_k| s + Σ_{−k}⁻¹)⁻¹; > 0 keeps Λ̂ positive where
     the Fisher vanishes and makes the first draws finite under a uniform cavity). beta: β_NGVI ∈ [0, 1) (paper:
     0.99). epochs: T_NGVI passes over the data (paper: 5–10). samples: N_NGVI parameter draws per update (paper:
-    5–10). batch_size: examples per update of s. fisher_samples: label draws per example for the sampled-label
-    Fisher. debias: Adam's bias correction of s. fisher: the summed-Fisher estimator (default: `diagonal_fisher` for
-    softmax classifiers).
+    5–10). batch_size: examples per update of s. fisher_samples: target draws per example for the sampled-target
+    Fisher. debias: Adam's bias correction of s. fisher: the summed-Fisher estimator (default: `diagonal_fisher`, the
+    sampled-target Fisher of the data's likelihood, which it must be able to draw from: `needs`).
     """
 
     alpha: float = 1e-2
@@ -71,6 +72,11 @@ class NGVI:
         if self.batch_size is not None:
             problems += positive_int("batch_size", self.batch_size)
         raise_problems("NGVI", problems)
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        """What it reads from the clients' likelihood (`likelihoods.require`): nothing with its own `fisher`."""
+        return () if self.fisher is not None else MonteCarloFisher.needs
 
     def _fisher(self, data, theta: Tensor, idx: Tensor, generator: torch.Generator) -> Tensor:
         if self.fisher is not None:

@@ -8,7 +8,7 @@ MEAN-loss units, like the other local solvers: the tilted objective (the paper's
 
 so a training run adds the linear term a = −η_{−k}/n_k and the per-coordinate weight b = Λ_{−k}/n_k (around 0) to the
 minibatch gradient of ℓ̄_k. Their data offers `num_examples` and `batch_loss(θ, idx)` (mean loss over the examples
-idx; `problems.neural.ClassificationData`), and all randomness (minibatch order, label draws, parameter draws) comes
+idx; `clients.SupervisedData`), and all randomness (minibatch order, target draws, parameter draws) comes
 from the client's generator.
 """
 
@@ -31,11 +31,19 @@ class TiltedInference(Protocol):
 
     start: where a search (an optimizer, an SG-MCMC chain) begins; None = the cavity mean. FedPA passes the global
     mean, because its uniform cavity has no mean to train from. Inference that does not search ignores it.
+
+    An inference that reads more of the clients' likelihood than its loss lists the members in an optional `needs`
+    (Laplace and NGVI: its `sample_targets`), which the registry checks when it builds the method (`likelihood_needs`).
     """
 
     def __call__(
         self, family, data, cavity: Natural, generator: torch.Generator, start: Tensor | None = None
     ) -> Natural: ...
+
+
+def likelihood_needs(inference: TiltedInference) -> tuple[str, ...]:
+    """The members of `likelihoods.CurvatureLikelihood` that `inference` reads (its `needs`; none if it has none)."""
+    return tuple(getattr(inference, "needs", ()))
 
 
 def check_diagonal(family) -> None:
