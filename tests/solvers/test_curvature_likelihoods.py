@@ -3,6 +3,8 @@ Hessian and its target draws, so a regression or count model gets its own curvat
 exactly 0 for a one-output head). Checked against closed forms written out here in numpy (float64), and the methods
 that consume the curvature against answers known exactly for linear-Gaussian models."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
