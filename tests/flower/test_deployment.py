@@ -3,6 +3,7 @@ three rounds through `flwr run`, one SuperNode killed after round 1; the run com
 writes its run directory like a local run, and its log says which client stopped answering."""
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ pytest.importorskip("flwr")
 
 from conftest import needs_fmnist
 
-from bayesadmm.flower.demo import Deployment, run_demo
+from bayesadmm.flower.demo import CONNECTION, Deployment, run_demo
 
 
 @pytest.mark.slow
@@ -80,3 +81,26 @@ def test_demo_command_checks_its_configuration_before_starting_anything(capsys):
     assert main(["flower", "demo", "gama=0.1", "--rounds", "2"]) == 2
     assert "unknown key 'gama'" in capsys.readouterr().err
     assert main(["flower", "demo", "--supernodes", "0"]) == 2
+
+
+@pytest.mark.slow   # about 20 s: a SuperLink, two SuperNodes and two `flwr` calls
+def test_the_superlink_refuses_a_supernode_whose_key_was_not_registered(tmp_path):
+    # the demo's SuperLink runs with --enable-supernode-auth: a SuperNode with a registered key connects, one with a
+    # key of its own (a rogue node claiming client 0) is refused and exits, and never counts as a node
+    from bayesadmm.flower.certificates import make_node_key
+
+    with Deployment(tmp_path, supernodes=1) as deployment:
+        deployment.start()
+        rogue_key, _ = make_node_key(tmp_path / "rogue", "rogue")
+        rogue = deployment.start_supernode("rogue", "partition-id=0 num-partitions=1", rogue_key)
+        assert rogue.wait(timeout=60) != 0
+        log = deployment.logs["rogue"].read_text()
+        assert "Failed to initialize the connection to the SuperLink" in log, log
+        assert deployment.processes["supernode-0"].poll() is None   # the registered node is still up
+        nodes = subprocess.run([str(deployment.bin / "flwr"), "supernode", "ls", CONNECTION, "--format", "json"],
+                               env=deployment.env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert nodes.returncode == 0, nodes.stderr
+        assert len(json.loads(nodes.stdout)["nodes"]) == 1, nodes.stdout   # only the registered one
+    superlink = (tmp_path / "superlink.log").read_text()
+    assert "No SuperNode found with the given public key" in superlink
+    assert "SuperNode authentication is disabled" not in superlink

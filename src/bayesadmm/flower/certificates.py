@@ -1,5 +1,6 @@
-"""Throw-away TLS certificates for a loopback deployment (the demo, the example, the tests): a CA and a server
-certificate for 127.0.0.1, ::1 and localhost. On real machines use your own CA (docs/deploy.md)."""
+"""Throw-away TLS certificates and SuperNode keys for a loopback deployment (the demo, the example, the tests): a CA,
+a server certificate for 127.0.0.1, ::1 and localhost, and one authentication key pair per SuperNode. On real
+machines use your own CA and make each node's key on its machine (docs/deploy.md)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,24 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     )
     paths[2].chmod(0o600)
     return paths
+
+
+def make_node_key(directory: Path, name: str) -> tuple[Path, Path]:
+    """(NAME, NAME.pub): a SuperNode's key pair for SuperNode authentication (ECDSA on NIST P-384, OpenSSH format,
+    as `flower-supernode --auth-supernode-private-key` and `flwr supernode register` read them). The private key
+    stays with its node (mode 0600); the public key is registered with the SuperLink, which then lets in only
+    nodes holding a registered key. `ssh-keygen -t ecdsa -b 384 -N "" -f NAME` does the same."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    directory.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    private, public = directory / name, directory / f"{name}.pub"
+    private.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption())
+    )
+    private.chmod(0o600)
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH) + b"\n"
+    )
+    return private, public

@@ -1,16 +1,20 @@
-"""A real Flower deployment on this machine: one SuperLink and N SuperNodes over loopback with TLS, and `flwr run`.
+"""A real Flower deployment on this machine: one SuperLink and N SuperNodes over loopback with TLS and SuperNode
+authentication, and `flwr run`.
 
 What `bayesadmm flower demo` and the deployment test run, step by step (docs/deploy.md does the same by hand on
 separate machines):
 
 1. certificates: a throw-away CA and a server certificate for 127.0.0.1/localhost (`make_certificates`);
-2. `flower-superlink` with that certificate, on a free port (Fleet, Control and ServerApp APIs share it in flwr
-   1.42), not installing app dependencies at run time (bayesadmm is already installed here);
-3. N `flower-supernode`s trusting the CA, each with its own ``--node-config`` (for the demo
+2. `flower-superlink` with that certificate and ``--enable-supernode-auth``, on a free port of 127.0.0.1 (Fleet,
+   Control and ServerAppIo APIs share it in flwr 1.42), not installing app dependencies at run time (bayesadmm is
+   already installed here);
+3. a Flower config (``$FLWR_HOME/config.toml``, in the work directory, so the user's own ~/.flwr is untouched)
+   naming that SuperLink; per SuperNode an ECDSA key pair (`make_node_key`) whose public key is registered with
+   ``flwr supernode register`` (the SuperLink refuses any other node);
+4. N `flower-supernode`s trusting the CA and holding their private key, each with its own ``--node-config`` (for
+   the demo
    ``partition-id=k num-partitions=N data=client-k.pt``, its file of the preset's split, `write_node_files`) and
-   its own free port for its ClientApp API;
-4. a Flower config (``$FLWR_HOME/config.toml``, in the work directory, so the user's own ~/.flwr is untouched)
-   naming that SuperLink, and `flwr run <flower_app> <connection> --run-config ...`;
+   its own free port for its ClientApp API; then `flwr run <flower_app> <connection> --run-config ...`;
 5. wait until the ServerApp writes a final status.json in the run directory (bounded by `timeout`); optionally kill
    one SuperNode (its whole process group, ClientApps included) after a given round, and start it again;
 6. stop every process it started, whatever happened (process groups, SIGTERM then SIGKILL).
@@ -30,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bayesadmm.flower.certificates import make_certificates
+from bayesadmm.flower.certificates import make_certificates, make_node_key
 
 APP_DIR = Path(__file__).resolve().parents[3] / "flower_app"
 CONNECTION = "bayesadmm-demo"
@@ -121,8 +125,9 @@ class Deployment:
                 str(cert),
                 "--ssl-keyfile",
                 str(key),
+                "--enable-supernode-auth",  # only SuperNodes whose public key was registered below may connect
                 "--host",
-                "127.0.0.1",
+                "127.0.0.1",  # Fleet, Control and ServerAppIo APIs share this port in flwr 1.42: loopback only
                 "--port",
                 str(self.port),
                 "--disable-runtime-dependency-installation",
@@ -131,28 +136,48 @@ class Deployment:
             ],
         )
         _wait_for_port(self.port, superlink, self.logs["superlink"], timeout)
-        for k in range(self.supernodes):
-            self._start(
-                f"supernode-{k}",
-                [
-                    str(self.bin / "flower-supernode"),
-                    "--superlink",
-                    f"127.0.0.1:{self.port}",
-                    "--root-certificates",
-                    str(self.ca),
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    self.node_configs[k] if self.node_configs else f"partition-id={k} num-partitions={self.supernodes}",
-                ],
-            )
         home = self.workdir / "flwr-home"
         home.mkdir(exist_ok=True)
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
             f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{self.ca}"\n'
         )
+        for k in range(self.supernodes):
+            private, public = make_node_key(self.workdir / "keys", f"supernode-{k}")
+            self.register(public)
+            self.start_supernode(
+                f"supernode-{k}",
+                self.node_configs[k] if self.node_configs else f"partition-id={k} num-partitions={self.supernodes}",
+                private,
+            )
         return self
+
+    def register(self, public_key: Path, timeout: float = 60.0) -> None:
+        """`flwr supernode register PUBLIC_KEY`: the SuperLink lets in a SuperNode holding the matching private key."""
+        argv = [str(self.bin / "flwr"), "supernode", "register", str(public_key), CONNECTION]
+        done = subprocess.run(argv, env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise DeploymentError(f"flwr supernode register {public_key.name} failed: {done.stdout}{done.stderr}")
+
+    def start_supernode(self, name: str, node_config: str, private_key: Path) -> subprocess.Popen:
+        """A SuperNode authenticating with `private_key` (its public key must be registered, or the SuperLink
+        refuses it and it exits)."""
+        return self._start(
+            name,
+            [
+                str(self.bin / "flower-supernode"),
+                "--superlink",
+                f"127.0.0.1:{self.port}",
+                "--root-certificates",
+                str(self.ca),
+                "--auth-supernode-private-key",
+                str(private_key),
+                "--port",
+                str(free_port()),
+                "--node-config",
+                node_config,
+            ],
+        )
 
     def flwr_run(self, app_dir: Path, run_config: dict) -> subprocess.Popen:
         """`flwr run APP CONNECTION --run-config ... --stream`: starts the run, then streams its log."""
@@ -171,7 +196,9 @@ class Deployment:
         process.wait(timeout=10)
 
     def restart(self, name: str) -> subprocess.Popen:
-        """Start a killed process again with its arguments (a SuperNode rejoins the SuperLink as a new node)."""
+        """Start a killed process again with its arguments. A SuperNode comes back as the same node (its key names
+        it), but only once the SuperLink has marked the killed one offline (up to a minute: two missed heartbeats of
+        30 s); until then the SuperLink refuses it and it exits, so `run_deployment` starts it again."""
         return self._start(name, self.argv[name])
 
     def stop(self) -> None:
@@ -275,31 +302,36 @@ def run_deployment(
     timeout: float = 900.0,
     echo=print,
 ) -> dict:
-    """`flwr run app_dir` on a loopback deployment with TLS, one SuperNode per node config, until the run directory
-    (run_config["out"]) has a final status; returns {"status", "run_dir", "metrics" (last line), "workdir",
-    "killed"}. `kill_after_round`: SIGKILL the last SuperNode once that round's metrics line is written, and with
-    `restart` start it again at once (it rejoins as a new node and takes its client back)."""
+    """`flwr run app_dir` on a loopback deployment with TLS and SuperNode authentication, one SuperNode per node
+    config, until the run directory (run_config["out"]) has a final status; returns {"status", "run_dir", "metrics"
+    (last line), "workdir", "killed"}. `kill_after_round`: SIGKILL the last SuperNode once that round's metrics line
+    is written, and with `restart` start it again (it comes back as the same node, named by its key, and gets its
+    client's state)."""
     out = Path(run_config["out"])
     with Deployment(Path(workdir), len(node_configs), list(node_configs)) as deployment:
         deployment.start()
         echo(
-            f"SuperLink on 127.0.0.1:{deployment.port} (TLS, CA {deployment.ca}); {len(node_configs)} SuperNodes; "
+            f"SuperLink on 127.0.0.1:{deployment.port} (TLS, CA {deployment.ca}; SuperNode authentication); "
+            f"{len(node_configs)} SuperNodes; "
             f"logs in {workdir}"
         )
         runner = deployment.flwr_run(app_dir, run_config)
         deadline, killed, ended = time.monotonic() + timeout, False, 0.0
+        victim = f"supernode-{len(node_configs) - 1}"
         while True:
             status = _status(out)
             if status.get("status") in ("completed", "stopped", "diverged", "failed"):
                 break
             if kill_after_round is not None and not killed and _rounds_done(out) >= kill_after_round:
-                victim = f"supernode-{len(node_configs) - 1}"
                 deployment.kill(victim)
                 killed = True
                 echo(f"killed {victim} (client {len(node_configs) - 1}) after round {kill_after_round}")
                 if restart:
                     deployment.restart(victim)
                     echo(f"started {victim} again")
+            if restart and killed and deployment.processes[victim].poll() is not None:
+                time.sleep(5)  # refused while the SuperLink still counts the killed node as online: try again
+                deployment.restart(victim)
             if runner.poll() is not None and runner.returncode != 0:
                 raise DeploymentError(f"flwr run failed (code {runner.returncode}); see {deployment.logs['flwr-run']}")
             if runner.poll() is not None:  # the run ended: its final status is written before, give it a moment
