@@ -116,8 +116,9 @@ class LoopbackGrid(Grid):
 class LocalDataGrid(LoopbackGrid):
     """A LoopbackGrid whose node k is configured with `node_configs[k]` and, while it handles a message, sees only
     its own file `files[k]`: every other client's file and the server's `server_files` are moved out of reach, so a
-    node that reads anything but its own data fails. `restart(k)` replaces client k's node by a new one (new node
-    id, empty Context.state), as a SuperNode that died and was started again."""
+    node that reads anything but its own data fails. `restart(k)` gives client k's node an empty Context.state and
+    keeps its node id, as a SuperNode that died and was started again with its authentication key (the SuperLink
+    names a node by its registered key)."""
 
     def __init__(self, client_app, node_configs: dict, files: dict, server_files=(), **options):
         super().__init__(client_app, len(node_configs), **options)
@@ -128,12 +129,10 @@ class LocalDataGrid(LoopbackGrid):
         self.reads: dict[int, int] = {}   # node → messages handled (the test checks every node was exercised)
 
     def restart(self, k: int) -> int:
-        old = self.node_ids[k]
-        config = dict(self.contexts.pop(old).node_config)
-        new = max([*self.client_of, *self.contexts]) + 1   # a node id never used before
-        self.node_ids[k], self.client_of[new] = new, k
-        self.contexts[new] = Context(run_id=1, node_id=new, node_config=config, state=RecordDict(), run_config={})
-        return new
+        node = self.node_ids[k]
+        config = dict(self.contexts.pop(node).node_config)
+        self.contexts[node] = Context(run_id=1, node_id=node, node_config=config, state=RecordDict(), run_config={})
+        return node
 
     def push_messages(self, messages):
         ids = []

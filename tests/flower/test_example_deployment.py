@@ -55,7 +55,7 @@ def test_a_restarted_supernode_is_picked_up_again_with_its_state(tmp_path):
                             restart=True, timeout=300.0, echo=lambda text: None)
     assert result["killed"] and result["status"]["status"] == "completed"
     log = (out / "flower.log").read_text()
-    back = re.search(r"round (\d+): client 2 is back on node", log)
+    back = re.search(r"round (\d+): (client 2 is back on node|clients \[2\] get their state)", log)
     assert back, log
     metrics = lines(out)
     assert [line["round"] for line in metrics] == [1, 2, 3, 4]

@@ -12,8 +12,13 @@ round whose reply came too late) is sent the server's copy with its next train m
 whenever it does not know that node to hold the version it expects, and a node whose version differs asks for it.
 
 Absent clients (no reply in time, an error reply, no node) are left out of the round's replies and logged; a client
-that missed a round is not waited for again until it answers. Nodes that connect later (a restarted SuperNode) are
-asked which client they hold at the start of every round, and take that client over.
+that missed a round is not waited for again until it answers. Nodes that connect later are asked which client they
+hold at the start of every round, and take it if no node holds it yet.
+
+Claims (`claim`): a client is bound to the first node that claims it and is never moved, so a client's state is
+sent only to that node. A second node claiming a held client is refused and logged, and the run goes on. A
+restarted SuperNode keeps its node id under SuperNode authentication (its key names it) and gets its state back
+(it asks for it); without authentication it comes back as a new node and is refused.
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ def exchange(
     grid: Grid, messages: dict[int, Message], wait_for: set[int], timeout: float, poll: float
 ) -> dict[int, Message]:
     """Push one message per key and pull the replies until every key in `wait_for` has answered (then take
-    whatever else has arrived) or `timeout` has passed. Returns {key: reply} for the replies received."""
+    whatever else has arrived) or `timeout` has passed. Returns {key: reply} for the replies received,
+    each from the node its message was sent to (Flower checks this too; a reply from another node is dropped)."""
     keys = list(messages)
     if not keys:
         return {}
@@ -54,9 +60,11 @@ def exchange(
     while pending:
         for reply in grid.pull_messages(list(pending)):
             message_id = reply.metadata.reply_to_message_id
-            if message_id in pending:
-                pending.discard(message_id)
-                replies[ids[message_id]] = reply
+            if message_id not in pending:
+                continue
+            pending.discard(message_id)
+            if reply.metadata.src_node_id == messages[ids[message_id]].metadata.dst_node_id:
+                replies[ids[message_id]] = reply  # a reply from another node than the one asked is dropped
         if not pending or waited_out or time.monotonic() >= deadline:
             break
         if wait_for <= set(replies):
@@ -99,13 +107,26 @@ def discover(
         answers = query(grid, fresh, setup, max(1.0, deadline - time.monotonic()), timeouts.poll, log)
         asked.update(fresh)
         for node_id, (k, size) in answers.items():
-            if k in nodes:
-                raise RuntimeError(
-                    f"nodes {nodes[k]} and {node_id} both hold client {k}; give each SuperNode "
-                    f'its own --node-config "{p.PARTITION_ID}=K"'
-                )
-            nodes[k], sizes[k] = node_id, size
+            if claim(nodes, k, node_id, log):
+                sizes[k] = size
     return dict(sorted(nodes.items())), dict(sorted(sizes.items())), asked
+
+
+def claim(nodes: dict[int, int], k: int, node_id: int, log: Log, round_: int | None = None) -> bool:
+    """Bind client `k` to `node_id` if no node holds it yet (`nodes`: client → node, updated); True if it is now
+    that node's. A client is bound to the first node that claims it and never moved: a second node claiming it
+    (a misconfigured or rogue SuperNode) is refused and logged, and the run goes on with the first. With SuperNode
+    authentication (docs/deploy.md) only registered nodes can claim, and a restarted SuperNode keeps its node id (its
+    key names it), so it is the same holder."""
+    holder = nodes.setdefault(k, node_id)
+    if holder != node_id:
+        when = f"round {round_}: " if round_ is not None else ""
+        log(
+            f"{when}node {node_id} also claims client {k}, held by node {holder}: refused (a client stays with the "
+            f'first node that claims it; give each SuperNode its own --node-config "{p.PARTITION_ID}=K")',
+            WARNING,
+        )
+    return holder == node_id
 
 
 class FlowerClients:
@@ -132,6 +153,7 @@ class FlowerClients:
         self._versions: dict[int, str] = {}
         self._held: dict[int, tuple[int, str]] = {}  # client → (node, version) the server knows that node holds
         self._lost: set[int] = set()
+        self._offline: set[int] = set()  # lost clients whose node the SuperLink said was gone
         self._run = uuid.uuid4().hex[:8]  # versions of this server process differ from any a node kept before
         self.last_info: dict[int, dict[str, float]] = {}
 
@@ -153,7 +175,8 @@ class FlowerClients:
         pass
 
     def _rejoin(self, round_: int) -> None:
-        """Ask nodes that connected since the last look which client they hold; each takes its client over."""
+        """Ask nodes that connected since the last look which client they hold; a node claiming a client no node
+        holds yet takes it (`claim`: a client held by a node is never moved to another)."""
         fresh = [n for n in self.grid.get_node_ids() if n not in self.asked]
         if not fresh:
             return
@@ -163,10 +186,10 @@ class FlowerClients:
             if k not in self._states:
                 self.log(f"node {node_id} holds client {k}, which is not in this run; ignored", WARNING)
                 continue
-            self.log(f"round {round_}: client {k} is back on node {node_id} (was node {self.nodes.get(k)})")
-            self.nodes[k] = node_id
-            self._held.pop(k, None)
-            self._lost.discard(k)  # a new node: waited for this round, as every other
+            if claim(self.nodes, k, node_id, self.log, round_):
+                self.log(f"round {round_}: client {k} joins on node {node_id}")
+                self._held.pop(k, None)
+                self._lost.discard(k)  # a new node: waited for this round, as every other
 
     def _message(self, k: int, round_: int, arrays: ArrayRecord, with_state: bool) -> Message:
         version = self._versions[k]
@@ -187,6 +210,10 @@ class FlowerClients:
     ) -> dict:
         self._rejoin(round_)
         connected = set(self.grid.get_node_ids())
+        for k in sorted(k for k in self._offline if self.nodes[k] in connected):
+            self.log(f"round {round_}: client {k} is back on node {self.nodes[k]}")
+            self._offline.discard(k)
+            self._lost.discard(k)  # waited for this round, as every other
         reachable = [k for k in chosen if k in self.nodes and self.nodes[k] in connected]
         arrays = records.message_to_record(message)
         sent = {k: self._held.get(k) != (self.nodes[k], self._versions[k]) for k in reachable}
@@ -239,6 +266,7 @@ class FlowerClients:
                 why = "no SuperNode holds it"
             elif self.nodes[k] not in connected:
                 why = f"node {self.nodes[k]} is no longer connected to the SuperLink"
+                self._offline.add(k)
             elif k in answers:
                 why = "Flower returned the error above instead of its reply"
             elif k in self._lost:
@@ -254,4 +282,4 @@ def _metrics(message: Message) -> MetricRecord:
     return records.get_record(message.content, "metrics", MetricRecord)
 
 
-__all__ = ["FlowerClients", "discover", "exchange", "query", "INFO"]
+__all__ = ["FlowerClients", "claim", "discover", "exchange", "query", "INFO"]
