@@ -1,5 +1,6 @@
 """This example deployed on this machine: a SuperLink and one SuperNode per client over loopback with TLS
-(throw-away certificates), each SuperNode given only its own file, then `flwr run .`.
+(throw-away certificates) and SuperNode authentication (a registered key per node), each SuperNode given only its
+own file, then `flwr run .`.
 
     python run_loopback.py [--workdir DIR] [--rounds 5] [--kill-after-round R [--restart]]
 
