@@ -19,21 +19,24 @@ PAPER_EXPERIMENTS = {
 }
 
 
+def _scenarios() -> list[str]:
+    """The scenario presets, in the order presets.json lists them."""
+    from bayesadmm.experiments.config import presets
+
+    return list(presets())
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bayesadmm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",
         help="run a federated experiment: a scenario preset or a JSON config file",
-        description="KEY=VALUE overrides: general keys (method, rounds, seed, clients, out, "
-        "participation, ...) and the method's hyperparameters; an unknown key "
-        "lists the valid ones.",
+        description="KEY=VALUE overrides: general keys (method, rounds, seed, clients, likelihood, out, "
+        "participation, ...), the method's hyperparameters and the likelihood's settings (likelihood.noise=0.5); "
+        "an unknown key lists the valid ones.",
     )
-    run.add_argument(
-        "scenario",
-        help="a preset (fmnist-heterog10, fmnist-homog10, fmnist-heterog100, "
-        "mnist-heterog100, cifar10-zenke, cifar10-acar, cifar100-resnet20) or a file",
-    )
+    run.add_argument("scenario", help=f"a preset ({', '.join(_scenarios())}) or a file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     run.add_argument("--data-dir", default=None, help="folder with the dataset's files (same as data_dir=...)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
