@@ -175,3 +175,13 @@ def test_without_scikit_learn_the_diabetes_scenario_says_how_to_get_it(tmp_path,
     assert main(["run", "diabetes-iid5", "method=fedavg", f"out={out}", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "pip install 'bayesadmm[tabular]'" in err and "Traceback" not in err and not out.exists()
+
+
+def test_tune_scores_trials_by_the_likelihoods_metric_unless_told(tmp_path):
+    from bayesadmm.experiments.tune import Tuning, space_for
+
+    space = space_for("fedavg", [])
+    regression = Tuning("diabetes-iid5", ("method=fedavg",), space, tmp_path)
+    assert regression.metric == "val_rmse" and not regression.maximise
+    assert Tuning("fmnist-heterog10", ("method=fedavg",), space, tmp_path).metric == "val_acc"
+    assert Tuning("diabetes-iid5", ("method=fedavg",), space, tmp_path, metric="val_nll").metric == "val_nll"

@@ -116,7 +116,12 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", type=Path, required=True, help="the tune's folder (study.db, trial-NNNN/, report.md)")
     tune.add_argument("--trials", type=int, default=20, help="finished trials to run in all (default 20)")
     tune.add_argument("--round-budget", type=int, default=0, help="or stop once the trials ran this many rounds")
-    tune.add_argument("--metric", default="val_acc", help="val_acc (maximised, default), val_nll, ... (minimised)")
+    tune.add_argument(
+        "--metric",
+        default="",
+        help="val_acc (maximised; the default for classification), val_rmse (the default for Gaussian regression), "
+        "val_nll, ... (minimised)",
+    )
     tune.add_argument(
         "--space",
         action="append",
@@ -376,7 +381,7 @@ def _tune(args) -> int:
         return 2
 
     def finished(trial) -> None:
-        value = "" if trial.value is None else f" {args.metric}={trial.value:.4f}"
+        value = "" if trial.value is None else f" {tuning.metric}={trial.value:.4f}"
         print(f"trial {trial.number}: {trial.state.name.lower()}{value} {trial.params}", flush=True)
 
     tuning.on_trial = finished

@@ -97,6 +97,8 @@ LIKELIHOODS: dict[str, type] = {
 }
 # likelihood name -> the targets it models (a kind of DATASETS)
 TARGETS = {"classification": "classes", "gaussian": "real", "poisson": "counts"}
+# likelihood name -> the metric `bayesadmm tune` scores trials by unless told (as val_<metric>)
+TUNING_METRIC = {"classification": "acc", "gaussian": "rmse", "poisson": "nll"}
 
 
 class ConfigError(ValueError):
