@@ -4,7 +4,7 @@
 
 Each table folder holds the runs behind it as one runs.jsonl (written by `bayesadmm compare --out`); `compare` is
 run on it again with the table's rounds (and the papers' numbers for the test-set tables), rewriting table.md,
-paper.md and curves.png. Then every block of docs/results/README.md of the form
+paper.md and curves.png. Then every block of the pages in docs/results (README.md, diabetes.md) of the form
 
     <!-- include: fmnist-heterog10/paper.md -->
     ...anything...
@@ -61,5 +61,12 @@ def embed(page: Path) -> int:
     return count
 
 
+def pages(root: Path = RESULTS) -> list[Path]:
+    """The results pages: the Markdown files directly in docs/results (a table folder's table.md is not one)."""
+    return sorted(root.glob("*.md"))
+
+
 if __name__ == "__main__":
-    print(f"{rebuild_tables()} tables rebuilt; {embed(RESULTS / 'README.md')} quoted in {RESULTS / 'README.md'}")
+    print(f"{rebuild_tables()} tables rebuilt")
+    for page in pages():
+        print(f"{embed(page)} quoted in {page}")

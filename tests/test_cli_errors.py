@@ -38,6 +38,10 @@ def _run(capsys, *args: str) -> tuple[int, str]:
         ("beta2=2", "beta2 must lie in [0, 1), got 2.0"),
         ("clip_radius=0", "clip_radius must be > 0"),
         ("rho=inf", "need finite rho > 0"),
+        ("likelihood=bogus", "unknown likelihood 'bogus'; valid: classification, gaussian"),
+        ("likelihood=gaussian", "likelihood gaussian needs noise: set it as likelihood.noise=VALUE"),
+        ("likelihood.bins=0", "likelihood classification: bins must be a positive integer, got 0"),
+        ("noise=0.5", "unknown key 'noise'; valid keys:"),
     ],
 )
 def test_a_bad_setting_is_exit_2_before_the_run_directory(tmp_path, capsys, data_dir, override, message):

@@ -1,4 +1,5 @@
-"""`compare` averages only runs that are seeds of one setting, counts a folder once, and says what it dropped."""
+"""`compare` averages only runs that are seeds of one setting, counts a folder once, and says what it dropped; it
+tabulates the metrics of the runs' likelihood."""
 
 import json
 from pathlib import Path
@@ -77,3 +78,30 @@ def test_only_the_runs_asked_for_are_compared(tmp_path, capsys):
     assert "| feddyn (m_g) | 1 | 70.0 ± 0.0" in capsys.readouterr().out
     assert cli.main(["compare", str(tmp_path), "--only", "method"]) == 2
     assert "--only takes KEY=a,b,c" in capsys.readouterr().err
+
+
+def _regression_run(directory, method: str, seed: int, line: dict, noise: float | None = None) -> None:
+    """A run whose metrics are `line` times the round number, with a Gaussian likelihood of `noise` if given."""
+    directory.mkdir(parents=True)
+    config = {"method": method, "seed": seed, "scenario": "toy"}
+    if noise is not None:
+        config.update(likelihood="gaussian", likelihood_params={"noise": noise})
+    (directory / "config.json").write_text(json.dumps(config))
+    rounds = [{"round": r, **{k: v * r for k, v in line.items()}} for r in (1, 2, 3)]
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rounds))
+
+
+def test_compare_tabulates_regression_metrics_labels_noise_and_refuses_mixed_runs(tmp_path):
+    regression = {"test_rmse": 0.25, "test_nll": 0.5, "test_coverage90": 0.3, "ens_test_rmse": 0.2,
+                  "ens_test_nll": 0.4, "ens_test_coverage90": 0.3}
+    _regression_run(tmp_path / "a", "ivon-admm", 0, regression, noise=0.7)
+    _regression_run(tmp_path / "b", "ivon-admm", 1, regression, noise=0.7)
+    _regression_run(tmp_path / "c", "ivon-admm", 0, regression, noise=0.5)
+    table = compare([tmp_path / "a", tmp_path / "b", tmp_path / "c"], [3])
+    assert table.splitlines()[0] == "| method | runs | RMSE @3 | NLL @3 | 90 % coverage (%) @3 | s/round |"
+    assert "| ivon-admm [likelihood.noise=0.7] (m_g) | 2 | 0.500 ± 0.000 | 1.000 ± 0.000 | 60.0 ± 0.0 | — |" in table
+    assert "| ivon-admm [likelihood.noise=0.7] (predictive) | 2 | 0.400 ± 0.000 |" in table
+    assert "| ivon-admm [likelihood.noise=0.5] (m_g) | 1 |" in table
+    _regression_run(tmp_path / "d", "fedavg", 0, {"test_acc": 0.25, "test_nll": 0.5, "test_ece": 0.1})
+    with pytest.raises(ValueError, match="measured different metrics"):
+        compare([tmp_path / "a", tmp_path / "d"], [3])

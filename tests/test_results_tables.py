@@ -1,4 +1,4 @@
-"""scripts/results_tables.py: the results page quotes generated tables verbatim and refuses to quote a missing one,
+"""scripts/results_tables.py: the results pages quote generated tables verbatim, a missing one is an error,
 and every table kept in docs/results is what `compare` makes from the runs kept beside it."""
 
 import importlib.util
@@ -31,10 +31,11 @@ def test_the_kept_tables_are_what_compare_makes_of_the_kept_runs():
         if paper:
             written += "\n\n" + (runs.parent / "paper.md").read_text().rstrip("\n")
         assert compare([runs], rounds, paper=paper) == written, runs
-    page = script.RESULTS / "README.md"
-    for match in script.BLOCK.finditer(page.read_text()):  # the page quotes those files as they are
-        quoted = (page.parent / match.group("path")).read_text()
-        assert match.group("body") == quoted.rstrip("\n") + "\n", match.group("path")
+    assert [page.name for page in script.pages()] == ["README.md", "diabetes.md"]
+    for page in script.pages():
+        for match in script.BLOCK.finditer(page.read_text()):  # the pages quote those files as they are
+            quoted = (page.parent / match.group("path")).read_text()
+            assert match.group("body") == quoted.rstrip("\n") + "\n", match.group("path")
 
 
 def test_blocks_get_the_current_file_and_the_rest_is_untouched(tmp_path):

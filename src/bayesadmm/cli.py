@@ -19,21 +19,24 @@ PAPER_EXPERIMENTS = {
 }
 
 
+def _scenarios() -> list[str]:
+    """The scenario presets, in the order presets.json lists them."""
+    from bayesadmm.experiments.config import presets
+
+    return list(presets())
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bayesadmm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser(
         "run",
         help="run a federated experiment: a scenario preset or a JSON config file",
-        description="KEY=VALUE overrides: general keys (method, rounds, seed, clients, out, "
-        "participation, ...) and the method's hyperparameters; an unknown key "
-        "lists the valid ones.",
+        description="KEY=VALUE overrides: general keys (method, rounds, seed, clients, likelihood, out, "
+        "participation, ...), the method's hyperparameters and the likelihood's settings (likelihood.noise=0.5); "
+        "an unknown key lists the valid ones.",
     )
-    run.add_argument(
-        "scenario",
-        help="a preset (fmnist-heterog10, fmnist-homog10, fmnist-heterog100, "
-        "mnist-heterog100, cifar10-zenke, cifar10-acar, cifar100-resnet20) or a file",
-    )
+    run.add_argument("scenario", help=f"a preset ({', '.join(_scenarios())}) or a file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     run.add_argument("--data-dir", default=None, help="folder with the dataset's files (same as data_dir=...)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -113,7 +116,12 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", type=Path, required=True, help="the tune's folder (study.db, trial-NNNN/, report.md)")
     tune.add_argument("--trials", type=int, default=20, help="finished trials to run in all (default 20)")
     tune.add_argument("--round-budget", type=int, default=0, help="or stop once the trials ran this many rounds")
-    tune.add_argument("--metric", default="val_acc", help="val_acc (maximised, default), val_nll, ... (minimised)")
+    tune.add_argument(
+        "--metric",
+        default="",
+        help="val_acc (maximised; the default for classification), val_rmse (the default for Gaussian regression), "
+        "val_nll, ... (minimised)",
+    )
     tune.add_argument(
         "--space",
         action="append",
@@ -375,7 +383,7 @@ def _tune(args) -> int:
         return 2
 
     def finished(trial) -> None:
-        value = "" if trial.value is None else f" {args.metric}={trial.value:.4f}"
+        value = "" if trial.value is None else f" {tuning.metric}={trial.value:.4f}"
         print(f"trial {trial.number}: {trial.state.name.lower()}{value} {trial.params}", flush=True)
 
     tuning.on_trial = finished

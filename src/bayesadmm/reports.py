@@ -2,7 +2,9 @@
 
 Table entries follow the papers: for each run, the mean of a metric over the last 3 rounds up to round R
 (rounds R−2, R−1, R); then mean ± std over the runs (seeds) of a method. Methods with a Gaussian posterior get two
-rows: at the server mean m_g, and for the posterior predictive (`ens_` metrics).
+rows: at the server mean m_g, and for the posterior predictive (`ens_` metrics). The metrics are the likelihood's:
+accuracy, NLL and ECE for classification runs; RMSE, NLL and the coverage of the central 90 % predictive interval
+for Gaussian regression runs (`TABLES`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,24 @@ PLOTTABLE = (
     ("nll", "NLL", 1.0),
     ("calibration_error", "interval calibration error", 1.0),
 )
-TABLE_METRICS = METRICS + (("ece", "ECE", 1.0),)  # tabulated
+TABLE_METRICS = METRICS + (("ece", "ECE", 1.0),)  # tabulated for classification runs
+# what the table shows of runs whose metrics include the first key: classification, Gaussian regression, or only
+# the NLL (a user-written likelihood)
+TABLES: tuple[tuple[tuple[str, str, float], ...], ...] = (
+    TABLE_METRICS,
+    (("rmse", "RMSE", 1.0), ("nll", "NLL", 1.0), ("coverage90", "90 % coverage (%)", 100.0)),
+    (("nll", "NLL", 1.0),),
+)
+PERCENT = ("acc", "coverage90")  # shown with one decimal, in per cent
+
+
+def table_metrics(history: list[dict]) -> tuple[tuple[str, str, float], ...]:
+    """The metrics a comparison shows of a run: the first of `TABLES` whose first metric the run measured."""
+    where = eval_set(history)
+    for metrics in TABLES:
+        if f"{where}_{metrics[0][0]}" in history[0]:
+            return metrics
+    raise ValueError(f"the run measured none of {', '.join(m[0][0] for m in TABLES)} on its {where} set")
 
 
 def _last3(history: list[dict], key: str, round_: int) -> float | None:
@@ -111,6 +130,8 @@ def setting_of(config: dict) -> dict[str, str]:
     for key, value in config.items():
         if isinstance(value, dict) and key in ("hparams", "settings"):
             flat.update(setting_of(value))
+        elif isinstance(value, dict) and key == "likelihood_params":  # as the command line names them
+            flat.update({f"likelihood.{k}": json.dumps(v, sort_keys=True) for k, v in value.items()})
         elif key not in NOT_SETTINGS:
             flat[key] = json.dumps(value, sort_keys=True)
     return {k: v for k, v in flat.items() if k not in NOT_SETTINGS}
@@ -202,7 +223,7 @@ def compare(
     after the first and written to paper.md. With `only` ({"method": ["fedavg", "feddyn"]}), only the runs whose
     setting of each key is one of the values given (as `setting_labels` shows it) are compared."""
     groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
-    scenarios, sets = set(), set()
+    scenarios, sets, kinds = set(), set(), set()
     gathered, notes = gather(sources)
     if only:
         gathered = [run for run in gathered if _matches(run.config, only)]
@@ -216,8 +237,9 @@ def compare(
     for (_, config, history, *_), label in zip(runs, labels, strict=True):
         scenarios.add(config.get("scenario", "?"))
         sets.add(eval_set(history))
+        kinds.add(table_metrics(history))
         groups[(label, "m_g")].append(history)
-        if f"ens_{eval_set(history)}_acc" in history[0]:
+        if f"ens_{eval_set(history)}_{table_metrics(history)[0][0]}" in history[0]:
             groups[(label, "predictive")].append(history)
     if not groups:
         raise ValueError("none of the runs has finished a round")
@@ -225,22 +247,26 @@ def compare(
         raise ValueError(
             "some runs were evaluated on a validation split and some on the test set; compare them separately"
         )
-    split = sets.pop()
+    if len(kinds) > 1:
+        raise ValueError(
+            "the runs measured different metrics (e.g. classification and regression runs); compare them separately"
+        )
+    split, metrics = sets.pop(), kinds.pop()
 
-    header = ["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in TABLE_METRICS] + ["s/round"]
+    header = ["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in metrics] + ["s/round"]
     rows = []
     for (method, where), histories in sorted(groups.items()):
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
         cells = [f"{method} ({where})", str(len(histories))]
         for r in rounds:
-            for metric, _, scale in TABLE_METRICS:
+            for metric, _, scale in metrics:
                 values = [v for h in histories if (v := _last3(h, prefix + metric, r)) is not None]
                 if not values:
                     cells.append("—")
                     continue
                 mean = scale * statistics.fmean(values)
                 std = scale * statistics.stdev(values) if len(values) > 1 else 0.0
-                digits = 1 if metric == "acc" else 3
+                digits = 1 if metric in PERCENT else 3
                 cells.append(f"{mean:.{digits}f} ± {std:.{digits}f}")
         cells.append(_seconds_per_round(histories))
         rows.append(cells)
@@ -257,7 +283,9 @@ def compare(
         write_runs_file(out_dir / RUNS_FILE, runs)
         if beside is not None:
             (out_dir / "paper.md").write_text(beside + "\n")
-        _plot_overlay(groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split)
+        _plot_overlay(
+            groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split, metrics=metrics[:2]
+        )
     text = markdown if beside is None else f"{markdown}\n\n{beside}"
     return "\n\n".join([text, "\n".join(notes)]) if notes else text
 
@@ -294,11 +322,14 @@ def _latex(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _plot_overlay(groups, path: Path, title: str, split: str = "test") -> None:
+def _plot_overlay(groups, path: Path, title: str, split: str = "test", metrics=METRICS) -> None:
     plt = _matplotlib()
     rows = len(groups)
     # the legend goes under both panels: inside one it hides the curves once there are more than a few rows
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4 + 0.18 * ((rows + 2) // 3)), layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(metrics), figsize=(5.5 * len(metrics), 4 + 0.18 * ((rows + 2) // 3)), layout="constrained", squeeze=False
+    )
+    axes = axes[0]
     # one colour per method, its mean dashed and its predictive solid
     methods = sorted({method for method, _ in groups})
     palette = [*plt.get_cmap("tab10").colors, "black", "darkgoldenrod", "teal", "magenta", "navy", "lime"]
@@ -307,7 +338,7 @@ def _plot_overlay(groups, path: Path, title: str, split: str = "test") -> None:
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
         length = min(len(h) for h in histories)
         rounds = [line["round"] for line in histories[0][:length]]
-        for ax, (metric, label, scale) in zip(axes, METRICS, strict=True):
+        for ax, (metric, label, scale) in zip(axes, metrics, strict=True):
             series = [[scale * h[i][prefix + metric] for h in histories] for i in range(length)]
             mean = [statistics.fmean(s) for s in series]
             ax.plot(

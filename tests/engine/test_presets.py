@@ -77,3 +77,20 @@ def test_preset_runs_two_rounds(tmp_path, scenario, method, extra):
     assert all(0.0 <= line["test_acc"] <= 1.0 for line in lines)
     config = json.loads((out / "config.json").read_text())
     assert config["scenario"] == scenario and config["method"] == method
+
+
+DIABETES_METHODS = list(json.loads((Path(__file__).resolve().parents[2] / "src" / "bayesadmm" / "experiments"
+                                    / "presets.json").read_text())["diabetes-iid5"]["methods"])
+
+
+@pytest.mark.parametrize("method", DIABETES_METHODS)
+def test_the_diabetes_preset_runs_two_rounds_with_each_of_its_methods(tmp_path, method):
+    pytest.importorskip("sklearn")  # the data set is scikit-learn's, bundled with it: no data_dir
+    out = tmp_path / "run"
+    fast = ["server_iterations=50"] if method == "fedlap-func" else []  # its server fit: 5000 Adam steps a round
+    assert main(["run", "diabetes-iid5", f"method={method}", f"out={out}", "workers=1", *fast, *SMALL]) == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["round"] for line in lines] == [1, 2]
+    assert all(0.0 < line["test_rmse"] < 10.0 and "test_acc" not in line for line in lines)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["likelihood"], config["likelihood_params"]) == ("gaussian", {"noise": 0.7})

@@ -38,8 +38,8 @@ def fast_data(monkeypatch):
     def cached(config):
         key = (config.dataset, config.preprocessing, config.data_dir)
         if key not in _loaded:
-            X, y, X_test, y_test, classes = load(config)
-            _loaded[key] = (X, y, X_test[:1000], y_test[:1000], classes)
+            data = load(config)
+            _loaded[key] = data._replace(X_test=data.X_test[:1000], y_test=data.y_test[:1000])
         return _loaded[key]
 
     monkeypatch.setattr(setup, "load_data", cached)

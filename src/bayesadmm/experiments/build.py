@@ -1,16 +1,19 @@
 """A `RunConfig` (a preset, a config file, KEY=VALUE overrides) turned into the engine's objects, and run.
 
-This layer, with config.py and the CLI, is the only one that reads dataset, partition, model and method names:
-data → subsample → validation split → partition → model → algorithm factory → `Federation` and `Settings`, then the
-engine's loop (`bayesadmm.engine.loop.run_federation`), the same one `bayesadmm.run` drives for a user's objects.
+This layer, with config.py and the CLI, is the only one that reads dataset, partition, model, likelihood and method
+names: data → subsample → validation split → (tabular data: standardisation with the training rows' statistics) →
+partition → model → likelihood (`RunConfig.make_likelihood`) → algorithm factory → `Federation` and `Settings`, then
+the engine's loop (`bayesadmm.engine.loop.run_federation`), the same one `bayesadmm.run` drives for a user's objects.
 Everything is deterministic in the config: each set-up step draws from its own generator of (seed, 0, stream).
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -20,13 +23,14 @@ from bayesadmm.algorithms import REGISTRY, Algorithm
 from bayesadmm.clients import TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.experiments.config import DATASETS, ConfigError, RunConfig
+from bayesadmm.experiments.config import DATASETS, TARGETS, ConfigError, RunConfig
 from bayesadmm.federated import algorithm_factory
-from bayesadmm.likelihoods import Classification, Likelihood
-from bayesadmm.models import FlatModel, make_model
+from bayesadmm.likelihoods import Likelihood
+from bayesadmm.models import MODELS, FlatModel, make_model
 
 # The set-up streams, generator_for(seed, 0, <id>); 10⁹ + 3 and + 4 are the engine's (participants, evaluation).
-SUBSAMPLE, PARTITION, INIT, VALIDATION = 10**9, 10**9 + 1, 10**9 + 2, 10**9 + 5
+SUBSAMPLE, PARTITION, INIT, VALIDATION, TEST_SPLIT = 10**9, 10**9 + 1, 10**9 + 2, 10**9 + 5, 10**9 + 6
+DIABETES_TEST = 0.2  # the diabetes set's test rows, drawn per seed (it comes as one set of 442)
 
 
 @dataclass(frozen=True)
@@ -36,16 +40,41 @@ class Built:
     federation: Federation
     settings: Settings
     parts: list[Tensor]  # client k's rows of the (subsampled) training set
-    train_labels: Tensor
-    num_classes: int
+    train_labels: Tensor  # the training targets (class labels, or real numbers or counts for regression)
+    num_classes: int  # 0 where the targets are not class labels
+    outputs: int  # the model's outputs: one per class, or 1 for a regression target
 
     def algorithm(self) -> Algorithm:
         return self.federation.make_algorithm()
 
 
-def load_data(config: RunConfig) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """Training and test inputs as floats (raw 0–255 or scaled to [0, 1]), labels, and the number of classes."""
+class Data(NamedTuple):
+    """A dataset's training and test sets as `load_data` gives them."""
+
+    X: Tensor
+    y: Tensor
+    X_test: Tensor
+    y_test: Tensor
+    num_classes: int  # 0: the targets are not class labels
+    tabular: bool = False  # features (and real targets) to standardise with the training rows' statistics
+
+
+def load_data(config: RunConfig) -> Data:
+    """Training and test inputs as floats (images: raw 0–255 or scaled to [0, 1]; tabular data: as recorded) and
+    their targets: class labels, or for the diabetes set real numbers (likelihoods with real targets) or counts
+    (likelihoods with count targets), split into training and test rows by the seed."""
     data_dir = config.data_dir or None
+    if config.dataset == "diabetes":
+        from bayesadmm.data.mnist_subset import MissingExtraError
+        from bayesadmm.data.tabular import load_diabetes, split_rows
+
+        try:
+            X, y = load_diabetes()
+        except MissingExtraError as exc:
+            raise ConfigError(str(exc)) from None
+        train, test = split_rows(len(y), DIABETES_TEST, generator_for(config.seed, 0, TEST_SPLIT))
+        X, y = X.float(), y.float()
+        return Data(X[train], y[train], X[test], y[test], num_classes=0, tabular=True)
     if config.dataset in ("fashion-mnist", "mnist"):
         from bayesadmm.data import load_image_dataset
 
@@ -61,7 +90,7 @@ def load_data(config: RunConfig) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     else:
         raise ConfigError(f"unknown dataset {config.dataset!r}; valid: {', '.join(DATASETS)}")
     scale = 1.0 if config.preprocessing == "raw" else 1.0 / 255.0
-    return X.float() * scale, y, X_test.float() * scale, y_test, num_classes
+    return Data(X.float() * scale, y, X_test.float() * scale, y_test, num_classes)
 
 
 def settings_of(config: RunConfig) -> Settings:
@@ -95,7 +124,8 @@ def build(config: RunConfig) -> Built:
     """Everything a run needs, deterministically from the config."""
     from bayesadmm.data.partitions import make_partition, subsample
 
-    X, y, X_test, y_test, num_classes = load_data(config)
+    X, y, X_test, y_test, num_classes, tabular = load_data(config)
+    likelihood = config.make_likelihood()
     if config.data_fraction < 1.0:
         keep = subsample(len(y), config.data_fraction, generator_for(config.seed, 0, SUBSAMPLE))
         X, y = X[keep], y[keep]
@@ -107,6 +137,12 @@ def build(config: RunConfig) -> Built:
         val_idx, train_idx = order[:held].sort().values, order[held:].sort().values
         X_test, y_test = X[val_idx], y[val_idx]
         X, y = X[train_idx], y[train_idx]
+    if tabular:  # with the statistics of the rows the clients train on, so nothing of the evaluation set leaks in
+        from bayesadmm.data.tabular import standardise
+
+        X, X_test = standardise(X, X_test)
+        if TARGETS[config.likelihood] == "real":
+            y, y_test = standardise(y, y_test)
     per_partition: dict[str, dict[str, float | int]] = {
         "two-level-dirichlet": {"alpha1": config.alpha1, "alpha2": config.alpha2},
         "per-class-dirichlet": {"alpha": config.alpha2},
@@ -114,12 +150,12 @@ def build(config: RunConfig) -> Built:
         "shards": {"classes": config.classes_per_client, "per_class": config.per_class},
     }
     options = per_partition.get(config.partition, {})
-    parts = make_partition(config.partition, y, config.clients, generator_for(config.seed, 0, PARTITION), **options)
-    in_shape: dict[str, dict[str, int]] = {
-        "mlp": {"in_features": int(X[0].numel()), "num_classes": num_classes},
-        "logistic": {"in_features": int(X[0].numel()), "num_classes": num_classes},
-    }
-    model = make_model(config.model, **in_shape.get(config.model, {"num_classes": num_classes}))
+    labels = y if num_classes else torch.zeros(len(y), dtype=torch.long)  # without classes, only the count matters
+    parts = make_partition(
+        config.partition, labels, config.clients, generator_for(config.seed, 0, PARTITION), **options
+    )
+    outputs = num_classes or 1
+    model = make_model(config.model, **model_arguments(config.model, int(X[0].numel()), outputs))
     theta0 = model.initial_params(generator_for(config.seed, 0, INIT))
     _check_fits(config, model, theta0, X[:1])
     # One client-ordered copy of the training set, each client a view of its rows: parallel workers then share
@@ -127,7 +163,7 @@ def build(config: RunConfig) -> Built:
     order = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
     bounds = torch.tensor([0] + [len(idx) for idx in parts]).cumsum(0).tolist()
     slices = {k: (bounds[k], bounds[k + 1]) for k in range(len(parts))}
-    source = TensorClients(model, X[order], y[order], slices, Classification(), config.device)
+    source = TensorClients(model, X[order], y[order], slices, likelihood, config.device)
     make = make_algorithm_factory(config, model, source.sizes, source.likelihood)
     federation = Federation(
         model,
@@ -136,10 +172,18 @@ def build(config: RunConfig) -> Built:
         theta0,
         X_test.to(config.device),
         y_test.to(config.device),
-        Classification(),
+        likelihood,
         eval_set="val" if config.validation > 0 else "test",
     )
-    return Built(federation, settings_of(config), parts, y, num_classes)
+    return Built(federation, settings_of(config), parts, y, num_classes, outputs)
+
+
+def model_arguments(name: str, in_features: int, outputs: int) -> dict[str, int]:
+    """The zoo model's size arguments: its outputs (`num_classes`), and its inputs where it takes flat ones."""
+    arguments = {"num_classes": outputs}
+    if "in_features" in inspect.signature(MODELS[name]).parameters:
+        arguments["in_features"] = in_features
+    return arguments
 
 
 def _check_fits(config: RunConfig, model: FlatModel, theta0: Tensor, example: Tensor) -> None:
@@ -202,11 +246,13 @@ def run(
 
 
 def _write_split(config: RunConfig, built: Built) -> None:
-    """partition.json (each client's rows) and labels.png (the labels per client)."""
+    """partition.json (each client's rows) and, for class labels, labels.png (the labels per client)."""
     from bayesadmm.data.partitions import plot_label_distribution
     from bayesadmm.engine.loop import write_json
 
     write_json(config.run_dir() / "partition.json", {"clients": [idx.tolist() for idx in built.parts]})
+    if not built.num_classes:
+        return
     try:
         plot_label_distribution(
             built.train_labels,
@@ -223,11 +269,14 @@ __all__ = [
     "Built",
     "build",
     "run",
+    "Data",
     "load_data",
+    "model_arguments",
     "settings_of",
     "make_algorithm_factory",
     "SUBSAMPLE",
     "PARTITION",
     "INIT",
     "VALIDATION",
+    "TEST_SPLIT",
 ]

@@ -1,9 +1,11 @@
 """Run configuration: defaults < scenario preset < config file < command line, every key checked.
 
-A run is described by a `RunConfig` (what data, split, model, method, schedule) plus the method's hyperparameters
-(`hparams`), whose valid names and types are read off the method's factory signature in the registry, so a new
-algorithm needs no config code. Unknown keys and values of the wrong type are errors that list the valid keys; the
-resolved configuration is saved with the run.
+A run is described by a `RunConfig` (what data, split, model, likelihood, method, schedule) plus the method's
+hyperparameters (`hparams`), whose valid names and types are read off the method's factory signature in the
+registry, so a new algorithm needs no config code, and the likelihood's parameters (`likelihood_params`, set as
+`likelihood.KEY=VALUE`), read off its dataclass likewise. This is the one place where likelihood names become classes
+(`LIKELIHOODS`). Unknown keys and values of the wrong type are errors that list the valid keys; the resolved
+configuration is saved with the run.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from bayesadmm import likelihoods
 from bayesadmm.algorithms import REGISTRY
 from bayesadmm.engine.loop import check_device
+from bayesadmm.likelihoods import Likelihood
 from bayesadmm.tracking import TRACKERS, available
 
 # Passed by the engine, never set by users.
@@ -39,6 +43,7 @@ class RunConfig:
     classes_per_client: int = 2
     per_class: int = 300
     model: str = "mlp"
+    likelihood: str = "classification"  # the observation model p(y | f): a name of LIKELIHOODS
     method: str = "ivon-admm"
     rounds: int = 50
     stop_at: int = 0  # stop after this round (0: after `rounds`); schedules still span `rounds`
@@ -55,6 +60,7 @@ class RunConfig:
     out: str = ""  # run directory (default runs/<scenario>-<method>-s<seed>)
     log: str = ""  # also send each round's metrics to: tensorboard, mlflow or both ("tensorboard,mlflow")
     hparams: dict = field(default_factory=dict)
+    likelihood_params: dict = field(default_factory=dict)  # the likelihood's settings, e.g. {"noise": 0.5}
 
     def run_dir(self) -> Path:
         return Path(self.out) if self.out else Path("runs") / f"{self.scenario}-{self.method}-s{self.seed}"
@@ -66,10 +72,33 @@ class RunConfig:
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
 
+    def make_likelihood(self) -> Likelihood:
+        """The configured likelihood object, e.g. `GaussianRegression(noise=0.5)` for likelihood "gaussian"."""
+        return make_likelihood(self.likelihood, self.likelihood_params)
 
-GENERAL_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name != "hparams")
+
+GENERAL_KEYS = tuple(f.name for f in dataclasses.fields(RunConfig) if f.name not in ("hparams", "likelihood_params"))
 PREPROCESSING = ("raw", "scaled")
-DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100")
+# dataset -> the kinds of targets it can give: class labels ("classes"), standardised real numbers ("real") or
+# non-negative integer counts ("counts"); the likelihood chooses among them (`TARGETS`)
+DATASETS: dict[str, tuple[str, ...]] = {
+    "fashion-mnist": ("classes",),
+    "mnist": ("classes",),
+    "cifar10": ("classes",),
+    "cifar100": ("classes",),
+    "diabetes": ("real", "counts"),  # scikit-learn's diabetes regression set: progression scores 25-346
+}
+# likelihood name -> its class in bayesadmm.likelihoods; Poisson only where that module has it
+_POISSON = getattr(likelihoods, "Poisson", None)
+LIKELIHOODS: dict[str, type] = {
+    "classification": likelihoods.Classification,
+    "gaussian": likelihoods.GaussianRegression,
+    **({"poisson": _POISSON} if _POISSON is not None else {}),
+}
+# likelihood name -> the targets it models (a kind of DATASETS)
+TARGETS = {"classification": "classes", "gaussian": "real", "poisson": "counts"}
+# likelihood name -> the metric `bayesadmm tune` scores trials by unless told (as val_<metric>)
+TUNING_METRIC = {"classification": "acc", "gaussian": "rmse", "poisson": "nll"}
 
 
 class ConfigError(ValueError):
@@ -93,6 +122,30 @@ def method_parameters(method: str) -> dict[str, inspect.Parameter]:
     if "cosine_rounds" in params:
         user["cosine"] = inspect.Parameter("cosine", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool")
     return user
+
+
+def likelihood_parameters(name: str) -> dict[str, inspect.Parameter]:
+    """The settings of a likelihood: its dataclass's fields (e.g. GaussianRegression's `noise`)."""
+    if name not in LIKELIHOODS:
+        raise ConfigError(f"unknown likelihood {name!r}; valid: {', '.join(LIKELIHOODS)}")
+    return dict(inspect.signature(LIKELIHOODS[name]).parameters)
+
+
+def make_likelihood(name: str, params: typing.Mapping[str, object]) -> Likelihood:
+    """The likelihood `name` with the settings `params` (already typed); a bad value is a `ConfigError`."""
+    valid = likelihood_parameters(name)
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        keys = ", ".join(f"likelihood.{k}" for k in valid) or "(none)"
+        raise ConfigError(f"likelihood {name} has no setting {', '.join(unknown)}; valid: {keys}")
+    missing = [k for k, p in valid.items() if p.default is inspect.Parameter.empty and k not in params]
+    if missing:
+        example = " ".join(f"likelihood.{k}=VALUE" for k in missing)
+        raise ConfigError(f"likelihood {name} needs {', '.join(missing)}: set it as {example}")
+    try:
+        return LIKELIHOODS[name](**params)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"likelihood {name}: {exc}") from None
 
 
 def _kinds(param: inspect.Parameter, value) -> tuple[type, ...]:
@@ -179,10 +232,15 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
 
     method_table = base.pop("methods", {})
     file_hparams = base.pop("hparams", {})
+    file_likelihood_params = base.pop("likelihood_params", {})
     if not isinstance(method_table, dict) or not all(isinstance(v, dict) for v in method_table.values()):
         raise ConfigError(f'"methods" in {source} must map a method name to an object of its hyperparameters')
     if not isinstance(file_hparams, dict):
         raise ConfigError(f'"hparams" in {source} must be an object of hyperparameters, e.g. {{"lr": 0.001}}')
+    if not isinstance(file_likelihood_params, dict):
+        raise ConfigError(
+            f'"likelihood_params" in {source} must be an object of the likelihood\'s settings, e.g. {{"noise": 0.5}}'
+        )
     pairs = []
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -191,6 +249,11 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
         pairs.append((key.strip(), value.strip()))
     method = str(dict(pairs).get("method", base.get("method", RunConfig.method)))
     hparam_specs = method_parameters(method)
+    file_likelihood = str(base.get("likelihood", RunConfig.likelihood))
+    likelihood = str(dict(pairs).get("likelihood", file_likelihood))
+    likelihood_specs = likelihood_parameters(likelihood)
+    # the file's likelihood settings belong to the file's likelihood: another one named here starts from its own
+    likelihood_params = dict(file_likelihood_params) if likelihood == file_likelihood else {}
 
     general, changed = {}, []
     for key, value in base.items():
@@ -203,10 +266,15 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
             general[key] = value
         elif key in hparam_specs:
             hparams[key] = value
+        elif key.startswith("likelihood."):
+            likelihood_params[key.removeprefix("likelihood.")] = value
+        elif key in likelihood_specs:
+            raise ConfigError(f"unknown key {key!r}: a setting of likelihood {likelihood} is set as likelihood.{key}=")
         else:
             raise ConfigError(
                 f"unknown key {key!r}; valid keys: {', '.join(GENERAL_KEYS)}; "
-                f"{method} hyperparameters: {', '.join(sorted(hparam_specs)) or '(none)'}"
+                f"{method} hyperparameters: {', '.join(sorted(hparam_specs)) or '(none)'}; "
+                f"likelihood settings: {', '.join(f'likelihood.{k}' for k in likelihood_specs) or '(none)'}"
             )
         changed.append(f"{key}={value}")
 
@@ -223,9 +291,16 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
     missing = sorted(k for k, p in hparam_specs.items() if p.default is inspect.Parameter.empty and k not in hparams)
     if missing:
         raise ConfigError(f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE)")
-    config = RunConfig(**typed, hparams=hparams)
+    for key, value in likelihood_params.items():
+        if key in likelihood_specs:
+            likelihood_params[key] = _convert(f"likelihood.{key}", value, _kinds(likelihood_specs[key], value))
+    config = RunConfig(**typed, hparams=hparams, likelihood_params=likelihood_params)
+    config.make_likelihood()  # its settings: known, complete and valid
     _validate(config)
     return config, changed
+
+
+_TARGET_WORDS = {"classes": "class labels", "real": "real-valued targets", "counts": "count targets"}
 
 
 def _validate(config: RunConfig) -> None:
@@ -233,9 +308,21 @@ def _validate(config: RunConfig) -> None:
     from bayesadmm.models import MODELS
 
     problems = []
-    for key, valid in (("dataset", DATASETS), ("partition", tuple(PARTITIONS)), ("model", tuple(MODELS))):
+    for key, valid in (("dataset", tuple(DATASETS)), ("partition", tuple(PARTITIONS)), ("model", tuple(MODELS))):
         if getattr(config, key) not in valid:
             problems.append(f"unknown {key} {getattr(config, key)!r}; valid: {', '.join(valid)}")
+    targets = TARGETS[config.likelihood]
+    if config.dataset in DATASETS and targets not in DATASETS[config.dataset]:
+        fitting = [name for name in LIKELIHOODS if TARGETS[name] in DATASETS[config.dataset]]
+        problems.append(
+            f"likelihood {config.likelihood} models {_TARGET_WORDS[targets]}, which dataset {config.dataset} does "
+            f"not have; use likelihood={' or likelihood='.join(fitting)}, or another dataset"
+        )
+    if "classes" not in DATASETS.get(config.dataset, ("classes",)) and config.partition != "iid":
+        problems.append(
+            f"partition {config.partition} splits by class labels, which dataset {config.dataset} does not have; "
+            "use partition=iid"
+        )
     for key in ("alpha1", "alpha2"):
         if not 0 < getattr(config, key) < math.inf:
             problems.append(f"{key} must be a finite number > 0, got {getattr(config, key)}")

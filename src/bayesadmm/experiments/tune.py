@@ -3,7 +3,8 @@
     bayesadmm tune fmnist-heterog10 method=fedprox rounds=20 --trials 20 --out runs/tune-fedprox
 
 Each trial is a run (`experiments.build.run`) with `validation=` a held-out part of the training set (0.1 unless
-set), scored by its validation metric at its last round (`val_acc`, maximised, by default). A trial reports its
+set), scored by its validation metric at its last round (by default the likelihood's `config.TUNING_METRIC`:
+`val_acc`, maximised, for classification; `val_rmse`, minimised, for Gaussian regression). A trial reports its
 metric every round, and Optuna's median pruner stops a trial whose curve is below the median of the earlier trials'
 at the same round (after a few rounds and trials), so hopeless settings cost little.
 
@@ -29,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from bayesadmm.experiments.config import ConfigError, RunConfig, method_parameters, resolve
+from bayesadmm.experiments.config import TUNING_METRIC, ConfigError, RunConfig, method_parameters, resolve
 
 STUDY = "tune"
 
@@ -119,7 +120,7 @@ class Tuning:
     out: Path
     trials: int = 20
     round_budget: int = 0  # > 0: stop once the trials have run this many rounds in all
-    metric: str = "val_acc"
+    metric: str = ""  # "": the likelihood's (config.TUNING_METRIC), e.g. val_acc for classification
     heartbeat: int = 5  # seconds; a trial silent for three of them is taken as killed and tried again
     on_trial: Callable[[Any], None] | None = None  # called with each finished Optuna trial
     base: RunConfig = field(init=False)
@@ -131,6 +132,7 @@ class Tuning:
         self.base, _ = resolve(self.scenario, self.fixed)
         if self.base.validation <= 0:
             raise ConfigError("tuning chooses on a validation split: set validation= in (0, 1), e.g. 0.1")
+        self.metric = self.metric or f"val_{TUNING_METRIC[self.base.likelihood]}"
         if not self.metric.startswith("val_"):
             raise ConfigError(f"the metric is a validation one (val_acc, val_nll, ...), got {self.metric!r}")
 

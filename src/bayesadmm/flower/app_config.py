@@ -237,7 +237,10 @@ def model_of(setup: Mapping[str, Any]) -> tuple[FlatModel, Callable[[], torch.Te
 
 
 def likelihood_of(setup: Mapping[str, Any]) -> Likelihood:
-    """``classification`` or ``regression:NOISE`` (a Gaussian likelihood with that noise scale)."""
+    """A preset run's likelihood is its RunConfig's (``likelihood=``, ``likelihood.KEY=`` in its overrides); a run of
+    your own model names ``classification`` or ``regression:NOISE`` (a Gaussian likelihood with that noise scale)."""
+    if "preset" in setup:
+        return RunConfig(**setup["preset"]).make_likelihood()
     name = str(setup.get("likelihood", "classification"))
     if name == "classification":
         return Classification()
@@ -271,15 +274,12 @@ def preset_federation(run: FlowerRun) -> tuple[Federation, Callable[[Path], None
     """A preset run's Federation (built as a local run builds it), what to record in the run directory on a fresh
     start (partition.json, labels.png), and the setup completed with the preset model's arguments (so a node with a
     file of its own builds the model without the preset's data)."""
-    from bayesadmm.experiments.build import _write_split, build
+    from bayesadmm.experiments.build import _write_split, build, model_arguments
 
     preset = run.preset
     assert preset is not None
     built = build(preset)
-    features = int(built.federation.eval_X[0].numel())
-    kwargs = {"num_classes": built.num_classes}
-    if preset.model in ("mlp", "logistic"):
-        kwargs["in_features"] = features
+    kwargs = model_arguments(preset.model, int(built.federation.eval_X[0].numel()), built.outputs)
     setup = {**run.setup, "zoo": {"name": preset.model, "kwargs": kwargs}}
     return built.federation, lambda run_dir: _write_split(preset, built), setup
 

@@ -38,7 +38,6 @@ from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records
 from bayesadmm.flower.app_config import algorithm_of, likelihood_of, model_of
 from bayesadmm.flower.loaders import node_data, preset_slice
-from bayesadmm.likelihoods import Classification
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # a node process that serves several rounds builds its objects once (keys: the setup and its node config)
@@ -93,7 +92,7 @@ def client_data(text: str, setup: Mapping[str, Any], node_config: Mapping[str, A
             data = None
             if node_config.get("data") or node_config.get("loader"):
                 model, _ = model_of(setup)  # the preset's model, from the arguments the server sent
-                data = node_data(node_config, model, Classification(), setup["device"], k)
+                data = node_data(node_config, model, likelihood_of(setup), setup["device"], k)
             if data is None:
                 data_dir = str(node_config.get(p.DATA_DIR, "") or os.environ.get("BAYESADMM_DATA", "") or "")
                 data = preset_slice(setup["preset"], k, data_dir)

@@ -15,7 +15,7 @@ from torch.nn import functional as F
 
 from .functional import FlatModel
 
-__all__ = ["MODELS", "make_model", "mlp", "logistic", "zenke_cnn", "acar_cnn", "resnet20"]
+__all__ = ["MODELS", "make_model", "mlp", "small_mlp", "logistic", "zenke_cnn", "acar_cnn", "resnet20"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"sigmoid": nn.Sigmoid, "relu": nn.ReLU, "tanh": nn.Tanh}
 
@@ -42,6 +42,12 @@ def mlp(
     if activation not in _ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; valid: {', '.join(sorted(_ACTIVATIONS))}")
     return FlatModel(partial(_build_mlp, in_features, tuple(hidden), num_classes, activation))
+
+
+def small_mlp(in_features: int = 10, num_classes: int = 1, hidden: int = 50) -> FlatModel:
+    """One hidden layer of ``hidden`` tanh units, ``in_features → hidden → num_classes``: for tabular data such as
+    the diabetes set (10 features, one regression output: 601 parameters)."""
+    return mlp(in_features, (hidden,), num_classes, "tanh")
 
 
 def _build_logistic(in_features: int, num_classes: int) -> nn.Module:
@@ -201,6 +207,7 @@ def resnet20(num_classes: int = 100, in_channels: int = 3, groups: int = 2) -> F
 MODELS: dict[str, Callable[..., FlatModel]] = {
     "mlp": mlp,
     "logistic": logistic,
+    "small-mlp": small_mlp,
     "zenke-cnn": zenke_cnn,
     "acar-cnn": acar_cnn,
     "resnet20": resnet20,
