@@ -4,6 +4,7 @@ gives the numbers of an uninterrupted one, and a folder of another configuration
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -87,6 +88,27 @@ def test_a_killed_sweep_goes_on_to_the_uninterrupted_numbers(tmp_path, data_dir)
     for seed in ("seed=0", "seed=1"):
         assert _metrics(out / seed) == _metrics(reference / seed)
     assert "resume" in (out / "logs" / "seed=0.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_with_9_takes_its_run_along_and_goes_on_at_once(tmp_path, data_dir, capsys):
+    out = tmp_path / "killed"
+    args = _sweep(out, data_dir, "rounds=20", "workers=1")
+    sweep = subprocess.Popen([sys.executable, "-m", "bayesadmm", *args], stdout=subprocess.DEVNULL)
+    status, lock = out / "seed=0" / "status.json", out / "seed=0" / ".lock"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and sweep.poll() is None:  # until the run is in the middle of its rounds
+        if status.exists() and 1 <= json.loads(status.read_text())["round"] < 15:
+            break
+        time.sleep(0.05)
+    child = int(lock.read_text().split()[1])  # "process PID on HOST since ..."
+    sweep.kill()
+    sweep.wait()
+    assert cli.main(args) == 0  # not refused as "in use" by the orphan
+    assert "runs: 2 completed" in capsys.readouterr().out
+    assert json.loads(status.read_text())["status"] == "completed"
+    with pytest.raises(ProcessLookupError):  # the run of the killed sweep has ended
+        os.kill(child, 0)
 
 
 def test_a_user_error_in_a_run_stops_the_sweep(tmp_path, capsys):

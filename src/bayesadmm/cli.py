@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 import time
@@ -247,6 +248,10 @@ def _run(args) -> int:
     from bayesadmm.likelihoods import MissingCurvatureError
 
     resume = args.command == "resume"
+    if os.environ.get("BAYESADMM_SWEEP_PID", "").isdigit():  # a run of a sweep: it ends with the sweep
+        from bayesadmm.experiments.sweep import end_with_parent
+
+        end_with_parent(int(os.environ["BAYESADMM_SWEEP_PID"]))
     try:  # everything about the configuration is checked before the run directory is touched
         if resume:
             if not (args.run_dir / "checkpoint.pt").exists():

@@ -12,6 +12,10 @@ what happens to it, so a sweep killed at any moment and started again loses noth
     nothing finished                                              -> started (again)
     a run of another configuration                                -> refused before anything starts
 
+A child ends with the sweep however the sweep ends (`kill -9` included: each child asks the kernel for a SIGTERM
+when its parent dies, and checkpoints on it), and a sweep started again waits for the runs of its folder that are
+still ending before it looks at them.
+
 The cores are shared, never oversubscribed: `jobs` runs at a time, each with `workers = cores // jobs` worker
 processes (one run using every core by default). A child's exit 2 (a user error, e.g. a missing data folder) stops
 the sweep from starting more runs: the others would fail the same way. At the end, `compare` makes the table of the
@@ -25,9 +29,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,11 +41,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bayesadmm.engine.loop import Interrupted
+from bayesadmm.engine.rundir import RunDirError, locked
 from bayesadmm.engine.workers import default_workers
 from bayesadmm.experiments.config import ConfigError, RunConfig, resolve
 from bayesadmm.reports import setting_of
 
 FINAL = ("completed", "diverged")
+PARENT = "BAYESADMM_SWEEP_PID"  # set in a child's environment: the sweep it must not outlive
 
 
 @dataclass(frozen=True)
@@ -218,6 +226,8 @@ class Sweep:
             signal.signal(signal.SIGTERM, previous)
 
     def _run(self) -> list[Outcome]:
+        for point in self.points:  # the children of a sweep killed just before are still checkpointing
+            _wait_until_free(point.run_dir)
         plans = {p: what_to_do(p) for p in self.points}
         self._totals = {p: p.config.stop_at or p.config.rounds for p in self.points}
         refused = [plan for plan in plans.values() if plan.startswith("refuse")]
@@ -270,12 +280,55 @@ class Sweep:
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
             # a process group of its own: a Ctrl-C in the terminal reaches the sweep only, which stops each child once
-            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, PARENT: str(os.getpid())},  # the child ends with this process (end_with_parent)
+            )
 
     def _rounds(self) -> tuple[int, int]:
         """Rounds finished over the whole grid, and rounds in it."""
         done = sum(min(_round_of(p.run_dir), total) for p, total in self._totals.items())
         return done, sum(self._totals.values())
+
+
+def end_with_parent(parent: int) -> None:
+    """Have this process (a sweep's child) get a SIGTERM when `parent`, the sweep, ends, however it ends: a sweep
+    killed with -9 cannot stop its children itself, and an orphan would hold its run's folder. Linux's
+    PR_SET_PDEATHSIG where there is one; elsewhere a thread that looks for the parent every second."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM)) == 0:
+            if os.getppid() != parent:  # the parent ended before the request: nothing would send the signal
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="bayesadmm-parent-watch", daemon=True).start()
+
+
+def _wait_until_free(folder: Path, timeout: float = 60.0) -> None:
+    """Wait until no process holds the run folder's lock (a run that got its SIGTERM writes its checkpoint first);
+    a ConfigError naming the holder if it still does after `timeout` seconds."""
+    if not (folder / ".lock").exists():
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with locked(folder):
+                return
+        except RunDirError as exc:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"{exc} (waited {timeout:.0f} s)") from None
+            time.sleep(0.2)
 
 
 def _round_of(folder: Path) -> int:
@@ -313,4 +366,6 @@ __all__ = [
     "points",
     "what_to_do",
     "run_dirs",
+    "end_with_parent",
+    "PARENT",
 ]
