@@ -144,6 +144,30 @@ def test_a_sweep_file_of_several_grids_names_each_point_by_what_varies_over_all(
         points(twice, tmp_path)
 
 
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": 3}}, r'grid.seed is a list .* goes in "set"'),
+        ({"scenario": "fmnist-heterog10", "grid": [["seed", [0, 1]]]}, '"grid" is an object'),
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": []}}, "grid.seed has no values"),
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": ""}}, "grid.seed has no values"),
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": "3:3"}}, "grid.seed: the range '3:3' is empty"),
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": [[0, 1]]}}, "grid.seed is a list of values"),
+        ({"scenario": [], "grid": {"seed": "0:2"}}, '"scenario" is a scenario or a non-empty list'),
+        ({"scenario": "fmnist-heterog10", "set": {"lr": [0.1]}}, "set.lr is one value"),
+        ([], "holds no grid"),
+    ],
+)
+def test_a_malformed_sweep_file_is_one_line_naming_the_file_and_key(tmp_path, capsys, spec, message):
+    sweep_file = tmp_path / "table.json"
+    sweep_file.write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match=message):
+        read_sweep_file(sweep_file)
+    assert cli.main(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(sweep_file) in err and not (tmp_path / "out").exists()
+
+
 def test_the_committed_sweep_files_expand(tmp_path):
     expected = {
         "fmnist-heterog10.json": 8 * 3 + 3,

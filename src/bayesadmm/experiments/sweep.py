@@ -114,6 +114,8 @@ def read_sweep_file(path: Path) -> list[Grid]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the sweep file {path}: {exc}") from None
     specs = spec if isinstance(spec, list) else [spec]
+    if not specs:
+        raise ConfigError(f"{path} holds no grid; a sweep file is one grid object or a non-empty list of them")
     grids = []
     for one in specs:
         if not isinstance(one, dict) or "scenario" not in one or not set(one) <= {"scenario", "grid", "set"}:
@@ -122,13 +124,44 @@ def read_sweep_file(path: Path) -> list[Grid]:
                 " or a list of such objects"
             )
         scenarios = one["scenario"] if isinstance(one["scenario"], list) else [one["scenario"]]
+        if not scenarios or not all(isinstance(s, str) and s.strip() for s in scenarios):
+            raise ConfigError(f'{path}: "scenario" is a scenario or a non-empty list of them, got {one["scenario"]!r}')
+        for part in ("grid", "set"):
+            if not isinstance(one.get(part, {}), dict):
+                raise ConfigError(f'{path}: "{part}" is an object of KEY: values, got {one[part]!r}')
         axes: dict[str, list[str]] = {}
-        for key, given in dict(one.get("grid", {})).items():
-            axes[key] = values(given) if isinstance(given, str) else [_text(v) for v in given]
-        for key, value in dict(one.get("set", {})).items():
+        for key, given in one.get("grid", {}).items():
+            axes[key] = _axis(path, key, given)
+        for key, value in one.get("set", {}).items():
+            if not _scalar(value):
+                raise ConfigError(f"{path}: set.{key} is one value (a number, a string or true/false), got {value!r}")
             axes[key] = [_text(value)]
         grids.append(Grid([str(s) for s in scenarios], axes))
     return grids
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, (str, int, float, bool))
+
+
+def _axis(path: Path, key: str, given) -> list[str]:
+    """A sweep file's grid axis: "a,b,c" or "start:stop", or a list of values; refused where it has none (a grid
+    with an empty axis has no points) or is not one of these (a single number belongs in "set")."""
+    if isinstance(given, str):
+        try:
+            found = values(given)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: grid.{key}: {exc}") from None
+    elif isinstance(given, list) and all(_scalar(v) for v in given):
+        found = [_text(v) for v in given]
+    else:
+        raise ConfigError(
+            f'{path}: grid.{key} is a list of values or "a,b,c" / "start:stop", got {given!r}'
+            + (f' (one value goes in "set": {{"{key}": {given!r}}})' if _scalar(given) else "")
+        )
+    if not found:
+        raise ConfigError(f"{path}: grid.{key} has no values; give at least one, or leave the key out")
+    return found
 
 
 def is_sweep_file(path: Path) -> bool:
