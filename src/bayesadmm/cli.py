@@ -409,8 +409,14 @@ def _compare(args) -> int:
             if not sep or not key or not values:
                 raise ValueError(f"--only takes KEY=a,b,c, got {pair!r}")
             only[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+        if args.out is not None:  # before any run is read: a folder that cannot be made is a one-line error
+            try:
+                args.out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                reason = exc.strerror or exc
+                raise ValueError(f"--out {args.out} cannot be created ({reason}); choose another folder") from None
         print(compare(args.sources, rounds, args.out, paper=args.paper, only=only))
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # OSError: a source that cannot be read, or a file of --out not written
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
     if args.out:
