@@ -109,3 +109,14 @@ def test_an_out_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
     assert cli.main(["compare", str(tmp_path / "a"), "--rounds", "3", "--out", str(tmp_path / "file" / "out")]) == 2
     err = capsys.readouterr().err
     assert f"--out {tmp_path / 'file' / 'out'} cannot be created" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("rounds", ["banana", "0", ","])
+def test_table_rounds_that_are_not_round_numbers_are_one_line(tmp_path, capsys, rounds):
+    from bayesadmm import cli
+
+    _run(tmp_path / "a", 0.5)
+    assert cli.main(["compare", str(tmp_path / "a"), "--rounds", rounds]) == 2
+    assert f"--rounds takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {rounds!r}" in (
+        capsys.readouterr().err
+    )

@@ -311,7 +311,7 @@ def _sweep(args) -> int:
     try:
         if args.jobs < 1:
             raise ConfigError("--jobs must be at least 1")
-        table_rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
+        table_rounds = _table_rounds(args.rounds)
         given = grid(args.axes)  # added to (or replacing) every grid's axes
         if is_sweep_file(Path(args.source)):
             grids = [Grid(g.scenarios, {**g.axes, **given}) for g in read_sweep_file(Path(args.source))]
@@ -398,11 +398,22 @@ def _tune(args) -> int:
     return 0
 
 
+def _table_rounds(text: str) -> list[int]:
+    """--rounds of a table: round numbers >= 1, comma-separated."""
+    try:
+        rounds = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        rounds = []
+    if not rounds or min(rounds) < 1:
+        raise ValueError(f"--rounds takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {text!r}")
+    return rounds
+
+
 def _compare(args) -> int:
     from bayesadmm.reports import compare
 
     try:
-        rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
+        rounds = _table_rounds(args.rounds)
         only = {}
         for pair in args.only:
             key, sep, values = pair.partition("=")
