@@ -23,8 +23,8 @@ def _rows(table: str) -> dict[str, list[str]]:
 
 def test_runs_of_different_settings_are_separate_rows(tmp_path):
     _run(tmp_path / "a", 0.5, seed=0)
-    _run(tmp_path / "b", 0.7, seed=1, workers=2, out="elsewhere")   # a seed of the same setting
-    _run(tmp_path / "c", 0.9, seed=0, data_fraction=0.5)              # not a seed: another setting
+    _run(tmp_path / "b", 0.7, seed=1, workers=2, out="elsewhere")  # a seed of the same setting
+    _run(tmp_path / "c", 0.9, seed=0, data_fraction=0.5)  # not a seed: another setting
     _run(tmp_path / "d", 0.3, seed=0, scenario="other")
     rows = _rows(compare([tmp_path / n for n in "abcd"], [3]))
     assert rows["fedavg [data_fraction=1.0, scenario=toy] (m_g)"][:2] == ["2", "60.0 ± 14.1"]
@@ -105,3 +105,46 @@ def test_compare_tabulates_regression_metrics_labels_noise_and_refuses_mixed_run
     _regression_run(tmp_path / "d", "fedavg", 0, {"test_acc": 0.25, "test_nll": 0.5, "test_ece": 0.1})
     with pytest.raises(ValueError, match="measured different metrics"):
         compare([tmp_path / "a", tmp_path / "d"], [3])
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (
+            lambda d: (d / "metrics.jsonl").write_text('{"round": 1, "test_acc": 0.5}\n{"round": 2, "te'),
+            "metrics.jsonl:2",
+        ),
+        (lambda d: (d / "config.json").write_text('{"method": "fedav'), "config.json is not valid JSON"),
+        (lambda d: (d / "config.json").write_text("[1, 2]"), "config.json holds a list, not a JSON object"),
+        (lambda d: (d / "status.json").write_text("{"), "status.json is not valid JSON"),
+    ],
+)
+def test_a_damaged_run_file_is_one_line_naming_it(tmp_path, capsys, damage, named):
+    from bayesadmm import cli
+
+    _run(tmp_path / "a", 0.5)
+    damage(tmp_path / "a")
+    assert cli.main(["compare", str(tmp_path / "a"), "--rounds", "3"]) == 2
+    err = capsys.readouterr().err
+    assert named in err and str(tmp_path / "a") in err and err.count("\n") == 1
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    from bayesadmm import cli
+
+    _run(tmp_path / "a", 0.5)
+    (tmp_path / "file").write_text("")
+    assert cli.main(["compare", str(tmp_path / "a"), "--rounds", "3", "--out", str(tmp_path / "file" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'file' / 'out'} cannot be created" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("rounds", ["banana", "0", ","])
+def test_table_rounds_that_are_not_round_numbers_are_one_line(tmp_path, capsys, rounds):
+    from bayesadmm import cli
+
+    _run(tmp_path / "a", 0.5)
+    assert cli.main(["compare", str(tmp_path / "a"), "--rounds", rounds]) == 2
+    assert f"--rounds takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {rounds!r}" in (
+        capsys.readouterr().err
+    )

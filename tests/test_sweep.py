@@ -4,6 +4,7 @@ gives the numbers of an uninterrupted one, and a folder of another configuration
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -89,6 +90,27 @@ def test_a_killed_sweep_goes_on_to_the_uninterrupted_numbers(tmp_path, data_dir)
     assert "resume" in (out / "logs" / "seed=0.log").read_text()
 
 
+@pytest.mark.slow
+def test_a_sweep_killed_with_9_takes_its_run_along_and_goes_on_at_once(tmp_path, data_dir, capsys):
+    out = tmp_path / "killed"
+    args = _sweep(out, data_dir, "rounds=20", "workers=1")
+    sweep = subprocess.Popen([sys.executable, "-m", "bayesadmm", *args], stdout=subprocess.DEVNULL)
+    status, lock = out / "seed=0" / "status.json", out / "seed=0" / ".lock"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and sweep.poll() is None:  # until the run is in the middle of its rounds
+        if status.exists() and 1 <= json.loads(status.read_text())["round"] < 15:
+            break
+        time.sleep(0.05)
+    child = int(lock.read_text().split()[1])  # "process PID on HOST since ..."
+    sweep.kill()
+    sweep.wait()
+    assert cli.main(args) == 0  # not refused as "in use" by the orphan
+    assert "runs: 2 completed" in capsys.readouterr().out
+    assert json.loads(status.read_text())["status"] == "completed"
+    with pytest.raises(ProcessLookupError):  # the run of the killed sweep has ended
+        os.kill(child, 0)
+
+
 def test_a_user_error_in_a_run_stops_the_sweep(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -120,6 +142,30 @@ def test_a_sweep_file_of_several_grids_names_each_point_by_what_varies_over_all(
     twice = [Grid(["fmnist-heterog10"], {"seed": ["0"]})] * 2
     with pytest.raises(ConfigError, match="has the point run twice"):
         points(twice, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": 3}}, r'grid.seed is a list .* goes in "set"'),
+        ({"scenario": "fmnist-heterog10", "grid": [["seed", [0, 1]]]}, '"grid" is an object'),
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": []}}, "grid.seed has no values"),
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": ""}}, "grid.seed has no values"),
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": "3:3"}}, "grid.seed: the range '3:3' is empty"),
+        ({"scenario": "fmnist-heterog10", "grid": {"seed": [[0, 1]]}}, "grid.seed is a list of values"),
+        ({"scenario": [], "grid": {"seed": "0:2"}}, '"scenario" is a scenario or a non-empty list'),
+        ({"scenario": "fmnist-heterog10", "set": {"lr": [0.1]}}, "set.lr is one value"),
+        ([], "holds no grid"),
+    ],
+)
+def test_a_malformed_sweep_file_is_one_line_naming_the_file_and_key(tmp_path, capsys, spec, message):
+    sweep_file = tmp_path / "table.json"
+    sweep_file.write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match=message):
+        read_sweep_file(sweep_file)
+    assert cli.main(["sweep", str(sweep_file), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(sweep_file) in err and not (tmp_path / "out").exists()
 
 
 def test_the_committed_sweep_files_expand(tmp_path):

@@ -4,6 +4,7 @@ goes on from its run's checkpoint with the same values), and every declared sear
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -93,3 +94,22 @@ def test_the_cli_refuses_a_tune_without_a_validation_split(tmp_path, capsys, dat
     args = ["tune", "fmnist-heterog10", *_fixed(data_dir, 2), "validation=0", "--out", str(tmp_path / "t")]
     assert cli.main(args) == 2
     assert "tuning chooses on a validation split" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--space", "lr=banana"], "--space lr=banana: lr must be float, got 'banana'"),
+        (["--space", "epochs=range:1:3"], "--space epochs=range:1:3: epochs must be int.*list whole ones"),
+        (["--space", "lr=log:1e-3:inf"], "--space lr=log:1e-3:inf: .*need finite numbers"),
+        (["--space", "lr=log:1e-1:1e-3"], "need finite numbers low < high"),
+        (["--space", "lr=range:a:b"], "--space lr: range:LOW:HIGH with two numbers"),
+        (["--space", "lr=,"], "--space lr: no values"),
+        (["--metric", "val_foo"], "--metric val_foo: the runs report no such .*choose val_acc, val_brier"),
+    ],
+)
+def test_the_cli_checks_the_space_and_metric_before_the_study_exists(tmp_path, capsys, data_dir, extra, message):
+    out = tmp_path / "t"
+    assert cli.main(["tune", "fmnist-heterog10", *_fixed(data_dir, 2), "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1 and not out.exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import signal
 import sys
 import time
@@ -255,6 +256,10 @@ def _run(args) -> int:
     from bayesadmm.likelihoods import MissingCurvatureError
 
     resume = args.command == "resume"
+    if os.environ.get("BAYESADMM_SWEEP_PID", "").isdigit():  # a run of a sweep: it ends with the sweep
+        from bayesadmm.experiments.sweep import end_with_parent
+
+        end_with_parent(int(os.environ["BAYESADMM_SWEEP_PID"]))
     try:  # everything about the configuration is checked before the run directory is touched
         if resume:
             if not (args.run_dir / "checkpoint.pt").exists():
@@ -314,7 +319,7 @@ def _sweep(args) -> int:
     try:
         if args.jobs < 1:
             raise ConfigError("--jobs must be at least 1")
-        table_rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
+        table_rounds = _table_rounds(args.rounds)
         given = grid(args.axes)  # added to (or replacing) every grid's axes
         if is_sweep_file(Path(args.source)):
             grids = [Grid(g.scenarios, {**g.axes, **given}) for g in read_sweep_file(Path(args.source))]
@@ -401,19 +406,36 @@ def _tune(args) -> int:
     return 0
 
 
+def _table_rounds(text: str) -> list[int]:
+    """--rounds of a table: round numbers >= 1, comma-separated."""
+    try:
+        rounds = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        rounds = []
+    if not rounds or min(rounds) < 1:
+        raise ValueError(f"--rounds takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {text!r}")
+    return rounds
+
+
 def _compare(args) -> int:
     from bayesadmm.reports import compare
 
     try:
-        rounds = [int(r) for r in args.rounds.split(",") if r.strip()]
+        rounds = _table_rounds(args.rounds)
         only = {}
         for pair in args.only:
             key, sep, values = pair.partition("=")
             if not sep or not key or not values:
                 raise ValueError(f"--only takes KEY=a,b,c, got {pair!r}")
             only[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+        if args.out is not None:  # before any run is read: a folder that cannot be made is a one-line error
+            try:
+                args.out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                reason = exc.strerror or exc
+                raise ValueError(f"--out {args.out} cannot be created ({reason}); choose another folder") from None
         print(compare(args.sources, rounds, args.out, paper=args.paper, only=only))
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:  # OSError: a source that cannot be read, or a file of --out not written
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
     if args.out:

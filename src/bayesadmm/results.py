@@ -38,14 +38,10 @@ def load_run(run_dir: Path) -> Run:
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").exists():
         raise FileNotFoundError(f"{run_dir} is not a run directory (no config.json)")
-    config = json.loads((run_dir / "config.json").read_text())
+    config = _json_object(run_dir / "config.json")
     metrics_file, status_file = run_dir / "metrics.jsonl", run_dir / "status.json"
-    history = (
-        [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-        if metrics_file.exists()
-        else []
-    )
-    status = json.loads(status_file.read_text()) if status_file.exists() else {}
+    history = _metrics(metrics_file) if metrics_file.exists() else []
+    status = _json_object(status_file) if status_file.exists() else {}
     extra = {}
     for path in sorted(run_dir.glob("*.json")):
         if path.name not in ("config.json", "status.json"):
@@ -54,6 +50,38 @@ def load_run(run_dir: Path) -> Run:
             except ValueError:  # a damaged side file does not make the run's results unreadable
                 continue
     return Run(str(run_dir), config, history, status, extra)
+
+
+def _json_object(path: Path) -> dict:
+    """A JSON object file of a run; a ValueError naming the file if it is not one (damaged, or edited by hand)."""
+    try:
+        loaded = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); restore it, or leave this run out") from None
+    if not isinstance(loaded, dict):
+        kind = type(loaded).__name__
+        raise ValueError(f"{path} holds a {kind}, not a JSON object; restore it, or leave this run out")
+    return loaded
+
+
+def _metrics(path: Path) -> list[dict]:
+    """metrics.jsonl's rounds; a ValueError naming the file and line where one is not a round's JSON object (a line
+    torn by a crash, or an edit)."""
+    history = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        if not isinstance(entry, dict) or not isinstance(entry.get("round"), int):
+            raise ValueError(
+                f"{path}:{number} is not a round's metrics (a torn or edited line); remove that line, or resume the "
+                "run, which rewrites the file from its checkpoint"
+            )
+        history.append(entry)
+    return history
 
 
 def runs_in(source: Path) -> list[Run]:

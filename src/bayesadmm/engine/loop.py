@@ -250,7 +250,8 @@ def run_federation(
     `on_round(line)` is called with each round's metrics line. A divergence (a breakdown of the algorithm, or
     non-finite metrics) ends the run with status "diverged" and the last good state in the checkpoint; Ctrl-C or a
     SIGTERM raises KeyboardInterrupt (`Interrupted` with the signal's number for a SIGTERM) after recording the
-    interruption in status.json; any other exception is recorded as status "failed" with its reason, and raised.
+    interruption in status.json (a SystemExit, e.g. from `on_round`, is recorded as an interruption too); any other
+    exception, the start of worker processes included, is recorded as status "failed" with its reason, and raised.
 
     The run directory is locked for the run (a second process is refused, `RunDirError`); a fresh start where a run
     is already is refused unless `overwrite`; a resume checks the checkpoint before it writes anything, and a run
@@ -329,23 +330,22 @@ def _run_locked(
     write_bytes(metrics_path, "".join(json.dumps(line) + "\n" for line in history).encode())
 
     bar = _progress(settings, start, progress, title)
-    status: dict[str, Any] = {"status": "running", "round": start}
-    write_json(status_path, status)
     checkpointed = [start]  # the round of the last checkpoint written, kept up to date by _rounds
-    clients: ClientRunner
-    if runner is None:
-        clients = client_runner(
-            federation.make_algorithm,
-            federation.clients,
-            settings.seed,
-            workers,
-            algorithm,
-            cohort_size=cohort_size if cohort_size > 1 else 0,
-        )
-    else:
-        clients = runner(algorithm, workers)
+    clients: ClientRunner | None = None
     with _sigterm_as_interrupt():  # from here on a kill is reported as an interruption
-        try:
+        try:  # from the first "running" on, every way out ends with a final status
+            write_json(status_path, {"status": "running", "round": start})
+            if runner is None:  # worker processes start here: one that cannot (an object that does not pickle) fails
+                clients = client_runner(
+                    federation.make_algorithm,
+                    federation.clients,
+                    settings.seed,
+                    workers,
+                    algorithm,
+                    cohort_size=cohort_size if cohort_size > 1 else 0,
+                )
+            else:
+                clients = runner(algorithm, workers)
             if checkpoint is None:
                 server = algorithm.init_server(federation.theta0.to(settings.device))
                 clients.start(server)
@@ -369,21 +369,23 @@ def _run_locked(
                 checkpointed,
                 on_round,
             )
-        except KeyboardInterrupt:  # Ctrl-C, or a SIGTERM: say so, so that a watcher does not wait for a dead run
-            bar.close()
+        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, a SIGTERM, or a callback's sys.exit: say so, so
+            bar.close()  # that a watcher does not wait for a dead run
             then = (
                 f"resume goes on from the checkpoint of round {checkpointed[0]}"
                 if checkpoint_path.exists()
                 else "no checkpoint was written yet: run it again"
             )
-            _final_status(status_path, "interrupted", checkpointed[0], f"interrupted; {then}")
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"ended by SystemExit({exc.code!r})"
+            _final_status(status_path, "interrupted", checkpointed[0], f"{why}; {then}")
             raise
-        except Exception as exc:  # anything else: the run failed, and status.json says why
+        except BaseException as exc:  # anything else: the run failed, and status.json says why
             bar.close()
             _final_status(status_path, "failed", checkpointed[0], f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            clients.close()
+            if clients is not None:
+                clients.close()
     bar.close()
     if code == EXIT_OK and settings.last_round == settings.rounds:
         status = {"status": "completed", "round": settings.rounds}
@@ -509,8 +511,7 @@ def _rounds(
         server = new_server
         line.update({f"server_{k}": v for k, v in info_scalars(server_info).items()})
         line.update(_mean_client_info(clients.last_info))
-        with metrics_path.open("a") as f:
-            f.write(json.dumps(line) + "\n")
+        _append_line(metrics_path, line)
         if round_ % settings.checkpoint_every == 0 or round_ == settings.last_round:
             _save_checkpoint(checkpoint_path, round_, server, clients)  # a resume redoes the rounds after it
             checkpointed[0] = round_
@@ -522,6 +523,21 @@ def _rounds(
         if on_round is not None:
             on_round(line)
     return EXIT_OK, status, server
+
+
+def _append_line(path: Path, line: Mapping[str, Any]) -> None:
+    """`line` as a line of JSON at the end of `path`; a write that fails (a full disk) leaves the file as it was and
+    is an OSError naming it (a file object's own says only "No space left on device")."""
+    data = memoryview((json.dumps(line) + "\n").encode())
+    with open(path, "ab", buffering=0) as f:  # unbuffered: nothing is left to fail again when the file is closed
+        size = f.tell()
+        try:
+            while data:
+                data = data[f.write(data) :]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                f.truncate(size)  # no torn last line
+            raise OSError(exc.errno, f"could not write {path}: {exc.strerror or exc}") from exc
 
 
 def _diverged(round_: int, reason: str) -> dict:

@@ -2,7 +2,10 @@
 overwritten.
 
 Every file is written under a temporary name, flushed and fsynced, then renamed over the old one, and the directory
-is fsynced after the rename: a killed process or a power loss leaves either the old file or the new one. A run holds
+is fsynced after the rename: a killed process or a power loss leaves either the old file or the new one. A SIGTERM or
+Ctrl-C that arrives while a file is written is acted on once it is in place (an exception raised from a signal
+handler inside torch.save would leave a torn write and torch's "unexpected pos" instead of the interruption), and a
+write that fails (a full disk) is an OSError naming the file, whoever wrote it. A run holds
 an exclusive lock on `.lock` (released by the kernel when the process ends, however it ends) so that two processes
 never write one run directory; the lock file names the holder. Starting a run in a directory that holds one already
 is refused unless asked to overwrite it; resuming reads and checks the checkpoint before anything is written.
@@ -19,7 +22,9 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,24 +71,71 @@ def _sync_directory(folder: Path) -> None:
         os.close(fd)
 
 
+_DEFERRED = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Within the block SIGTERM and SIGINT are only recorded; after it they are raised again for the handlers that
+    were there before (the run's interruption, Python's KeyboardInterrupt, or the default: the process ends). Signal
+    handlers can only be set in the main thread; elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {int(signum): signal.signal(signum, lambda s, frame: caught.append(s)) for signum in _DEFERRED}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():  # None: a handler not set from Python, taken as the default
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
+
+
 @contextlib.contextmanager
 def _replacing(path: Path) -> Iterator[Any]:
     """A binary file object for `path`'s new contents: written to a temporary file, synced, then renamed over `path`;
-    on an error the temporary file is removed, `path` is untouched and the OSError names `path`."""
+    on an error the temporary file is removed, `path` is untouched and the OSError names `path`. A signal that
+    arrives meanwhile is acted on after the rename."""
     tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise OSError(exc.errno, f"could not write {path}: {exc.strerror or exc}") from exc
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _sync_directory(path.parent)
+    with _signals_deferred():
+        try:
+            with open(tmp, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise OSError(exc.errno, f"could not write {path}: {exc.strerror or exc}") from exc
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        _sync_directory(path.parent)
+
+
+class _Writes:
+    """A file object that remembers the OSError of a failed write: torch.save turns one into a RuntimeError
+    ("unexpected pos") that names neither the file nor the reason."""
+
+    def __init__(self, f: Any):
+        self.f = f
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.f.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
 
 
 def write_bytes(path: Path, data: bytes) -> None:
@@ -117,7 +169,13 @@ def read_state(f: Any) -> Any:
 def save_state(path: Path, tree: Any) -> None:
     """`dump_state` to `path`, written whole or not at all."""
     with _replacing(Path(path)) as f:
-        dump_state(tree, f)
+        writes = _Writes(f)
+        try:
+            dump_state(tree, writes)
+        except RuntimeError:
+            if writes.error is None:
+                raise
+            raise writes.error from None  # an OSError, which _replacing turns into one naming the file
 
 
 def load_state(path: Path) -> Any:

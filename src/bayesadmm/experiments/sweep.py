@@ -12,6 +12,10 @@ what happens to it, so a sweep killed at any moment and started again loses noth
     nothing finished                                              -> started (again)
     a run of another configuration                                -> refused before anything starts
 
+A child ends with the sweep however the sweep ends (`kill -9` included: each child asks the kernel for a SIGTERM
+when its parent dies, and checkpoints on it), and a sweep started again waits for the runs of its folder that are
+still ending before it looks at them.
+
 The cores are shared, never oversubscribed: `jobs` runs at a time, each with `workers = cores // jobs` worker
 processes (one run using every core by default). A child's exit 2 (a user error, e.g. a missing data folder) stops
 the sweep from starting more runs: the others would fail the same way. At the end, `compare` makes the table of the
@@ -25,9 +29,11 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,11 +41,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from bayesadmm.engine.loop import Interrupted
+from bayesadmm.engine.rundir import RunDirError, locked
 from bayesadmm.engine.workers import default_workers
 from bayesadmm.experiments.config import ConfigError, RunConfig, resolve
 from bayesadmm.reports import setting_of
 
 FINAL = ("completed", "diverged")
+PARENT = "BAYESADMM_SWEEP_PID"  # set in a child's environment: the sweep it must not outlive
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,8 @@ def read_sweep_file(path: Path) -> list[Grid]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the sweep file {path}: {exc}") from None
     specs = spec if isinstance(spec, list) else [spec]
+    if not specs:
+        raise ConfigError(f"{path} holds no grid; a sweep file is one grid object or a non-empty list of them")
     grids = []
     for one in specs:
         if not isinstance(one, dict) or "scenario" not in one or not set(one) <= {"scenario", "grid", "set"}:
@@ -114,13 +124,44 @@ def read_sweep_file(path: Path) -> list[Grid]:
                 " or a list of such objects"
             )
         scenarios = one["scenario"] if isinstance(one["scenario"], list) else [one["scenario"]]
+        if not scenarios or not all(isinstance(s, str) and s.strip() for s in scenarios):
+            raise ConfigError(f'{path}: "scenario" is a scenario or a non-empty list of them, got {one["scenario"]!r}')
+        for part in ("grid", "set"):
+            if not isinstance(one.get(part, {}), dict):
+                raise ConfigError(f'{path}: "{part}" is an object of KEY: values, got {one[part]!r}')
         axes: dict[str, list[str]] = {}
-        for key, given in dict(one.get("grid", {})).items():
-            axes[key] = values(given) if isinstance(given, str) else [_text(v) for v in given]
-        for key, value in dict(one.get("set", {})).items():
+        for key, given in one.get("grid", {}).items():
+            axes[key] = _axis(path, key, given)
+        for key, value in one.get("set", {}).items():
+            if not _scalar(value):
+                raise ConfigError(f"{path}: set.{key} is one value (a number, a string or true/false), got {value!r}")
             axes[key] = [_text(value)]
         grids.append(Grid([str(s) for s in scenarios], axes))
     return grids
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, (str, int, float, bool))
+
+
+def _axis(path: Path, key: str, given) -> list[str]:
+    """A sweep file's grid axis: "a,b,c" or "start:stop", or a list of values; refused where it has none (a grid
+    with an empty axis has no points) or is not one of these (a single number belongs in "set")."""
+    if isinstance(given, str):
+        try:
+            found = values(given)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: grid.{key}: {exc}") from None
+    elif isinstance(given, list) and all(_scalar(v) for v in given):
+        found = [_text(v) for v in given]
+    else:
+        raise ConfigError(
+            f'{path}: grid.{key} is a list of values or "a,b,c" / "start:stop", got {given!r}'
+            + (f' (one value goes in "set": {{"{key}": {given!r}}})' if _scalar(given) else "")
+        )
+    if not found:
+        raise ConfigError(f"{path}: grid.{key} has no values; give at least one, or leave the key out")
+    return found
 
 
 def is_sweep_file(path: Path) -> bool:
@@ -218,6 +259,8 @@ class Sweep:
             signal.signal(signal.SIGTERM, previous)
 
     def _run(self) -> list[Outcome]:
+        for point in self.points:  # the children of a sweep killed just before are still checkpointing
+            _wait_until_free(point.run_dir)
         plans = {p: what_to_do(p) for p in self.points}
         self._totals = {p: p.config.stop_at or p.config.rounds for p in self.points}
         refused = [plan for plan in plans.values() if plan.startswith("refuse")]
@@ -270,12 +313,55 @@ class Sweep:
             log.write(f"$ {' '.join(command)}\n")
             log.flush()
             # a process group of its own: a Ctrl-C in the terminal reaches the sweep only, which stops each child once
-            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            return subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, PARENT: str(os.getpid())},  # the child ends with this process (end_with_parent)
+            )
 
     def _rounds(self) -> tuple[int, int]:
         """Rounds finished over the whole grid, and rounds in it."""
         done = sum(min(_round_of(p.run_dir), total) for p, total in self._totals.items())
         return done, sum(self._totals.values())
+
+
+def end_with_parent(parent: int) -> None:
+    """Have this process (a sweep's child) get a SIGTERM when `parent`, the sweep, ends, however it ends: a sweep
+    killed with -9 cannot stop its children itself, and an orphan would hold its run's folder. Linux's
+    PR_SET_PDEATHSIG where there is one; elsewhere a thread that looks for the parent every second."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM)) == 0:
+            if os.getppid() != parent:  # the parent ended before the request: nothing would send the signal
+                os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="bayesadmm-parent-watch", daemon=True).start()
+
+
+def _wait_until_free(folder: Path, timeout: float = 60.0) -> None:
+    """Wait until no process holds the run folder's lock (a run that got its SIGTERM writes its checkpoint first);
+    a ConfigError naming the holder if it still does after `timeout` seconds."""
+    if not (folder / ".lock").exists():
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with locked(folder):
+                return
+        except RunDirError as exc:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"{exc} (waited {timeout:.0f} s)") from None
+            time.sleep(0.2)
 
 
 def _round_of(folder: Path) -> int:
@@ -313,4 +399,6 @@ __all__ = [
     "points",
     "what_to_do",
     "run_dirs",
+    "end_with_parent",
+    "PARENT",
 ]

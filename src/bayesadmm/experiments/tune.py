@@ -61,15 +61,17 @@ def _param(name: str, spec: Mapping[str, Any]) -> Param:
         return Param(name, "choices", choices=tuple(spec["choices"]))
     kind = "log" if "log" in spec else "range"
     low, high = (float(x) for x in spec[kind])
-    if not (low < high and (kind == "range" or low > 0)):
-        raise ConfigError(f"search space of {name}: need low < high (and low > 0 for log), got {low}, {high}")
+    if not (math.isfinite(low) and math.isfinite(high) and low < high and (kind == "range" or low > 0)):
+        raise ConfigError(
+            f"search space of {name}: need finite numbers low < high (and low > 0 for log), got {low}, {high}"
+        )
     return Param(name, kind, low, high)
 
 
 def parse_param(text: str) -> Param:
     """NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c (numbers where they parse)."""
     name, sep, value = text.partition("=")
-    if not sep or not value:
+    if not sep or not value or not name.strip():
         raise ConfigError(f"--space takes NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c; got {text!r}")
     kind, _, bounds = value.partition(":")
     if kind in ("log", "range"):
@@ -77,8 +79,14 @@ def parse_param(text: str) -> Param:
             low, high = (float(x) for x in bounds.split(":"))
         except ValueError:
             raise ConfigError(f"--space {name}: {kind}:LOW:HIGH with two numbers, got {value!r}") from None
-        return _param(name.strip(), {kind: [low, high]})
-    return Param(name.strip(), "choices", choices=tuple(_number(v) for v in value.split(",") if v.strip()))
+        try:
+            return _param(name.strip(), {kind: [low, high]})
+        except ConfigError as exc:
+            raise ConfigError(f"--space {text}: {exc}") from None
+    choices = tuple(_number(v) for v in value.split(",") if v.strip())
+    if not choices:
+        raise ConfigError(f"--space {name}: no values in {value!r}; give a,b,c")
+    return Param(name.strip(), "choices", choices=choices)
 
 
 def _number(text: str):
@@ -100,6 +108,31 @@ def space_for(method: str, extra: Sequence[str] = ()) -> dict[str, Param]:
     if unknown:
         raise ConfigError(f"{method} has no hyperparameters {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
     return space
+
+
+def _probes(param: Param) -> list[Any]:
+    """Values of `param` a trial may draw, to check before the study starts: each choice; for a range its ends and
+    a number between them that is not a whole one (a range draws real numbers, which an integer setting refuses)."""
+    if param.kind == "choices":
+        return list(param.choices)
+    inside = math.exp(math.log(param.low) * 0.63 + math.log(param.high) * 0.37) if param.kind == "log" else None
+    return [param.low, param.high, inside if inside is not None else param.low + 0.37 * (param.high - param.low)]
+
+
+def reported_metrics(config: RunConfig) -> list[str]:
+    """The validation metrics that every run of `config` reports: its likelihood's, read off one evaluation of two
+    made-up examples (class labels for classification, numbers for the others)."""
+    import torch
+
+    from bayesadmm.likelihoods import Classification
+
+    likelihood = config.make_likelihood()
+    if isinstance(likelihood, Classification):
+        outputs, targets = torch.zeros(1, 2, 2), torch.zeros(2, dtype=torch.long)
+    else:
+        outputs, targets = torch.zeros(1, 2, 1), torch.zeros(2)
+    names = likelihood.metrics(likelihood.predictive(outputs), targets)
+    return sorted(f"val_{name}" for name in names)
 
 
 def _optuna():
@@ -133,12 +166,21 @@ class Tuning:
         if self.base.validation <= 0:
             raise ConfigError("tuning chooses on a validation split: set validation= in (0, 1), e.g. 0.1")
         self.metric = self.metric or f"val_{TUNING_METRIC[self.base.likelihood]}"
-        if not self.metric.startswith("val_"):
-            raise ConfigError(f"the metric is a validation one (val_acc, val_nll, ...), got {self.metric!r}")
+        reported = reported_metrics(self.base)
+        if self.metric not in reported:
+            choose = ", ".join(reported)
+            raise ConfigError(f"--metric {self.metric}: the runs report no such validation metric; choose {choose}")
+        for param in self.space.values():  # every value a trial may draw must make a valid run, before study.db
+            for value in _probes(param):
+                try:
+                    resolve(self.scenario, (*self.fixed, f"{param.name}={value}"))
+                except ConfigError as exc:
+                    hint = " (a range draws real numbers: list whole ones, a,b,c)" if param.kind != "choices" else ""
+                    raise ConfigError(f"--space {param.name}={param.describe()}: {exc}{hint}") from None
 
     @property
     def maximise(self) -> bool:
-        return not any(word in self.metric for word in ("nll", "ece", "rmse", "error"))
+        return not any(word in self.metric for word in ("nll", "ece", "brier", "rmse", "error"))
 
     def study(self):
         optuna = _optuna()
