@@ -166,3 +166,9 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path):
     with pytest.raises(rundir.RunDirError, match="refusing os:system"):
         _run(tmp_path / "r", resume=True)
     assert not marker.exists()
+    # nor is any module a file names imported: bayesadmm.__main__ once ran the command line (a SystemExit here)
+    structure = {"namedtuple": "bayesadmm.__main__:X", "items": []}
+    torch.save({"format": "bayesadmm-state-1", "structure": json.dumps(structure), "tensors": []},
+               tmp_path / "r" / "checkpoint.pt")
+    with pytest.raises(rundir.RunDirError, match="refusing bayesadmm.__main__:X: not a registered state class"):
+        _run(tmp_path / "r", resume=True)

@@ -9,8 +9,8 @@ is refused unless asked to overwrite it; resuming reads and checks the checkpoin
 
 States are stored without pickle (`save_state`): the tree's structure as JSON and its tensors, read back with
 `torch.load(weights_only=True)`, which loads tensors, strings and plain containers and nothing else, and rebuilt by
-`bayesadmm.trees` from classes of bayesadmm or of modules already imported. A checkpoint handed over by someone else
-therefore cannot run code when it is resumed.
+`bayesadmm.trees` from its registry of state classes only (nothing a file names is imported). A checkpoint handed
+over by someone else therefore cannot run code when it is resumed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from bayesadmm.trees import TreeError, flatten, resolve_known, unflatten
+from bayesadmm.trees import TreeError, flatten, unflatten
 
 __all__ = [
     "RunDirError",
@@ -111,7 +111,7 @@ def read_state(f: Any) -> Any:
     payload = torch.load(f, weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
         raise TreeError("not a state file written by bayesadmm")
-    return unflatten(json.loads(payload["structure"]), payload["tensors"], resolve_known)
+    return unflatten(json.loads(payload["structure"]), payload["tensors"])
 
 
 def save_state(path: Path, tree: Any) -> None:

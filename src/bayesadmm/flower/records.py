@@ -129,11 +129,13 @@ def records_to_tree(arrays: ArrayRecord, structure: ConfigRecord, device: torch.
     """The pytree `tree_to_records` flattened, its tensors on `device` (None: the CPU)."""
     if structure.get("format") != 1 or "tree" not in structure:
         raise RecordError("not a client-state record written by bayesadmm.flower.records")
-    tensors = [_tensor(arrays[str(i)], f"state tensor {i}", device) for i in range(len(arrays))]
     try:
-        return trees.unflatten(json.loads(str_entry(structure, "tree")), tensors, trees.resolve_known)
-    except trees.TreeError as exc:
-        raise RecordError(str(exc)) from None
+        tensors = [_tensor(arrays[str(i)], f"state tensor {i}", device) for i in range(len(arrays))]
+        return trees.unflatten(json.loads(str_entry(structure, "tree")), tensors)
+    except RecordError:
+        raise
+    except (ValueError, KeyError, RecursionError) as exc:  # TreeError and JSON's errors are ValueErrors
+        raise RecordError(f"a client-state record that does not decode ({type(exc).__name__}: {exc})") from None
 
 
 def save_state(state: RecordDict, tree: Any, version: str = "") -> None:
