@@ -172,3 +172,64 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path):
                tmp_path / "r" / "checkpoint.pt")
     with pytest.raises(rundir.RunDirError, match="refusing bayesadmm.__main__:X: not a registered state class"):
         _run(tmp_path / "r", resume=True)
+
+
+# ---- a run directory is confined: no symbolic links followed, only the engine's shard names, no FIFOs ----
+
+
+def _sharded(out):
+    """A run stopped at round 1 with two workers: its checkpoint lists shard files."""
+    _run(out, stop_at=1, workers=2)
+    checkpoint = rundir.load_state(out / "checkpoint.pt")
+    assert [s["file"] for s in checkpoint["shards"]] == ["client-states/r000001-w0.pt", "client-states/r000001-w1.pt"]
+    return checkpoint
+
+
+def test_a_symlinked_client_states_folder_is_refused_and_its_target_untouched(tmp_path):
+    _sharded(tmp_path / "r")
+    elsewhere = tmp_path / "elsewhere"
+    (tmp_path / "r" / "client-states").rename(elsewhere)
+    (elsewhere / "precious.txt").write_text("keep me")
+    (tmp_path / "r" / "client-states").symlink_to(elsewhere)
+    before = {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+    with pytest.raises(rundir.RunDirError, match="client-states is a symbolic link or not a folder"):
+        _run(tmp_path / "r", resume=True, workers=2)
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before   # nothing read through it deleted
+    # a fresh start with overwrite removes the link, not what it points to
+    _run(tmp_path / "r", overwrite=True)
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
+
+
+def test_shard_names_outside_the_engines_pattern_are_refused(tmp_path):
+    checkpoint = _sharded(tmp_path / "r")
+    (tmp_path / "other").mkdir()
+    for name in ("../other/r000001-w0.pt", "client-states/../../other/x.pt", "/etc/passwd", "client-states/x.pt", 7):
+        checkpoint["shards"][0]["file"] = name
+        rundir.save_state(tmp_path / "r" / "checkpoint.pt", checkpoint)
+        with pytest.raises(rundir.RunDirError, match="lists a shard .*not a name the engine writes"):
+            _run(tmp_path / "r", resume=True, workers=2)
+
+
+def test_a_fifo_in_place_of_a_file_is_refused_without_hanging(tmp_path):
+    import signal
+
+    _sharded(tmp_path / "r")
+    shard = tmp_path / "r" / "client-states" / "r000001-w0.pt"
+    shard.unlink()
+    os.mkfifo(shard)
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("reading the FIFO hung"))
+    signal.alarm(60)
+    try:
+        with pytest.raises(rundir.RunDirError, match="r000001-w0.pt is not a regular file"):
+            _run(tmp_path / "r", resume=True, workers=2)
+        (tmp_path / "r" / "checkpoint.pt").rename(tmp_path / "r" / "saved.pt")
+        os.mkfifo(tmp_path / "r" / "checkpoint.pt")
+        with pytest.raises(rundir.RunDirError, match="checkpoint.pt is not a regular file"):
+            _run(tmp_path / "r", resume=True, workers=2)
+    finally:
+        signal.alarm(0)
+    # a symbolic link in place of the checkpoint is refused too (not read from where it points)
+    (tmp_path / "r" / "checkpoint.pt").unlink()
+    (tmp_path / "r" / "checkpoint.pt").symlink_to(tmp_path / "r" / "saved.pt")
+    with pytest.raises(rundir.RunDirError, match="checkpoint.pt is a symbolic link"):
+        _run(tmp_path / "r", resume=True, workers=2)

@@ -46,6 +46,7 @@ from bayesadmm.engine.rundir import (
     RunDirError,
     locked,
     prepare_fresh,
+    read_bytes,
     read_checkpoint,
     save_state,
     write_bytes,
@@ -226,7 +227,7 @@ def _save_checkpoint(path: Path, round_: int, server: Any, clients: ClientRunner
 def _read_metrics(path: Path, up_to: int) -> list[dict]:
     if not path.exists():
         return []
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in read_bytes(path).decode().splitlines() if line.strip()]
     return [line for line in lines if line["round"] <= up_to]
 
 
@@ -298,7 +299,7 @@ def _run_locked(
             )
         if checkpoint["round"] >= settings.last_round:
             history = _read_metrics(metrics_path, checkpoint["round"])
-            state = json.loads(status_path.read_text())["status"] if status_path.exists() else "stopped"
+            state = json.loads(read_bytes(status_path))["status"] if status_path.exists() else "stopped"
             return Result(
                 state,
                 EXIT_OK,

@@ -11,6 +11,10 @@ States are stored without pickle (`save_state`): the tree's structure as JSON an
 `torch.load(weights_only=True)`, which loads tensors, strings and plain containers and nothing else, and rebuilt by
 `bayesadmm.trees` from its registry of state classes only (nothing a file names is imported). A checkpoint handed
 over by someone else therefore cannot run code when it is resumed.
+
+A run directory is confined: its files are opened without following symbolic links (`O_NOFOLLOW`, and `lstat` before
+anything is opened), only regular files are read (a FIFO or a device is refused before it is opened, so it cannot
+hang a resume), and shard names a checkpoint lists must be exactly those the engine writes (`shard_path`).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,11 +46,21 @@ __all__ = [
     "locked",
     "prepare_fresh",
     "read_checkpoint",
+    "read_bytes",
+    "shard_path",
+    "real_folder",
+    "SHARDS",
 ]
 
 # what a run writes; a directory holding any of them holds a run
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json")
 LOCK = ".lock"
+SHARDS = "client-states"  # the run directory's folder of checkpoint shards
+# the only shard names the engine writes (`r<round>-w<worker>.pt`), and so the only ones a checkpoint may list
+SHARD_NAME = re.compile(r"r[0-9]{6}-w[0-9]{1,4}\.pt")
+# flags that keep an open inside the run directory: never through a symbolic link, never blocking on a FIFO
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 class RunDirError(ValueError):
@@ -66,13 +82,68 @@ def _sync_directory(folder: Path) -> None:
         os.close(fd)
 
 
+def _open_regular(path: Path) -> int:
+    """A file descriptor for reading `path`, a regular file reached without a symbolic link; a RunDirError naming it
+    otherwise (a FIFO or a device is refused before it is opened)."""
+    mode = os.lstat(path).st_mode  # a missing file: FileNotFoundError, naming it
+    if stat.S_ISLNK(mode):
+        raise RunDirError(
+            f"{path} is a symbolic link; a run directory's files are read only from inside it: "
+            "replace the link by the file it points to, or start the run again"
+        )
+    if not stat.S_ISREG(mode):
+        raise RunDirError(f"{path} is not a regular file (a FIFO, device or folder); remove it, or start the run again")
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the two looks
+        os.close(fd)
+        raise RunDirError(f"{path} is not a regular file; remove it, or start the run again")
+    return fd
+
+
+def read_bytes(path: Path) -> bytes:
+    """The contents of the run directory's file `path`, opened as `_open_regular` allows."""
+    with os.fdopen(_open_regular(Path(path)), "rb") as f:
+        return f.read()
+
+
+def real_folder(folder: Path) -> Path:
+    """`folder`, created if missing; a RunDirError if it is a symbolic link or not a folder (nothing is written or
+    deleted through a link out of the run directory)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(folder).st_mode):
+        raise RunDirError(
+            f"{folder} is a symbolic link or not a folder; a run keeps its files inside its directory: "
+            "remove it (the run's shards are rewritten at the next checkpoint), or start the run again"
+        )
+    return folder
+
+
+def shard_path(run_dir: Path, name: object) -> Path:
+    """The shard file `name` that a checkpoint lists, inside run_dir's real client-states folder; a RunDirError if
+    the name is not one the engine writes (`client-states/rNNNNNN-wK.pt`: no other folder, no `..`)."""
+    folder, _, file = name.partition("/") if isinstance(name, str) else ("", "", "")
+    if folder != SHARDS or not SHARD_NAME.fullmatch(file):
+        shown = repr(name)[:120]
+        raise RunDirError(
+            f"{Path(run_dir) / 'checkpoint.pt'} lists a shard {shown}, not a name the engine writes "
+            f"({SHARDS}/rNNNNNN-wK.pt); the checkpoint was edited: start the run again with --overwrite"
+        )
+    if os.path.lexists(Path(run_dir) / SHARDS) and not stat.S_ISDIR(os.lstat(Path(run_dir) / SHARDS).st_mode):
+        raise RunDirError(f"{Path(run_dir) / SHARDS} is a symbolic link or not a folder; start the run again")
+    return Path(run_dir) / SHARDS / file
+
+
 @contextlib.contextmanager
 def _replacing(path: Path) -> Iterator[Any]:
     """A binary file object for `path`'s new contents: written to a temporary file, synced, then renamed over `path`;
-    on an error the temporary file is removed, `path` is untouched and the OSError names `path`."""
+    on an error the temporary file is removed, `path` is untouched and the OSError names `path`. The temporary file
+    is created afresh (never opened through a link left in its place), and the rename replaces a link at `path`
+    itself, not the file it points to."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with open(tmp, "wb") as f:
+        tmp.unlink(missing_ok=True)  # a link removed is only the link
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644), "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
@@ -122,8 +193,9 @@ def save_state(path: Path, tree: Any) -> None:
 
 def load_state(path: Path) -> Any:
     """The tree `save_state` wrote to `path`; a RunDirError naming the file if it is not one (or was tampered with)."""
+    fd = _open_regular(Path(path))  # a link or a FIFO: refused before it is opened
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             return read_state(f)
     except Exception as exc:  # noqa: BLE001 — a truncated, foreign or crafted file fails in many ways
         reason = str(exc).split(". ")[0].splitlines()[0] if str(exc) else ""  # torch's messages run to paragraphs
@@ -142,7 +214,10 @@ def locked(run_dir: Path) -> Iterator[None]:
         yield
         return
     path = Path(run_dir) / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+    except OSError as exc:  # ELOOP: a link in its place
+        raise RunDirError(f"cannot open the lock file {path} ({exc.strerror}); remove it and try again") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -162,7 +237,7 @@ def prepare_fresh(run_dir: Path, overwrite: bool) -> None:
     """Make sure a fresh run may start in run_dir: refused where a run is already, unless `overwrite`, which removes
     that run's files (and nothing else)."""
     run_dir = Path(run_dir)
-    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    found = [name for name in RUN_FILES if os.path.lexists(run_dir / name)]
     if not found:
         return
     if not overwrite:
@@ -172,22 +247,26 @@ def prepare_fresh(run_dir: Path, overwrite: bool) -> None:
             f"(--overwrite, or overwrite=True)"
         )
     for name in found:
-        (run_dir / name).unlink()
-    shutil.rmtree(run_dir / "client-states", ignore_errors=True)
+        (run_dir / name).unlink()  # a link is removed, not the file it points to
+    shards = run_dir / SHARDS
+    if os.path.islink(shards):
+        shards.unlink()
+    else:
+        shutil.rmtree(shards, ignore_errors=True)  # rmtree removes links inside, never what they point to
 
 
 def _status(run_dir: Path) -> str:
     try:
-        status = json.loads((run_dir / "status.json").read_text())
+        status = json.loads(read_bytes(run_dir / "status.json"))
         return f"status {status['status']} at round {status['round']}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):  # RunDirError is a ValueError
         return "its files are there"
 
 
 def read_checkpoint(path: Path, rounds: int) -> dict:
     """The checkpoint at `path`, checked to be one this run can continue from (a RunDirError naming the file if not).
     Read without unpickling (`load_state`)."""
-    if not path.exists():
+    if not os.path.lexists(path):
         raise RunDirError(f"{path.parent} has no checkpoint to resume from; start the run without resume")
     checkpoint = load_state(path)
     if not isinstance(checkpoint, dict) or not {"round", "server"} <= set(checkpoint):

@@ -47,10 +47,17 @@ from typing import Any, Protocol, cast
 import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
-from bayesadmm.engine.rundir import dump_state, load_state, read_state, save_state
+from bayesadmm.engine.rundir import (
+    SHARD_NAME,
+    SHARDS,
+    dump_state,
+    load_state,
+    read_state,
+    real_folder,
+    save_state,
+    shard_path,
+)
 from bayesadmm.engine.simulate import generator_for
-
-SHARDS = "client-states"  # the run directory's folder of checkpoint shards
 
 
 def default_workers() -> int:
@@ -231,7 +238,7 @@ def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int
         found, needed = {}, set(wanted)
         for shard in checkpoint["shards"]:
             if not needed.isdisjoint(shard["clients"]):
-                states = load_state(Path(run_dir) / shard["file"])
+                states = load_state(shard_path(run_dir, shard["file"]))
                 found.update((k, state) for k, state in states.items() if k in needed)
     missing = [k for k in wanted if k not in found]
     if missing:
@@ -242,12 +249,14 @@ def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int
 def remove_stale_shards(run_dir: Path, record: Mapping) -> None:
     """Delete the shard files that checkpoint record `record` does not name (other rounds, unfinished writes)."""
     folder = Path(run_dir) / SHARDS
-    if not folder.is_dir():
+    if not os.path.lexists(folder):
         return
+    real_folder(folder)  # a link to elsewhere is refused: deleting "stale shards" there would delete others' files
     keep = {shard["file"] for shard in record.get("shards", [])}
-    for path in folder.iterdir():
-        if f"{SHARDS}/{path.name}" not in keep:
-            path.unlink(missing_ok=True)
+    for path in folder.iterdir():  # only the engine's own names: anything else there is not ours to delete
+        name = path.name.removesuffix(".tmp")
+        if SHARD_NAME.fullmatch(name) and f"{SHARDS}/{path.name}" not in keep:
+            path.unlink(missing_ok=True)  # a link is removed, not what it points to
 
 
 # ---- messages through a pipe: a header, then each tensor's bytes -------------------------------------------------
@@ -541,8 +550,7 @@ class ClientPool:
 
     def save(self, run_dir: Path, round_: int) -> dict:
         """Each worker writes its clients' states to a shard file (in parallel); the checkpoint's record of them."""
-        folder = Path(run_dir) / SHARDS
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = real_folder(Path(run_dir) / SHARDS)
         shards = self._call_all([("save", folder / f"r{round_:06d}-w{index}.pt") for index in range(len(self.groups))])
         return {"shards": shards}
 

@@ -271,8 +271,10 @@ def _validate(config: RunConfig) -> None:
 def load(run_dir: Path) -> RunConfig:
     """The config saved with a run; a missing, unreadable or foreign config.json is a `ConfigError` naming it."""
     path = Path(run_dir) / "config.json"
+    from bayesadmm.engine.rundir import read_bytes
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_bytes(path))  # not through a link, nor from a FIFO
     except FileNotFoundError:
         raise ConfigError(f"{path} is missing: {run_dir} is not a run directory of `bayesadmm run`") from None
     except (OSError, ValueError) as exc:
