@@ -17,9 +17,19 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor
 
-__all__ = ["TreeError", "flatten", "unflatten", "register", "registered", "resolve_registered", "check_registered"]
+__all__ = [
+    "TreeError",
+    "flatten",
+    "unflatten",
+    "register",
+    "registered",
+    "resolve_registered",
+    "check_registered",
+    "hash_tensors",
+]
 
 
 class TreeError(ValueError):
@@ -183,3 +193,12 @@ def _items(node: dict, key: str) -> list:
     if not isinstance(value, list):
         raise TreeError(f"malformed tree node: {key} of {node.get('namedtuple') or node.get('dataclass')!r}")
     return value
+
+
+def hash_tensors(digest: Any, tensors: Sequence[Tensor]) -> Any:
+    """Feed each tensor's dtype, shape and bytes to the hashlib object `digest` (in order); returns `digest`."""
+    for tensor in tensors:
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{flat.dtype}{tuple(tensor.shape)};".encode())
+        digest.update(flat.view(torch.uint8).numpy())  # the raw bytes, without a copy
+    return digest

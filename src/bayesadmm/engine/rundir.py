@@ -20,6 +20,7 @@ hang a resume), and shard names a checkpoint lists must be exactly those the eng
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -32,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from bayesadmm.trees import TreeError, flatten, unflatten
+from bayesadmm.trees import TreeError, flatten, hash_tensors, unflatten
 
 __all__ = [
     "RunDirError",
@@ -61,6 +63,10 @@ SHARD_NAME = re.compile(r"r[0-9]{6}-w[0-9]{1,4}\.pt")
 # flags that keep an open inside the run directory: never through a symbolic link, never blocking on a FIFO
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class OldStateError(TreeError):
+    """A state file of the format before checksums."""
 
 
 class RunDirError(ValueError):
@@ -167,22 +173,41 @@ def write_json(path: Path, payload: Any) -> None:
     write_bytes(path, (json.dumps(payload, indent=1) + "\n").encode())
 
 
-STATE_FORMAT = "bayesadmm-state-1"
+# 2: with the sha256 of the structure and the tensors (1, without it, is refused: there is nothing to check it by)
+STATE_FORMAT = "bayesadmm-state-2"
+OLD_STATE_FORMATS = ("bayesadmm-state-1",)
+
+
+def _checksum(structure: str, tensors: list) -> str:
+    return hash_tensors(hashlib.sha256(structure.encode()), tensors).hexdigest()
+
+
+def sealed(structure: str, tensors: list) -> dict:
+    """What `dump_state` saves for a structure (JSON text) and its tensors: with their checksum."""
+    return {"format": STATE_FORMAT, "structure": structure, "tensors": tensors, "sha256": _checksum(structure, tensors)}
 
 
 def dump_state(tree: Any, f: Any) -> None:
-    """A state tree (`bayesadmm.trees`) into the binary file object `f`, as its JSON structure and tensors."""
+    """A state tree (`bayesadmm.trees`) into the binary file object `f`, as its JSON structure and tensors, with
+    their sha256 (checked by `read_state`)."""
     structure, tensors = flatten(tree)
-    torch.save({"format": STATE_FORMAT, "structure": json.dumps(structure), "tensors": tensors}, f)
+    torch.save(sealed(json.dumps(structure), tensors), f)
 
 
 def read_state(f: Any) -> Any:
-    """The tree `dump_state` wrote (nothing but tensors and plain values is ever loaded); a TreeError or torch's
-    UnpicklingError for anything else."""
+    """The tree `dump_state` wrote (nothing but tensors and plain values is ever loaded), its checksum verified; a
+    TreeError or torch's UnpicklingError for anything else."""
     payload = torch.load(f, weights_only=True)
+    if isinstance(payload, dict) and payload.get("format") in OLD_STATE_FORMATS:
+        raise OldStateError("written by an older bayesadmm, without a checksum")
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
         raise TreeError("not a state file written by bayesadmm")
-    return unflatten(json.loads(payload["structure"]), payload["tensors"])
+    structure, tensors = payload.get("structure"), payload.get("tensors")
+    if not (isinstance(structure, str) and isinstance(tensors, list) and all(isinstance(t, Tensor) for t in tensors)):
+        raise TreeError("not a state file written by bayesadmm")
+    if payload.get("sha256") != _checksum(structure, tensors):
+        raise TreeError("its checksum does not match: the file was changed or damaged after it was written")
+    return unflatten(json.loads(structure), tensors)
 
 
 def save_state(path: Path, tree: Any) -> None:
@@ -197,6 +222,10 @@ def load_state(path: Path) -> Any:
     try:
         with os.fdopen(fd, "rb") as f:
             return read_state(f)
+    except OldStateError:
+        raise RunDirError(
+            f"{path} was written by an older bayesadmm (no checksum to verify it by); start the run again"
+        ) from None
     except Exception as exc:  # noqa: BLE001 — a truncated, foreign or crafted file fails in many ways
         reason = str(exc).split(". ")[0].splitlines()[0] if str(exc) else ""  # torch's messages run to paragraphs
         raise RunDirError(

@@ -50,6 +50,7 @@ from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
 from bayesadmm.engine.rundir import (
     SHARD_NAME,
     SHARDS,
+    RunDirError,
     dump_state,
     load_state,
     read_state,
@@ -244,6 +245,36 @@ def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int
     if missing:
         raise ValueError(f"the checkpoint has no state for clients {missing[:10]}{' ...' if len(missing) > 10 else ''}")
     return {k: found[k] for k in wanted}
+
+
+def check_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> None:
+    """Check, before a resume writes anything, that the checkpoint's client states are whole: every shard it lists
+    is read (names confined, checksum verified: `load_state`) and holds the clients listed, and every client in
+    `wanted` has a state. The workers read their shards again when they start; this reads one shard at a time."""
+    path = Path(run_dir) / "checkpoint.pt"
+    found: set = set()
+    if "clients" in checkpoint:
+        found = set(checkpoint["clients"]) if isinstance(checkpoint["clients"], Mapping) else set()
+    else:
+        shards = checkpoint["shards"]
+        if not isinstance(shards, list) or not all(
+            isinstance(s, Mapping) and {"file", "clients"} <= set(s) for s in shards
+        ):
+            raise RunDirError(f"{path} lists its shards in a form the engine does not write; start the run again")
+        for shard in shards:
+            states = load_state(shard_path(run_dir, shard["file"]))
+            if not isinstance(states, dict) or sorted(states) != sorted(shard["clients"]):
+                raise RunDirError(
+                    f"{shard_path(run_dir, shard['file'])} does not hold the clients {path} lists for it; "
+                    "start the run again"
+                )
+            found.update(states)
+    missing = [k for k in wanted if k not in found]
+    if missing:
+        raise RunDirError(
+            f"{path} has no state for clients {missing[:10]}{' ...' if len(missing) > 10 else ''}; "
+            "resume with the run's own clients, or start a new run"
+        )
 
 
 def remove_stale_shards(run_dir: Path, record: Mapping) -> None:
@@ -672,5 +703,6 @@ __all__: Sequence[str] = [
     "one_thread",
     "checkpointed_states",
     "remove_stale_shards",
+    "check_states",
     "SHARDS",
 ]
