@@ -10,9 +10,9 @@ Three conversions, none of which knows anything about an algorithm:
 * a `RunConfig` <-> a JSON string inside a `ConfigRecord`.
 
 The tree's encoding is `bayesadmm.trees` (shared with the engine's checkpoints). NamedTuple and dataclass types are
-stored by ``module:qualname`` and rebuilt, as in checkpoints, only if they come from the ``bayesadmm`` package or
-from a module this process has already imported (a user's algorithm imports its own state classes before any state
-arrives), so reading a state never imports a module it names, runs other code, or unpickles anything.
+stored by ``module:qualname`` and rebuilt, as in checkpoints, only from the registry of state classes
+(`bayesadmm.trees.register`: the library's, and a user's algorithm's own, registered where they are defined), so
+reading a state never imports a module it names, runs other code, or unpickles anything.
 """
 
 from __future__ import annotations
