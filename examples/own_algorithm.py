@@ -45,6 +45,9 @@ class Server(NamedTuple):
     velocity: Tensor    # the momentum buffer v
 
 
+bayesadmm.trees.register(Server)   # states are stored without pickle: a state class of your own is registered once
+
+
 class ClientInfo(NamedTuple):
     loss: float         # mean minibatch loss over the client's last epoch
     steps: int          # SGD steps taken

@@ -7,11 +7,12 @@ The public API:
     bayesadmm.algorithms.REGISTRY, bayesadmm.algorithms.make(name, **hparams), bayesadmm.Algorithm   algorithms
     bayesadmm.ClientData, SupervisedData, DataError                                                  client data
     bayesadmm.FlatModel                                                                              a module as f(θ, x)
+    bayesadmm.trees.register(MyState)                                          a state class of one's own, storable
     bayesadmm.optim.IVON                                                                             a torch optimizer
     bayesadmm.Federation, Settings, run_federation                                                   the engine's loop
 """
 
-from bayesadmm import algorithms
+from bayesadmm import algorithms, trees
 from bayesadmm.algorithms import Algorithm, DivergenceError, PointEstimate
 from bayesadmm.clients import ClientData, SupervisedData, TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
@@ -36,6 +37,7 @@ __all__ = [
     "Result",
     "algorithm_factory",
     "algorithms",
+    "trees",
     "Algorithm",
     "DivergenceError",
     "PointEstimate",

@@ -4,4 +4,5 @@ import sys
 
 from bayesadmm.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # only when run: importing this module (as a crafted state once could) runs nothing
+    sys.exit(main())

@@ -12,6 +12,7 @@ instead of two per client.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -21,8 +22,9 @@ from torch import Tensor
 
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
+from bayesadmm.trees import hash_tensors
 
-__all__ = ["ClientData", "ClientSource", "SupervisedData", "TensorClients", "ClientObjects"]
+__all__ = ["ClientData", "ClientSource", "SupervisedData", "TensorClients", "ClientObjects", "fingerprint"]
 
 
 @runtime_checkable
@@ -174,3 +176,22 @@ def client_ids(clients: Iterable) -> list[int]:
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k < 10**9:
             raise ValueError(f"client ids must be integers in [0, 10⁹), got {k!r}")
     return ids
+
+
+def fingerprint(source: Any) -> dict:
+    """What a checkpoint records of the clients' data, so that a resume with other data is refused: the clients'
+    sizes and, where the source holds the examples as tensors (`TensorClients`, `ClientObjects` of `X`/`y` data), the
+    sha256 of their bytes (one pass over the data: FashionMNIST's training set takes a fraction of a second)."""
+    sizes = {str(k): int(n) for k, n in sorted(source.sizes.items())}
+    if isinstance(source, TensorClients):
+        tensors = [source.X, source.y]
+    elif isinstance(source, ClientObjects):
+        tensors = []
+        for k in sorted(source.clients):
+            X, y = getattr(source.clients[k], "X", None), getattr(source.clients[k], "y", None)
+            if not (isinstance(X, Tensor) and isinstance(y, Tensor)):
+                return {"sizes": sizes}  # a client of the user's own kind: its sizes are what can be checked
+            tensors += [X, y]
+    else:
+        return {"sizes": sizes}
+    return {"sizes": sizes, "sha256": hash_tensors(hashlib.sha256(), tensors).hexdigest()}

@@ -259,7 +259,9 @@ def _check_same_run(run_dir: Path, config: Mapping[str, Any]) -> None:
     path = run_dir / "config.json"
     if not (run_dir / "checkpoint.pt").exists() or not path.exists():
         raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from; run without resume=True")
-    saved = json.loads(path.read_text())
+    from bayesadmm.engine.rundir import read_bytes
+
+    saved = json.loads(read_bytes(path))  # never through a link out of the run directory
     mine = json.loads(json.dumps(config))
     for key in ("stop_at", "workers"):
         saved.get("settings", {}).pop(key, None)

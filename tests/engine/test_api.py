@@ -178,6 +178,9 @@ class MeanServer(NamedTuple):
     params: torch.Tensor
 
 
+bayesadmm.trees.register(MeanServer)  # a state class of the user's own: allowed in checkpoints
+
+
 class MeanInfo(NamedTuple):
     loss: float
 

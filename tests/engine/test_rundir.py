@@ -3,6 +3,7 @@ writes, a final status whatever happens, files written whole."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -161,8 +162,162 @@ def test_a_crafted_checkpoint_runs_no_code(tmp_path):
         assert not marker.exists()
     # a structure naming a callable outside the allowed state classes is refused too
     structure = {"namedtuple": "os:system", "items": [{"str": f"touch {marker}"}]}
-    torch.save({"format": "bayesadmm-state-1", "structure": json.dumps(structure), "tensors": []},
-               tmp_path / "r" / "checkpoint.pt")
+    torch.save(rundir.sealed(json.dumps(structure), []), tmp_path / "r" / "checkpoint.pt")
     with pytest.raises(rundir.RunDirError, match="refusing os:system"):
         _run(tmp_path / "r", resume=True)
     assert not marker.exists()
+    # nor is any module a file names imported: bayesadmm.__main__ once ran the command line (a SystemExit here)
+    structure = {"namedtuple": "bayesadmm.__main__:X", "items": []}
+    torch.save(rundir.sealed(json.dumps(structure), []), tmp_path / "r" / "checkpoint.pt")
+    with pytest.raises(rundir.RunDirError, match="refusing bayesadmm.__main__:X: not a registered state class"):
+        _run(tmp_path / "r", resume=True)
+
+
+# ---- a run directory is confined: no symbolic links followed, only the engine's shard names, no FIFOs ----
+
+
+def _sharded(out):
+    """A run stopped at round 1 with two workers: its checkpoint lists shard files."""
+    _run(out, stop_at=1, workers=2)
+    checkpoint = rundir.load_state(out / "checkpoint.pt")
+    assert [s["file"] for s in checkpoint["shards"]] == ["client-states/r000001-w0.pt", "client-states/r000001-w1.pt"]
+    return checkpoint
+
+
+def test_a_symlinked_client_states_folder_is_refused_and_its_target_untouched(tmp_path):
+    _sharded(tmp_path / "r")
+    elsewhere = tmp_path / "elsewhere"
+    (tmp_path / "r" / "client-states").rename(elsewhere)
+    (elsewhere / "precious.txt").write_text("keep me")
+    (tmp_path / "r" / "client-states").symlink_to(elsewhere)
+    before = {p.name: p.read_bytes() for p in elsewhere.iterdir()}
+    with pytest.raises(rundir.RunDirError, match="client-states is a symbolic link or not a folder"):
+        _run(tmp_path / "r", resume=True, workers=2)
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before   # nothing read through it deleted
+    # a fresh start with overwrite removes the link, not what it points to
+    _run(tmp_path / "r", overwrite=True)
+    assert {p.name: p.read_bytes() for p in elsewhere.iterdir()} == before
+
+
+def test_shard_names_outside_the_engines_pattern_are_refused(tmp_path):
+    checkpoint = _sharded(tmp_path / "r")
+    (tmp_path / "other").mkdir()
+    for name in ("../other/r000001-w0.pt", "client-states/../../other/x.pt", "/etc/passwd", "client-states/x.pt", 7):
+        checkpoint["shards"][0]["file"] = name
+        rundir.save_state(tmp_path / "r" / "checkpoint.pt", checkpoint)
+        with pytest.raises(rundir.RunDirError, match="lists a shard .*not a name the engine writes"):
+            _run(tmp_path / "r", resume=True, workers=2)
+
+
+def test_a_fifo_in_place_of_a_file_is_refused_without_hanging(tmp_path):
+    import signal
+
+    _sharded(tmp_path / "r")
+    shard = tmp_path / "r" / "client-states" / "r000001-w0.pt"
+    shard.unlink()
+    os.mkfifo(shard)
+    signal.signal(signal.SIGALRM, lambda *_: pytest.fail("reading the FIFO hung"))
+    signal.alarm(60)
+    try:
+        with pytest.raises(rundir.RunDirError, match="r000001-w0.pt is not a regular file"):
+            _run(tmp_path / "r", resume=True, workers=2)
+        (tmp_path / "r" / "checkpoint.pt").rename(tmp_path / "r" / "saved.pt")
+        os.mkfifo(tmp_path / "r" / "checkpoint.pt")
+        with pytest.raises(rundir.RunDirError, match="checkpoint.pt is not a regular file"):
+            _run(tmp_path / "r", resume=True, workers=2)
+    finally:
+        signal.alarm(0)
+    # a symbolic link in place of the checkpoint is refused too (not read from where it points)
+    (tmp_path / "r" / "checkpoint.pt").unlink()
+    (tmp_path / "r" / "checkpoint.pt").symlink_to(tmp_path / "r" / "saved.pt")
+    with pytest.raises(rundir.RunDirError, match="checkpoint.pt is a symbolic link"):
+        _run(tmp_path / "r", resume=True, workers=2)
+
+
+# ---- integrity: checksums, and a resume only of the same method, configuration and data ----
+
+
+def test_a_damaged_state_file_is_refused_naming_it_before_anything_is_written(tmp_path):
+    _sharded(tmp_path / "r")
+    before = _files(tmp_path / "r")
+    path = tmp_path / "r" / "checkpoint.pt"
+    payload = torch.load(path, weights_only=True)
+    payload["tensors"][0].view(-1)[:16] = 0.0   # 16 weights changed, the file otherwise well-formed
+    torch.save(payload, path)
+    with pytest.raises(rundir.RunDirError, match="checkpoint.pt is not a readable.*checksum does not match"):
+        _run(tmp_path / "r", resume=True, workers=2)
+    # 64 zeroed bytes where the server's weights are, in the file's raw bytes
+    raw = bytearray(before["checkpoint.pt"])
+    weights = rundir.load_state(tmp_path / "r" / "client-states" / "r000001-w1.pt")  # a shard read is fine
+    server = torch.load(io.BytesIO(before["checkpoint.pt"]), weights_only=True)["tensors"][0]
+    at = bytes(raw).find(server.numpy().tobytes()[:64])
+    assert at > 0 and weights is not None
+    raw[at:at + 64] = bytes(64)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(rundir.RunDirError, match="checkpoint.pt is not a readable.*checksum does not match"):
+        _run(tmp_path / "r", resume=True, workers=2)
+    path.write_bytes(before["checkpoint.pt"])
+    shard = tmp_path / "r" / "client-states" / "r000001-w1.pt"
+    payload = torch.load(shard, weights_only=True)
+    payload["structure"] = payload["structure"].replace('"int": 1', '"int": 0', 1)   # client 1 → client 0
+    torch.save(payload, shard)
+    with pytest.raises(rundir.RunDirError, match="r000001-w1.pt is not a readable.*checksum"):
+        _run(tmp_path / "r", resume=True, workers=2)
+    assert _files(tmp_path / "r") == before   # status.json and environment.json untouched: shards read first
+    torch.save({"format": "bayesadmm-state-1", "structure": "{}", "tensors": []}, path)
+    with pytest.raises(rundir.RunDirError, match="written by an older bayesadmm .no checksum.*start the run again"):
+        _run(tmp_path / "r", resume=True, workers=2)
+
+
+def test_a_resume_with_another_method_or_data_is_refused_naming_the_difference(tmp_path):
+    _run(tmp_path / "r", stop_at=1)
+    before = _files(tmp_path / "r")
+    checkpoint = rundir.load_state(tmp_path / "r" / "checkpoint.pt")
+    run = checkpoint["run"]
+    assert run["method"] == "fedavg" and run["data"]["sizes"] == {"0": 16, "1": 16} and len(run["data"]["sha256"]) == 64
+    rundir.save_state(tmp_path / "r" / "checkpoint.pt", {**checkpoint, "run": {**run, "method": "feddyn"}})
+    with pytest.raises(rundir.RunDirError, match="checkpoint of method 'feddyn', this run's is 'fedavg'"):
+        _run(tmp_path / "r", resume=True)
+    rundir.save_state(tmp_path / "r" / "checkpoint.pt", checkpoint)
+    torch.manual_seed(0)
+    clients, test = _data()
+    other = [(x + 1.0, y) for x, y in clients]   # the same shapes, other values
+    with pytest.raises(rundir.RunDirError, match="clients' examples differ .*sha256"):
+        bayesadmm.run(nn.Linear(3, 2), other, test, algorithm="fedavg", hparams=FEDAVG, rounds=2, progress=False,
+                      out=tmp_path / "r", resume=True)
+    with pytest.raises(rundir.RunDirError, match=r'clients differ .*sizes \{"0": 16, "1": 16\} → \{"0": 16, "1": 8\}'):
+        loop._check_same_run(tmp_path / "r" / "checkpoint.pt", checkpoint,
+                             {**run, "data": {"sizes": {"0": 16, "1": 8}}})
+    edited = {**run["config"], "hparams": {**run["config"]["hparams"], "lr": 0.5}}   # an edited config.json
+    with pytest.raises(rundir.RunDirError, match=r"configuration differs .*\(hparams.lr 0.05 → 0.5\); restore config"):
+        loop._check_same_run(tmp_path / "r" / "checkpoint.pt", checkpoint, {**run, "config": edited})
+    assert _files(tmp_path / "r") == before
+
+
+def test_an_edited_config_json_is_validated_like_a_new_one(tmp_path):
+    from bayesadmm.experiments.config import ConfigError, RunConfig, load
+
+    (tmp_path / "config.json").write_text(json.dumps({**RunConfig().to_json(), "data_fraction": 7.0}))
+    with pytest.raises(ConfigError, match=r"config.json: data_fraction must be in \(0, 1\], got 7.0; restore"):
+        load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**RunConfig().to_json(), "clients": "ten"}))
+    with pytest.raises(ConfigError, match="config.json: .*clients"):
+        load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(RunConfig().to_json()))
+    assert load(tmp_path) == RunConfig()
+
+
+def test_hashing_the_data_is_cheap():
+    """FashionMNIST's training set (60000 × 784 float32): hashed once at each start, well under a second."""
+    import time
+
+    from bayesadmm.clients import TensorClients, fingerprint
+
+    X, y = torch.rand(60000, 784), torch.randint(0, 10, (60000,))
+    source = TensorClients(None, X, y, {k: (k * 6000, (k + 1) * 6000) for k in range(10)})
+    start = time.perf_counter()
+    first = fingerprint(source)
+    seconds = time.perf_counter() - start
+    assert first == fingerprint(source) and seconds < 1.0, seconds
+    X[123, 45] += 1.0
+    assert fingerprint(source)["sha256"] != first["sha256"]

@@ -88,10 +88,10 @@ def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeyp
     killed = tmp_path / "killed"
     save = loop._save_checkpoint
 
-    def dying_save(path, round_, server, clients):
+    def dying_save(path, round_, server, clients, identity):
         if round_ == 2:
             raise KeyboardInterrupt
-        save(path, round_, server, clients)
+        save(path, round_, server, clients, identity)
 
     monkeypatch.setattr(loop, "_save_checkpoint", dying_save)
     assert main(["run", "fmnist-heterog10", *args, f"out={killed}", "--quiet"]) == 130  # as a shell reports Ctrl-C
@@ -177,8 +177,8 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
         grad = batch_grad(self, theta, idx)
         return grad * float("nan") if after_round_1["yes"] else grad
 
-    def save_and_flag(path, round_, server, clients):
-        save(path, round_, server, clients)
+    def save_and_flag(path, round_, server, clients, identity):
+        save(path, round_, server, clients, identity)
         after_round_1["yes"] = round_ >= 1
 
     monkeypatch.setattr(ClassificationData, "batch_loss", poisoned)

@@ -158,11 +158,11 @@ def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_che
     assert main(["run", *common, "workers=1", f"out={whole}"]) == 0
     save = loop._save_checkpoint
 
-    def dies_after_the_shards(path, round_, server, clients):
+    def dies_after_the_shards(path, round_, server, clients, identity):
         if round_ == 2:
             clients.save(path.parent, round_)         # the workers' shards of round 2 are complete ...
             raise KeyboardInterrupt                    # ... checkpoint.pt still says round 1
-        save(path, round_, server, clients)
+        save(path, round_, server, clients, identity)
 
     monkeypatch.setattr(loop, "_save_checkpoint", dies_after_the_shards)
     assert main(["run", *common, "workers=2", f"out={killed}"]) == 130  # as a shell reports Ctrl-C
@@ -205,9 +205,9 @@ def test_checkpoint_every_skips_rounds_but_always_saves_the_last(tmp_path, monke
     saved = []
     save = loop._save_checkpoint
 
-    def recording_save(path, round_, server, clients):
+    def recording_save(path, round_, server, clients, identity):
         saved.append(round_)
-        save(path, round_, server, clients)
+        save(path, round_, server, clients, identity)
 
     monkeypatch.setattr(loop, "_save_checkpoint", recording_save)
     assert main(["run", "fmnist-heterog10", *SMALL, "method=fedavg", "rounds=5", "checkpoint_every=2",

@@ -13,6 +13,7 @@ pytest.importorskip("flwr")
 from conftest import needs_fmnist
 from helpers import EXTRA, SMALL, LoopbackGrid, assert_same_metrics, lines, fast_data  # noqa: F401 (fixture)
 
+from bayesadmm import trees
 from bayesadmm.algorithms import REGISTRY
 from bayesadmm.experiments.build import run
 from bayesadmm.experiments.config import resolve
@@ -24,6 +25,13 @@ from flwr.app import RecordDict
 
 class Foreign(NamedTuple):
     x: int
+
+
+class Unregistered(NamedTuple):
+    x: int
+
+
+trees.register(Foreign)
 
 
 def test_messages_round_trip_with_keys_dtypes_and_shapes():
@@ -72,11 +80,19 @@ def test_messages_and_states_come_back_on_the_device_asked_for():
 
 
 def test_records_refuse_what_they_cannot_store_or_trust():
-    # a user's own NamedTuple (its module is imported) goes through; a class of a module never imported does not
+    # a user's own registered NamedTuple goes through; an unregistered class, or one a record names, does not
     arrays, structure = records.tree_to_records(Foreign(1))
     assert records.records_to_tree(arrays, structure) == Foreign(1)
+    with pytest.raises(records.RecordError, match="not a registered state class"):
+        records.tree_to_records(Unregistered(1))
     structure["tree"] = json.dumps({"namedtuple": "not_imported_anywhere:Thing", "items": []})
     with pytest.raises(records.RecordError, match="not_imported_anywhere"):
+        records.records_to_tree(arrays, structure)
+    structure["tree"] = json.dumps({"namedtuple": "bayesadmm.__main__:X", "items": []})  # once re-ran the CLI
+    with pytest.raises(records.RecordError, match="not a registered state class"):
+        records.records_to_tree(arrays, structure)
+    structure["tree"] = json.dumps({"namedtuple": f"{Foreign.__module__}:Foreign", "items": []})  # a field short
+    with pytest.raises(records.RecordError, match="does not decode"):
         records.records_to_tree(arrays, structure)
     with pytest.raises(records.RecordError, match="cannot store a object"):
         records.tree_to_records((object(),))
@@ -124,6 +140,34 @@ def test_partial_participation_matches_the_local_engine(fast_data, tmp_path):
     code, local, flower = _local_and_flower(tmp_path, "feddyn", ["participation=0.6", "rounds=3"])
     assert code == 0 and [line["participants"] for line in flower] == [2, 2, 2]
     assert_same_metrics(local, flower, tol=1e-9)
+
+
+def _crafted(app, bad_clients):
+    """A ClientApp whose replies from `bad_clients` carry a state record naming `bayesadmm.__main__` (which, when
+    records imported what they named, re-ran the command line inside the ServerApp)."""
+
+    def crafted(message, context):
+        reply = app(message, context)
+        if context.node_config["partition-id"] in bad_clients and records.STATE_TREE in reply.content:
+            reply.content[records.STATE_TREE]["tree"] = json.dumps({"namedtuple": "bayesadmm.__main__:X", "items": []})
+        return reply
+
+    return crafted
+
+
+@needs_fmnist
+def test_a_reply_that_does_not_decode_is_refused_and_logged_and_the_run_goes_on(fast_data, tmp_path):
+    config, _ = resolve("fmnist-heterog10", SMALL + ["rounds=2", "method=fedavg", f"out={tmp_path / 'one'}"])
+    assert run_server(LoopbackGrid(_crafted(client_app, {1}), config.clients), config).exit_code == 0
+    assert [line["participants"] for line in lines(tmp_path / "one")] == [2, 2]
+    log = (tmp_path / "one" / "flower.log").read_text()
+    assert "client 1 (node 1001) sent a reply that is refused" in log and "bayesadmm.__main__:X" in log
+    assert json.loads((tmp_path / "one" / "status.json").read_text())["status"] == "completed"
+    # every client's reply refused: the run ends with a final "failed" status
+    config, _ = resolve("fmnist-heterog10", SMALL + ["rounds=2", "method=fedavg", f"out={tmp_path / 'all'}"])
+    with pytest.raises(RuntimeError, match="no client replied"):
+        run_server(LoopbackGrid(_crafted(client_app, {0, 1, 2}), config.clients), config)
+    assert json.loads((tmp_path / "all" / "status.json").read_text())["status"] == "failed"
 
 
 @needs_fmnist

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from bayesadmm import trees
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.algorithms.base import PointEstimate
 
@@ -30,6 +31,9 @@ class Client:
 
 class Info(NamedTuple):
     loss: float
+
+
+trees.register(Server, Client)  # the states of a method of one's own, allowed in records and checkpoints
 
 
 def make_algorithm(dim: int, lr: float = 0.1, steps: int = 5, batch: int = 8, rho: float = 0.5) -> Algorithm:

@@ -53,13 +53,16 @@ from bayesadmm.algorithms.base import (
 )
 from bayesadmm.solvers.adam import LocalAdamProx, ProxProblem, local_adam
 from bayesadmm.solvers.newton import ProxNewton
+from bayesadmm.trees import register
 
 
+@register
 class ServerState(NamedTuple):
     theta: Tensor  # θ_g
     replies: Mapping[int, Message]
 
 
+@register
 class ClientState(NamedTuple):
     dual: Tensor  # v_k
     theta: Tensor | None  # θ_k from the last local solve

@@ -26,6 +26,8 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from bayesadmm.trees import register
+
 Message = dict[str, Tensor]
 Info = tuple  # an info record: a NamedTuple of scalars
 
@@ -84,10 +86,12 @@ def update_from(name: str, local: LocalStep) -> Callable[[Any, Message, Any, tor
     return client_update
 
 
+@register
 class NoInfo(NamedTuple):
     """Nothing to report."""
 
 
+@register
 class SolveInfo(NamedTuple):
     """A client's local solve by a solver object (`SolveResult`, `PointResult`)."""
 
@@ -95,16 +99,19 @@ class SolveInfo(NamedTuple):
     converged: bool  # tolerance met; fixed-budget solvers (IVON, Adam) report True
 
 
+@register
 class TrainingInfo(NamedTuple):
     """A client's local training with a fixed budget of epochs (Adam)."""
 
     iterations: int  # optimizer steps taken
 
 
+@register
 class ServerInfo(NamedTuple):
     clients: int  # clients whose replies the server update counted
 
 
+@register
 @dataclass(frozen=True)
 class PointEstimate:
     """The 'posterior' of a point-estimate method (FedAvg, ADMM, ...): a point mass at `mean`."""

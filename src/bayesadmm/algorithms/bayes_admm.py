@@ -48,10 +48,12 @@ from bayesadmm.algorithms.base import (
 from bayesadmm.families import GaussianFamily, Posterior
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ivon import VariationalProblem
+from bayesadmm.trees import register
 
 Natural = tuple[Tensor, ...]
 
 
+@register
 class ServerState(NamedTuple):
     natural: Natural  # λ_g
     # η_k + ρ_s λ_k of every client that has replied (its reply, `client_contribution`): all the server update reads
@@ -61,6 +63,7 @@ class ServerState(NamedTuple):
     round: int = 0  # completed rounds (local solvers may schedule on it, e.g. cosine lr)
 
 
+@register
 class ClientState(NamedTuple):
     dual: Natural  # η_k
     natural: Natural | None  # λ_k from the last local solve (None before the first)

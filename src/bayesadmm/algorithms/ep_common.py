@@ -20,6 +20,7 @@ from bayesadmm.algorithms.base import DivergenceError, Message, ServerInfo, pack
 from bayesadmm.families import DiagonalGaussian, FullGaussian, Natural, Posterior
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.natural_optimizers import Identity, NaturalOptimizer
+from bayesadmm.trees import register
 
 IDENTITY = Identity()  # the default ClientOptim / ServerOptim: plain damped EP
 
@@ -65,6 +66,7 @@ def clip_delta(delta: Natural, clip_norm: float | None) -> Natural:
 # ---------------------------------------------------------------------------
 
 
+@register
 class ServerState(NamedTuple):
     natural: Natural  # λ_g (may be improper before the first round from a uniform start)
     optimizer: Any  # ServerOptim state

@@ -38,17 +38,20 @@ from bayesadmm.algorithms.base import (
     update_from,
 )
 from bayesadmm.solvers.adam import AdamProblem, local_adam
+from bayesadmm.trees import register
 
 # θ_g from the participants' replies {client id: {"theta": θ_k, "num-examples": N_k}}
 Average = Callable[[Mapping[int, Message]], Tensor]
 
 
+@register
 class ServerState(NamedTuple):
     theta: Tensor  # θ_g
     clients: tuple[int, ...]  # ids of the clients that have replied so far
     round: int = 0  # completed rounds
 
 
+@register
 class ClientState(NamedTuple):
     """Empty: nothing carries over between a FedAvg client's rounds (fresh Adam state, start from θ_g)."""
 

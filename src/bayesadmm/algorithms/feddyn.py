@@ -72,8 +72,10 @@ from bayesadmm.algorithms.base import (
     update_from,
 )
 from bayesadmm.solvers.adam import AdamProblem, local_adam
+from bayesadmm.trees import register
 
 
+@register
 class ServerState(NamedTuple):
     theta: Tensor  # θ_g
     h: Tensor  # h (Acar's server state; = (1/K) Σ_k g_k)
@@ -81,6 +83,7 @@ class ServerState(NamedTuple):
     round: int = 0  # completed rounds
 
 
+@register
 class ClientState(NamedTuple):
     grad: Tensor  # g_k (Acar's ∇L_k(θ_k^{t−1})): all a FedDyn client carries over
 

@@ -39,8 +39,10 @@ from bayesadmm.families import Natural
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ep_inference import TiltedInference
 from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
+from bayesadmm.trees import register
 
 
+@register
 class ClientState(NamedTuple):
     site: Natural  # λ_k
     optimizer: Any  # ClientOptim state

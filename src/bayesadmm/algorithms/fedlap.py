@@ -65,14 +65,17 @@ from bayesadmm.algorithms.base import (
     update_from,
 )
 from bayesadmm.solvers.adam import AdamProblem, local_adam
+from bayesadmm.trees import register
 
 
+@register
 class ServerState(NamedTuple):
     theta: Tensor  # w_g
     theta0: Tensor  # θ_0: the initial sites of clients that have not replied yet
     replies: Mapping[int, Message]  # last reply of every client that has replied
 
 
+@register
 class ClientState(NamedTuple):
     client_id: int
     dual: Tensor  # ṽ_k = δ v_k / N_k (mean-loss units)

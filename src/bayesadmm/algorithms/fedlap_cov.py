@@ -54,8 +54,10 @@ from bayesadmm.likelihoods import Likelihood, require
 from bayesadmm.solvers.adam import local_adam
 from bayesadmm.solvers.curvature import GGN, DiagonalCurvature
 from bayesadmm.solvers.von import SubproblemError
+from bayesadmm.trees import register
 
 
+@register
 class ServerState(NamedTuple):
     mean: Tensor  # w_g
     precision: Tensor  # S_g (diagonal)
@@ -63,6 +65,7 @@ class ServerState(NamedTuple):
     replies: Mapping[int, Message]
 
 
+@register
 class ClientState(NamedTuple):
     v: Tensor  # v_k
     V: Tensor  # V_k (diagonal)

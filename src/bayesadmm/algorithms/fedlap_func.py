@@ -92,16 +92,19 @@ from bayesadmm.algorithms.fedlap import (
 )
 from bayesadmm.likelihoods import Classification, CurvatureLikelihood, Likelihood, require
 from bayesadmm.solvers.adam import local_adam
+from bayesadmm.trees import register
 
 MEMORY_KEYS = ("memory.x", "memory.soft", "memory.tau")
 
 
+@register
 class ServerState(NamedTuple):
     theta: Tensor  # w_g
     theta0: Tensor  # θ_0: the initial sites of clients that have not replied yet
     replies: Mapping[int, Message]  # last reply of every client: ṽ_k and its memory (inputs, ŷ_i, τ_i)
 
 
+@register
 class ClientState(NamedTuple):
     client_id: int
     dual: Tensor  # ṽ_k = δ v_k / N_k (mean-loss units, as in fedlap.py)
@@ -111,17 +114,20 @@ class ClientState(NamedTuple):
     theta: Tensor | None  # w_k from the last local training
 
 
+@register
 class ClientInfo(NamedTuple):
     iterations: int  # local Adam steps
     memory_terms: int  # function-space terms in the client's objective (0: a FedLap round)
 
 
+@register
 class ServerInfo(NamedTuple):
     clients: int  # clients whose last reply the server counted
     memory: int  # memory points the server problem fitted (0: FedLap's closed form)
     grad_norm: float  # ‖∇‖ of the server objective where its Adam stopped (0.0 for the closed form)
 
 
+@register
 class Memory(NamedTuple):
     x: Tensor  # inputs (M, ...)
     soft: Tensor  # soft targets (M, ...): the likelihood's E[y | f] (class probabilities (M, C) for the softmax)

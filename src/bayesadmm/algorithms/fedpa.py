@@ -36,8 +36,10 @@ from bayesadmm.algorithms.ep_common import check_family, prior_natural
 from bayesadmm.families import Natural, Posterior
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ep_inference import TiltedInference
+from bayesadmm.trees import register
 
 
+@register
 class ServerState(NamedTuple):
     natural: Natural  # λ_g = λ_0 + Σ_k λ̂_k
     replies: Mapping[int, Message]  # last local approximation of every client
@@ -45,6 +47,7 @@ class ServerState(NamedTuple):
     anchor: Tensor | None = None  # θ_0, where local searches start before the first server update
 
 
+@register
 class ClientState(NamedTuple):
     pass
 

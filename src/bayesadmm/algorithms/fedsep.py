@@ -25,8 +25,10 @@ from bayesadmm.algorithms.ep_common import IDENTITY, ServerState, clip_delta, da
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ep_inference import TiltedInference
 from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
+from bayesadmm.trees import register
 
 
+@register
 class ClientState(NamedTuple):
     fraction: float  # n_k / N, client k's share of the likelihood part of q_g (configuration, not learnt)
 

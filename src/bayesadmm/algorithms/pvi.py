@@ -21,14 +21,17 @@ from torch import Tensor
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, ServerInfo, SolveInfo, pack, unpack
 from bayesadmm.families import Posterior
 from bayesadmm.families import natural as nat
+from bayesadmm.trees import register
 
 Natural = tuple[Tensor, ...]
 
 
+@register
 class ServerState(NamedTuple):
     natural: Natural  # λ_g
 
 
+@register
 class ClientState(NamedTuple):
     site: Natural  # η_k
 

@@ -39,13 +39,14 @@ import torch
 from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, info_scalars
-from bayesadmm.clients import ClientSource
+from bayesadmm.clients import ClientSource, fingerprint
 from bayesadmm.engine.cohort import automatic_cohort
 from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.rundir import (
     RunDirError,
     locked,
     prepare_fresh,
+    read_bytes,
     read_checkpoint,
     save_state,
     write_bytes,
@@ -55,6 +56,7 @@ from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.workers import (
     ClientRunner,
     RunnerFactory,
+    check_states,
     client_runner,
     default_workers,
     remove_stale_shards,
@@ -214,19 +216,77 @@ def metrics_line(
     return line
 
 
-def _save_checkpoint(path: Path, round_: int, server: Any, clients: ClientRunner) -> None:
+def _save_checkpoint(path: Path, round_: int, server: Any, clients: ClientRunner, identity: dict) -> None:
     """checkpoint.pt: the round, the server state and the record of the client states (`clients.save`: the states, or
     the shard files the workers have just written). Written last and renamed into place, so that it only ever names a
     complete state; the shards it does not name are deleted after."""
     record = clients.save(path.parent, round_)
-    save_state(path, {"round": round_, "server": server, **record})  # never a half-written checkpoint
+    # never a half-written checkpoint; `identity` (method, configuration, data) is what a resume must match
+    save_state(path, {"round": round_, "server": server, **record, "run": identity})
     remove_stale_shards(path.parent, record)
+
+
+# what a resume may change: where the files go, how many workers, when to checkpoint or stop, the trackers, the
+# device (the numbers are those of the run's configuration, only rounded differently by another processor)
+RESUME_MAY_CHANGE = frozenset({"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device"})
+
+
+def _settings(config: Mapping, prefix: str = "") -> dict[str, str]:
+    """A configuration as flat `key: JSON value` pairs (nested tables by dotted keys), without RESUME_MAY_CHANGE."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        if key in RESUME_MAY_CHANGE:
+            continue
+        if isinstance(value, Mapping):
+            flat.update(_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = json.dumps(value, sort_keys=True)
+    return flat
+
+
+def _check_same_run(path: Path, checkpoint: Mapping, identity: Mapping) -> None:
+    """A RunDirError naming the difference if the checkpoint at `path` was written by another method, configuration
+    or data than this run's `identity`."""
+    saved = checkpoint.get("run")
+    if not isinstance(saved, Mapping) or not {"method", "config", "data"} <= set(saved):
+        raise RunDirError(f"{path} does not record its run (written by an older bayesadmm); start the run again")
+    again = "resume with the run's own, or start a new run (another out=, or --overwrite)"
+    if saved["method"] != identity["method"]:
+        raise RunDirError(
+            f"{path} is a checkpoint of method {saved['method']!r}, this run's is {identity['method']!r}; {again}"
+        )
+    if isinstance(saved["config"], Mapping) and identity["config"] is not None:
+        old, new = _settings(saved["config"]), _settings(identity["config"])
+        differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+        if differ:
+            shown = ", ".join(f"{k} {old.get(k, '(unset)')} → {new.get(k, '(unset)')}" for k in differ[:5])
+            raise RunDirError(
+                f"the configuration differs from the one {path} was written with ({shown}"
+                f"{', ...' if len(differ) > 5 else ''}); restore config.json, or start a new run"
+            )
+    old_data, new_data = saved["data"], identity["data"]
+    if not isinstance(old_data, Mapping) or old_data.get("sizes") != new_data["sizes"]:
+        old_sizes = old_data.get("sizes") if isinstance(old_data, Mapping) else None
+        raise RunDirError(
+            f"the clients differ from those {path} was written with (sizes {_short(old_sizes)} → "
+            f"{_short(new_data['sizes'])}); resume with the run's own data, or start a new run"
+        )
+    if "sha256" in old_data and "sha256" in new_data and old_data["sha256"] != new_data["sha256"]:
+        raise RunDirError(
+            f"the clients' examples differ from those {path} was written with (same sizes, other values: their sha256 "
+            f"differs); resume with the run's own data, or start a new run"
+        )
+
+
+def _short(sizes: Any) -> str:
+    text = json.dumps(sizes)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _read_metrics(path: Path, up_to: int) -> list[dict]:
     if not path.exists():
         return []
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in read_bytes(path).decode().splitlines() if line.strip()]
     return [line for line in lines if line["round"] <= up_to]
 
 
@@ -289,9 +349,14 @@ def _run_locked(
         run_dir / "checkpoint.pt",
     )
     algorithm = federation.make_algorithm()
+    ids = sorted(federation.clients.sizes)
+    config_json = json.loads(json.dumps(dict(config))) if config is not None else None  # as config.json holds it
+    identity = {"method": algorithm.name, "config": config_json, "data": fingerprint(federation.clients)}
     checkpoint = None
     if resume:  # everything checked before anything is written
         checkpoint = read_checkpoint(checkpoint_path, settings.rounds)
+        _check_same_run(checkpoint_path, checkpoint, identity)
+        check_states(checkpoint, run_dir, ids)  # the worker shards too: read and their checksums verified
         if settings.stop_at and settings.stop_at < checkpoint["round"]:
             raise RunDirError(
                 f"stop_at={settings.stop_at} is before the checkpoint's round {checkpoint['round']}; "
@@ -299,7 +364,7 @@ def _run_locked(
             )
         if checkpoint["round"] >= settings.last_round:
             history = _read_metrics(metrics_path, checkpoint["round"])
-            state = json.loads(status_path.read_text())["status"] if status_path.exists() else "stopped"
+            state = json.loads(read_bytes(status_path))["status"] if status_path.exists() else "stopped"
             return Result(
                 state,
                 EXIT_OK,
@@ -320,7 +385,6 @@ def _run_locked(
     # workers=0: one per core on the CPU; one on a GPU, where every worker process would hold a CUDA context and a
     # copy of the training set of its own and the processes would take turns on the one device
     workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
-    ids = sorted(federation.clients.sizes)
     workers = min(workers, len(participants(ids, settings.participation, settings.seed, 1)))
     cohort_size = settings.cohort or automatic_cohort(len(ids), workers, settings.device, algorithm)
     layout = {"workers": workers, "cohort": cohort_size} if runner is None else {}
@@ -349,7 +413,9 @@ def _run_locked(
             if checkpoint is None:
                 server = algorithm.init_server(federation.theta0.to(settings.device))
                 clients.start(server)
-                _save_checkpoint(checkpoint_path, 0, server, clients)  # a stop in round 1 still leaves a state
+                _save_checkpoint(
+                    checkpoint_path, 0, server, clients, identity
+                )  # a stop in round 1 still leaves a state
             else:
                 server = checkpoint["server"]
                 clients.restore(checkpoint, run_dir)
@@ -368,6 +434,7 @@ def _run_locked(
                 run_dir,
                 checkpointed,
                 on_round,
+                identity,
             )
         except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, a SIGTERM, or a callback's sys.exit: say so, so
             bar.close()  # that a watcher does not wait for a dead run
@@ -472,6 +539,7 @@ def _rounds(
     run_dir: Path,
     checkpointed: list[int],
     on_round: Callable[[dict], None] | None,
+    identity: dict,
 ) -> tuple[int, dict, Any]:
     """Rounds start+1 … settings.last_round; returns (exit code, last status, server state of the last good round)
     and keeps the round of the last checkpoint written in checkpointed[0] (for the messages of a failure or an
@@ -513,7 +581,7 @@ def _rounds(
         line.update(_mean_client_info(clients.last_info))
         _append_line(metrics_path, line)
         if round_ % settings.checkpoint_every == 0 or round_ == settings.last_round:
-            _save_checkpoint(checkpoint_path, round_, server, clients)  # a resume redoes the rounds after it
+            _save_checkpoint(checkpoint_path, round_, server, clients, identity)  # a resume redoes the rounds after it
             checkpointed[0] = round_
         history.append(line)
         status = {"status": "running", "round": round_}

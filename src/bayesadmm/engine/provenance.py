@@ -84,12 +84,17 @@ def environment(device: str, from_round: int) -> dict:
 def record_environment(run_dir: Path, device: str, from_round: int, layout: dict | None = None) -> None:
     """Append this start's record to run_dir/environment.json (a list; a resume adds one), with `layout` (how the
     clients are trained: workers, cohort size). Never fails the run."""
+    from bayesadmm.engine.rundir import read_bytes, write_json
+
     path = run_dir / "environment.json"
     try:
-        records = json.loads(path.read_text()) if path.exists() else []
+        records = json.loads(read_bytes(path)) if os.path.lexists(path) else []  # never through a link
+        if not isinstance(records, list):
+            records = []
         records.append(environment(device, from_round) | (layout or {}))
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(records, indent=1) + "\n")
-        os.replace(tmp, path)
-    except (OSError, ValueError) as exc:  # provenance is worth a warning, never a lost run
+        write_json(path, records)
+    except (
+        OSError,
+        ValueError,
+    ) as exc:  # RunDirError is a ValueError  # provenance is worth a warning, never a lost run
         print(f"warning: could not write {path}: {exc}", file=sys.stderr)

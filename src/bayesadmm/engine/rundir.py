@@ -12,18 +12,25 @@ is refused unless asked to overwrite it; resuming reads and checks the checkpoin
 
 States are stored without pickle (`save_state`): the tree's structure as JSON and its tensors, read back with
 `torch.load(weights_only=True)`, which loads tensors, strings and plain containers and nothing else, and rebuilt by
-`bayesadmm.trees` from classes of bayesadmm or of modules already imported. A checkpoint handed over by someone else
-therefore cannot run code when it is resumed.
+`bayesadmm.trees` from its registry of state classes only (nothing a file names is imported). A checkpoint handed
+over by someone else therefore cannot run code when it is resumed.
+
+A run directory is confined: its files are opened without following symbolic links (`O_NOFOLLOW`, and `lstat` before
+anything is opened), only regular files are read (a FIFO or a device is refused before it is opened, so it cannot
+hang a resume), and shard names a checkpoint lists must be exactly those the engine writes (`shard_path`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -31,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from bayesadmm.trees import TreeError, flatten, resolve_known, unflatten
+from bayesadmm.trees import TreeError, flatten, hash_tensors, unflatten
 
 __all__ = [
     "RunDirError",
@@ -45,11 +53,25 @@ __all__ = [
     "locked",
     "prepare_fresh",
     "read_checkpoint",
+    "read_bytes",
+    "shard_path",
+    "real_folder",
+    "SHARDS",
 ]
 
 # what a run writes; a directory holding any of them holds a run
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json")
 LOCK = ".lock"
+SHARDS = "client-states"  # the run directory's folder of checkpoint shards
+# the only shard names the engine writes (`r<round>-w<worker>.pt`), and so the only ones a checkpoint may list
+SHARD_NAME = re.compile(r"r[0-9]{6}-w[0-9]{1,4}\.pt")
+# flags that keep an open inside the run directory: never through a symbolic link, never blocking on a FIFO
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+class OldStateError(TreeError):
+    """A state file of the format before checksums."""
 
 
 class RunDirError(ValueError):
@@ -93,15 +115,69 @@ def _signals_deferred() -> Iterator[None]:
             signal.raise_signal(signum)
 
 
+def _open_regular(path: Path) -> int:
+    """A file descriptor for reading `path`, a regular file reached without a symbolic link; a RunDirError naming it
+    otherwise (a FIFO or a device is refused before it is opened)."""
+    mode = os.lstat(path).st_mode  # a missing file: FileNotFoundError, naming it
+    if stat.S_ISLNK(mode):
+        raise RunDirError(
+            f"{path} is a symbolic link; a run directory's files are read only from inside it: "
+            "replace the link by the file it points to, or start the run again"
+        )
+    if not stat.S_ISREG(mode):
+        raise RunDirError(f"{path} is not a regular file (a FIFO, device or folder); remove it, or start the run again")
+    fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the two looks
+        os.close(fd)
+        raise RunDirError(f"{path} is not a regular file; remove it, or start the run again")
+    return fd
+
+
+def read_bytes(path: Path) -> bytes:
+    """The contents of the run directory's file `path`, opened as `_open_regular` allows."""
+    with os.fdopen(_open_regular(Path(path)), "rb") as f:
+        return f.read()
+
+
+def real_folder(folder: Path) -> Path:
+    """`folder`, created if missing; a RunDirError if it is a symbolic link or not a folder (nothing is written or
+    deleted through a link out of the run directory)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(folder).st_mode):
+        raise RunDirError(
+            f"{folder} is a symbolic link or not a folder; a run keeps its files inside its directory: "
+            "remove it (the run's shards are rewritten at the next checkpoint), or start the run again"
+        )
+    return folder
+
+
+def shard_path(run_dir: Path, name: object) -> Path:
+    """The shard file `name` that a checkpoint lists, inside run_dir's real client-states folder; a RunDirError if
+    the name is not one the engine writes (`client-states/rNNNNNN-wK.pt`: no other folder, no `..`)."""
+    folder, _, file = name.partition("/") if isinstance(name, str) else ("", "", "")
+    if folder != SHARDS or not SHARD_NAME.fullmatch(file):
+        shown = repr(name)[:120]
+        raise RunDirError(
+            f"{Path(run_dir) / 'checkpoint.pt'} lists a shard {shown}, not a name the engine writes "
+            f"({SHARDS}/rNNNNNN-wK.pt); the checkpoint was edited: start the run again with --overwrite"
+        )
+    if os.path.lexists(Path(run_dir) / SHARDS) and not stat.S_ISDIR(os.lstat(Path(run_dir) / SHARDS).st_mode):
+        raise RunDirError(f"{Path(run_dir) / SHARDS} is a symbolic link or not a folder; start the run again")
+    return Path(run_dir) / SHARDS / file
+
+
 @contextlib.contextmanager
 def _replacing(path: Path) -> Iterator[Any]:
     """A binary file object for `path`'s new contents: written to a temporary file, synced, then renamed over `path`;
-    on an error the temporary file is removed, `path` is untouched and the OSError names `path`. A signal that
-    arrives meanwhile is acted on after the rename."""
+    on an error the temporary file is removed, `path` is untouched and the OSError names `path`. The temporary file
+    is created afresh (never opened through a link left in its place), and the rename replaces a link at `path`
+    itself, not the file it points to. A signal that arrives meanwhile is acted on after the rename."""
     tmp = path.with_name(path.name + ".tmp")
     with _signals_deferred():
         try:
-            with open(tmp, "wb") as f:
+            tmp.unlink(missing_ok=True)  # a link removed is only the link
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644), "wb") as f:
                 yield f
                 f.flush()
                 os.fsync(f.fileno())
@@ -148,22 +224,41 @@ def write_json(path: Path, payload: Any) -> None:
     write_bytes(path, (json.dumps(payload, indent=1) + "\n").encode())
 
 
-STATE_FORMAT = "bayesadmm-state-1"
+# 2: with the sha256 of the structure and the tensors (1, without it, is refused: there is nothing to check it by)
+STATE_FORMAT = "bayesadmm-state-2"
+OLD_STATE_FORMATS = ("bayesadmm-state-1",)
+
+
+def _checksum(structure: str, tensors: list) -> str:
+    return hash_tensors(hashlib.sha256(structure.encode()), tensors).hexdigest()
+
+
+def sealed(structure: str, tensors: list) -> dict:
+    """What `dump_state` saves for a structure (JSON text) and its tensors: with their checksum."""
+    return {"format": STATE_FORMAT, "structure": structure, "tensors": tensors, "sha256": _checksum(structure, tensors)}
 
 
 def dump_state(tree: Any, f: Any) -> None:
-    """A state tree (`bayesadmm.trees`) into the binary file object `f`, as its JSON structure and tensors."""
+    """A state tree (`bayesadmm.trees`) into the binary file object `f`, as its JSON structure and tensors, with
+    their sha256 (checked by `read_state`)."""
     structure, tensors = flatten(tree)
-    torch.save({"format": STATE_FORMAT, "structure": json.dumps(structure), "tensors": tensors}, f)
+    torch.save(sealed(json.dumps(structure), tensors), f)
 
 
 def read_state(f: Any) -> Any:
-    """The tree `dump_state` wrote (nothing but tensors and plain values is ever loaded); a TreeError or torch's
-    UnpicklingError for anything else."""
+    """The tree `dump_state` wrote (nothing but tensors and plain values is ever loaded), its checksum verified; a
+    TreeError or torch's UnpicklingError for anything else."""
     payload = torch.load(f, weights_only=True)
+    if isinstance(payload, dict) and payload.get("format") in OLD_STATE_FORMATS:
+        raise OldStateError("written by an older bayesadmm, without a checksum")
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
         raise TreeError("not a state file written by bayesadmm")
-    return unflatten(json.loads(payload["structure"]), payload["tensors"], resolve_known)
+    structure, tensors = payload.get("structure"), payload.get("tensors")
+    if not (isinstance(structure, str) and isinstance(tensors, list) and all(isinstance(t, Tensor) for t in tensors)):
+        raise TreeError("not a state file written by bayesadmm")
+    if payload.get("sha256") != _checksum(structure, tensors):
+        raise TreeError("its checksum does not match: the file was changed or damaged after it was written")
+    return unflatten(json.loads(structure), tensors)
 
 
 def save_state(path: Path, tree: Any) -> None:
@@ -180,9 +275,14 @@ def save_state(path: Path, tree: Any) -> None:
 
 def load_state(path: Path) -> Any:
     """The tree `save_state` wrote to `path`; a RunDirError naming the file if it is not one (or was tampered with)."""
+    fd = _open_regular(Path(path))  # a link or a FIFO: refused before it is opened
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(fd, "rb") as f:
             return read_state(f)
+    except OldStateError:
+        raise RunDirError(
+            f"{path} was written by an older bayesadmm (no checksum to verify it by); start the run again"
+        ) from None
     except Exception as exc:  # noqa: BLE001 — a truncated, foreign or crafted file fails in many ways
         reason = str(exc).split(". ")[0].splitlines()[0] if str(exc) else ""  # torch's messages run to paragraphs
         raise RunDirError(
@@ -200,7 +300,10 @@ def locked(run_dir: Path) -> Iterator[None]:
         yield
         return
     path = Path(run_dir) / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+    except OSError as exc:  # ELOOP: a link in its place
+        raise RunDirError(f"cannot open the lock file {path} ({exc.strerror}); remove it and try again") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -220,7 +323,7 @@ def prepare_fresh(run_dir: Path, overwrite: bool) -> None:
     """Make sure a fresh run may start in run_dir: refused where a run is already, unless `overwrite`, which removes
     that run's files (and nothing else)."""
     run_dir = Path(run_dir)
-    found = [name for name in RUN_FILES if (run_dir / name).exists()]
+    found = [name for name in RUN_FILES if os.path.lexists(run_dir / name)]
     if not found:
         return
     if not overwrite:
@@ -230,22 +333,26 @@ def prepare_fresh(run_dir: Path, overwrite: bool) -> None:
             f"(--overwrite, or overwrite=True)"
         )
     for name in found:
-        (run_dir / name).unlink()
-    shutil.rmtree(run_dir / "client-states", ignore_errors=True)
+        (run_dir / name).unlink()  # a link is removed, not the file it points to
+    shards = run_dir / SHARDS
+    if os.path.islink(shards):
+        shards.unlink()
+    else:
+        shutil.rmtree(shards, ignore_errors=True)  # rmtree removes links inside, never what they point to
 
 
 def _status(run_dir: Path) -> str:
     try:
-        status = json.loads((run_dir / "status.json").read_text())
+        status = json.loads(read_bytes(run_dir / "status.json"))
         return f"status {status['status']} at round {status['round']}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError):  # RunDirError is a ValueError
         return "its files are there"
 
 
 def read_checkpoint(path: Path, rounds: int) -> dict:
     """The checkpoint at `path`, checked to be one this run can continue from (a RunDirError naming the file if not).
     Read without unpickling (`load_state`)."""
-    if not path.exists():
+    if not os.path.lexists(path):
         raise RunDirError(f"{path.parent} has no checkpoint to resume from; start the run without resume")
     checkpoint = load_state(path)
     if not isinstance(checkpoint, dict) or not {"round", "server"} <= set(checkpoint):

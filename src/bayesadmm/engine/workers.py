@@ -47,10 +47,18 @@ from typing import Any, Protocol, cast
 import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
-from bayesadmm.engine.rundir import dump_state, load_state, read_state, save_state
+from bayesadmm.engine.rundir import (
+    SHARD_NAME,
+    SHARDS,
+    RunDirError,
+    dump_state,
+    load_state,
+    read_state,
+    real_folder,
+    save_state,
+    shard_path,
+)
 from bayesadmm.engine.simulate import generator_for
-
-SHARDS = "client-states"  # the run directory's folder of checkpoint shards
 
 
 def default_workers() -> int:
@@ -231,7 +239,7 @@ def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int
         found, needed = {}, set(wanted)
         for shard in checkpoint["shards"]:
             if not needed.isdisjoint(shard["clients"]):
-                states = load_state(Path(run_dir) / shard["file"])
+                states = load_state(shard_path(run_dir, shard["file"]))
                 found.update((k, state) for k, state in states.items() if k in needed)
     missing = [k for k in wanted if k not in found]
     if missing:
@@ -239,15 +247,47 @@ def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int
     return {k: found[k] for k in wanted}
 
 
+def check_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> None:
+    """Check, before a resume writes anything, that the checkpoint's client states are whole: every shard it lists
+    is read (names confined, checksum verified: `load_state`) and holds the clients listed, and every client in
+    `wanted` has a state. The workers read their shards again when they start; this reads one shard at a time."""
+    path = Path(run_dir) / "checkpoint.pt"
+    found: set = set()
+    if "clients" in checkpoint:
+        found = set(checkpoint["clients"]) if isinstance(checkpoint["clients"], Mapping) else set()
+    else:
+        shards = checkpoint["shards"]
+        if not isinstance(shards, list) or not all(
+            isinstance(s, Mapping) and {"file", "clients"} <= set(s) for s in shards
+        ):
+            raise RunDirError(f"{path} lists its shards in a form the engine does not write; start the run again")
+        for shard in shards:
+            states = load_state(shard_path(run_dir, shard["file"]))
+            if not isinstance(states, dict) or sorted(states) != sorted(shard["clients"]):
+                raise RunDirError(
+                    f"{shard_path(run_dir, shard['file'])} does not hold the clients {path} lists for it; "
+                    "start the run again"
+                )
+            found.update(states)
+    missing = [k for k in wanted if k not in found]
+    if missing:
+        raise RunDirError(
+            f"{path} has no state for clients {missing[:10]}{' ...' if len(missing) > 10 else ''}; "
+            "resume with the run's own clients, or start a new run"
+        )
+
+
 def remove_stale_shards(run_dir: Path, record: Mapping) -> None:
     """Delete the shard files that checkpoint record `record` does not name (other rounds, unfinished writes)."""
     folder = Path(run_dir) / SHARDS
-    if not folder.is_dir():
+    if not os.path.lexists(folder):
         return
+    real_folder(folder)  # a link to elsewhere is refused: deleting "stale shards" there would delete others' files
     keep = {shard["file"] for shard in record.get("shards", [])}
-    for path in folder.iterdir():
-        if f"{SHARDS}/{path.name}" not in keep:
-            path.unlink(missing_ok=True)
+    for path in folder.iterdir():  # only the engine's own names: anything else there is not ours to delete
+        name = path.name.removesuffix(".tmp")
+        if SHARD_NAME.fullmatch(name) and f"{SHARDS}/{path.name}" not in keep:
+            path.unlink(missing_ok=True)  # a link is removed, not what it points to
 
 
 # ---- messages through a pipe: a header, then each tensor's bytes -------------------------------------------------
@@ -541,8 +581,7 @@ class ClientPool:
 
     def save(self, run_dir: Path, round_: int) -> dict:
         """Each worker writes its clients' states to a shard file (in parallel); the checkpoint's record of them."""
-        folder = Path(run_dir) / SHARDS
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = real_folder(Path(run_dir) / SHARDS)
         shards = self._call_all([("save", folder / f"r{round_:06d}-w{index}.pt") for index in range(len(self.groups))])
         return {"shards": shards}
 
@@ -664,5 +703,6 @@ __all__: Sequence[str] = [
     "one_thread",
     "checkpointed_states",
     "remove_stale_shards",
+    "check_states",
     "SHARDS",
 ]

@@ -358,8 +358,10 @@ def _validate(config: RunConfig) -> None:
 def load(run_dir: Path) -> RunConfig:
     """The config saved with a run; a missing, unreadable or foreign config.json is a `ConfigError` naming it."""
     path = Path(run_dir) / "config.json"
+    from bayesadmm.engine.rundir import read_bytes
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_bytes(path))  # not through a link, nor from a FIFO
     except FileNotFoundError:
         raise ConfigError(f"{path} is missing: {run_dir} is not a run directory of `bayesadmm run`") from None
     except (OSError, ValueError) as exc:
@@ -368,4 +370,14 @@ def load(run_dir: Path) -> RunConfig:
     if not isinstance(data, dict) or not set(data) <= fields:
         extra = sorted(set(data) - fields) if isinstance(data, dict) else [type(data).__name__]
         raise ConfigError(f"{path} is not a bayesadmm run configuration (unexpected: {', '.join(extra)})")
-    return RunConfig(**data)
+    # validated as a new configuration is: an edited config.json must not slip past the checks a command line meets
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name != "hparams"}
+    try:
+        typed = {k: _convert(k, v, (type(defaults[k]),)) for k, v in data.items() if k != "hparams"}
+        if not isinstance(data.get("hparams", {}), dict):
+            raise ConfigError("hparams must be a table of hyperparameters")
+        config = RunConfig(**typed, **({"hparams": data["hparams"]} if "hparams" in data else {}))
+        _validate(dataclasses.replace(config, device="cpu"))  # the device is the machine's, checked by the caller
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}; restore the file, or start a new run") from None
+    return config

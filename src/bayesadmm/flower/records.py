@@ -10,9 +10,9 @@ Three conversions, none of which knows anything about an algorithm:
 * a `RunConfig` <-> a JSON string inside a `ConfigRecord`.
 
 The tree's encoding is `bayesadmm.trees` (shared with the engine's checkpoints). NamedTuple and dataclass types are
-stored by ``module:qualname`` and rebuilt, as in checkpoints, only if they come from the ``bayesadmm`` package or
-from a module this process has already imported (a user's algorithm imports its own state classes before any state
-arrives), so reading a state never imports a module it names, runs other code, or unpickles anything.
+stored by ``module:qualname`` and rebuilt, as in checkpoints, only from the registry of state classes
+(`bayesadmm.trees.register`: the library's, and a user's algorithm's own, registered where they are defined), so
+reading a state never imports a module it names, runs other code, or unpickles anything.
 """
 
 from __future__ import annotations
@@ -129,11 +129,13 @@ def records_to_tree(arrays: ArrayRecord, structure: ConfigRecord, device: torch.
     """The pytree `tree_to_records` flattened, its tensors on `device` (None: the CPU)."""
     if structure.get("format") != 1 or "tree" not in structure:
         raise RecordError("not a client-state record written by bayesadmm.flower.records")
-    tensors = [_tensor(arrays[str(i)], f"state tensor {i}", device) for i in range(len(arrays))]
     try:
-        return trees.unflatten(json.loads(str_entry(structure, "tree")), tensors, trees.resolve_known)
-    except trees.TreeError as exc:
-        raise RecordError(str(exc)) from None
+        tensors = [_tensor(arrays[str(i)], f"state tensor {i}", device) for i in range(len(arrays))]
+        return trees.unflatten(json.loads(str_entry(structure, "tree")), tensors)
+    except RecordError:
+        raise
+    except (ValueError, KeyError, RecursionError) as exc:  # TreeError and JSON's errors are ValueErrors
+        raise RecordError(f"a client-state record that does not decode ({type(exc).__name__}: {exc})") from None
 
 
 def save_state(state: RecordDict, tree: Any, version: str = "") -> None:

@@ -239,15 +239,21 @@ class FlowerClients:
                 raise DivergenceError(f"client {k}: {error}")
             if metrics.get(p.NEED_STATE):
                 continue
-            replies[k] = records.record_to_message(
-                records.get_record(answer.content, "arrays", ArrayRecord), self.device
-            )
-            self._states[k] = records.load_state(answer.content, self.device)
+            try:  # a reply is data from another machine: one that does not decode is refused, not trusted
+                reply = records.record_to_message(
+                    records.get_record(answer.content, "arrays", ArrayRecord), self.device
+                )
+                state = records.load_state(answer.content, self.device)
+                info = {key: float(records.number(v, key)) for key, v in metrics.items() if key not in p.OWN_METRICS}
+            except (records.RecordError, KeyError) as exc:
+                self.log(
+                    f"round {round_}: client {k} (node {self.nodes[k]}) sent a reply that is refused: {exc}", WARNING
+                )
+                continue
+            replies[k], self._states[k] = reply, state
             self._versions[k] = f"{self._run}:{round_}"
             self._held[k] = (self.nodes[k], self._versions[k])
-            self.last_info[k] = {
-                key: float(records.number(v, key)) for key, v in metrics.items() if key not in p.OWN_METRICS
-            }
+            self.last_info[k] = info
             if k in self._lost:
                 self.log(f"round {round_}: client {k} replies again (node {self.nodes[k]})")
             if on_done is not None:
@@ -268,7 +274,7 @@ class FlowerClients:
                 why = f"node {self.nodes[k]} is no longer connected to the SuperLink"
                 self._offline.add(k)
             elif k in answers:
-                why = "Flower returned the error above instead of its reply"
+                why = "Flower returned the error above instead of its reply, or its reply was refused"
             elif k in self._lost:
                 why = f"node {self.nodes[k]} has not answered since an earlier round (not waited for)"
             else:

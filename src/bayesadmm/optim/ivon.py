@@ -60,6 +60,7 @@ from torch import Tensor
 from bayesadmm import rng
 from bayesadmm.checks import all_positive
 from bayesadmm.optim import kernels
+from bayesadmm.trees import register
 
 __all__ = [
     "IVONState",
@@ -80,6 +81,7 @@ __all__ = [
 # --- functional core ---------------------------------------------------------------------------------------------
 
 
+@register
 class IVONState(NamedTuple):
     """IVON's state over a flat parameter vector: mean m, Hessian estimate h, gradient momentum g, step count t."""
 

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from bayesadmm.families import natural as nat
+from bayesadmm.trees import register
 
 Natural = tuple[Tensor, ...]
 
@@ -43,6 +44,7 @@ class Identity(NamedTuple):
         return delta, state
 
 
+@register
 class MomentumState(NamedTuple):
     trace: Natural
 
@@ -61,6 +63,7 @@ class Momentum(NamedTuple):
         return nat.scale(trace, self.lr), MomentumState(trace)
 
 
+@register
 class AdamState(NamedTuple):
     count: Tensor  # type: ignore[assignment]   # steps taken (0-d int64); shadows tuple.count
     m: Natural  # first moment
