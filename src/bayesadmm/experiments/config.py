@@ -371,12 +371,14 @@ def load(run_dir: Path) -> RunConfig:
         extra = sorted(set(data) - fields) if isinstance(data, dict) else [type(data).__name__]
         raise ConfigError(f"{path} is not a bayesadmm run configuration (unexpected: {', '.join(extra)})")
     # validated as a new configuration is: an edited config.json must not slip past the checks a command line meets
-    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name != "hparams"}
+    tables = ("hparams", "likelihood_params")  # tables of settings, typed by what they configure
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name not in tables}
     try:
-        typed = {k: _convert(k, v, (type(defaults[k]),)) for k, v in data.items() if k != "hparams"}
-        if not isinstance(data.get("hparams", {}), dict):
-            raise ConfigError("hparams must be a table of hyperparameters")
-        config = RunConfig(**typed, **({"hparams": data["hparams"]} if "hparams" in data else {}))
+        typed = {k: _convert(k, v, (type(defaults[k]),)) for k, v in data.items() if k not in tables}
+        for name in tables:
+            if not isinstance(data.get(name, {}), dict):
+                raise ConfigError(f"{name} must be a table of settings")
+        config = RunConfig(**typed, **{name: data[name] for name in tables if name in data})
         _validate(dataclasses.replace(config, device="cpu"))  # the device is the machine's, checked by the caller
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}; restore the file, or start a new run") from None
