@@ -144,10 +144,8 @@ def test_an_old_run_without_a_likelihood_reads_as_classification(tmp_path):
     assert load(tmp_path).make_likelihood() == Classification()
 
 
-def test_poisson_is_chosen_by_name_where_the_library_has_it():
-    poisson = getattr(likelihoods, "Poisson", None)
-    if poisson is None:
-        pytest.skip("bayesadmm.likelihoods.Poisson is not on this branch")
+def test_poisson_is_chosen_by_name():
+    poisson = likelihoods.Poisson
     assert LIKELIHOODS["poisson"] is poisson
     config, _ = resolve("diabetes-iid5", ["likelihood=poisson", "method=fedavg"])
     assert config.likelihood_params == {}

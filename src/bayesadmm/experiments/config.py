@@ -88,12 +88,11 @@ DATASETS: dict[str, tuple[str, ...]] = {
     "cifar100": ("classes",),
     "diabetes": ("real", "counts"),  # scikit-learn's diabetes regression set: progression scores 25-346
 }
-# likelihood name -> its class in bayesadmm.likelihoods; Poisson only where that module has it
-_POISSON = getattr(likelihoods, "Poisson", None)
+# likelihood name -> its class in bayesadmm.likelihoods
 LIKELIHOODS: dict[str, type] = {
     "classification": likelihoods.Classification,
     "gaussian": likelihoods.GaussianRegression,
-    **({"poisson": _POISSON} if _POISSON is not None else {}),
+    "poisson": likelihoods.Poisson,
 }
 # likelihood name -> the targets it models (a kind of DATASETS)
 TARGETS = {"classification": "classes", "gaussian": "real", "poisson": "counts"}
