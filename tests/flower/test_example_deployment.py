@@ -1,9 +1,11 @@
 """examples/flower/ on a real loopback deployment with TLS (SuperLink, 3 SuperNodes, `flwr run`): each SuperNode is
 given only its own file; a SuperNode killed and started again within the run is picked up again with its client
-state; a run stopped after round 2 and resumed with `resume=true` gives the numbers of the local engine's run."""
+state; a run stopped after round 2 and resumed with `resume=true` gives the numbers of the local engine's run;
+a registered extra node claiming a client another node holds is refused and the run completes."""
 
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ from helpers import assert_same_metrics, lines
 
 import bayesadmm
 from bayesadmm.flower.app_config import parse_hparams
-from bayesadmm.flower.demo import Deployment, DeploymentError, run_deployment
+from bayesadmm.flower.demo import CONNECTION, Deployment, DeploymentError, run_deployment
 from bayesadmm.flower.loaders import load_tensors
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "flower"
@@ -91,3 +93,48 @@ def test_a_stopped_deployment_resumes_with_the_numbers_of_the_local_engine(tmp_p
                           progress=False)
     assert local.status == "completed"
     assert_same_metrics(lines(tmp_path / "local"), lines(out), tol=1e-4)
+
+
+def _online(deployment) -> int:
+    """How many SuperNodes the SuperLink counts as online (`flwr supernode ls`)."""
+    done = subprocess.run([str(deployment.bin / "flwr"), "supernode", "ls", CONNECTION, "--format", "json"],
+                          env=deployment.env, cwd=deployment.workdir, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return sum(node["status"] == "online" for node in json.loads(done.stdout)["nodes"])
+
+
+@pytest.mark.slow   # about 70 s on 2 busy cores: a SuperLink, three SuperNodes, two rounds, the local engine
+def test_a_registered_node_claiming_a_held_client_is_refused_and_the_run_completes(tmp_path):
+    # two clients on their nodes, and a third node whose key is registered (so it connects) but whose node config
+    # names client 0 again, with client 0's file (a misconfigured second node): one of the two nodes holding client 0
+    # is refused, the run completes with two clients and the numbers of the local engine's run without the extra node
+    files, test = prepare(tmp_path / "data", clients=2)
+    node_configs = [f'partition-id={k} data="{path}"' for k, path in enumerate(files)]
+    node_configs.append(node_configs[0])
+    out = tmp_path / "run"
+    with Deployment(tmp_path / "deployment", 3, node_configs) as deployment:
+        deployment.start()
+        deadline = time.monotonic() + 120
+        while _online(deployment) < 3:   # the extra node is connected before the run starts, so it is asked
+            assert time.monotonic() < deadline, "the SuperNodes did not all connect"
+            time.sleep(1)
+        runner = deployment.flwr_run(EXAMPLE, {"eval-data": str(test), "out": str(out), "clients": 2, "rounds": 2,
+                                               "round-timeout": 120.0})
+        assert _wait(out, ("completed", "failed"), runner, deployment, 300)["status"] == "completed"
+        assert all(process.poll() is None for name, process in deployment.processes.items() if name != "flwr-run")
+    log = (out / "flower.log").read_text()
+    assert re.search(r"node \d+ also claims client 0, held by node \d+: refused", log), log
+    assert "also claims client 1" not in log
+    metrics = lines(out)
+    assert [(line["round"], line["participants"]) for line in metrics] == [(1, 2), (2, 2)]
+    assert not any("absent_clients" in line for line in metrics)
+    import mymodel
+
+    torch.set_default_dtype(torch.float32)   # the example's dtype (tests/conftest.py restores the default)
+    torch.manual_seed(0)
+    hparams = parse_hparams("lr=0.02 rho=0.5 gamma=1.0 delta=1.0 epochs=2 batch_size=16 hess_init=1.0")
+    local = bayesadmm.run(mymodel.make_model(), clients=[load_tensors(f) for f in files], test=load_tensors(test),
+                          algorithm="ivon-admm", hparams=hparams, rounds=2, eval_samples=16, out=tmp_path / "local",
+                          progress=False)
+    assert local.status == "completed"
+    assert_same_metrics(lines(tmp_path / "local"), metrics, tol=1e-4)
