@@ -227,15 +227,19 @@ def _save_checkpoint(path: Path, round_: int, server: Any, clients: ClientRunner
 
 
 # what a resume may change: where the files go, how many workers, when to checkpoint or stop, the trackers, the
-# device (the numbers are those of the run's configuration, only rounded differently by another processor)
-RESUME_MAY_CHANGE = frozenset({"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device"})
+# device (the numbers are those of the run's configuration, only rounded differently by another processor), and a
+# Flower run config's launch flags and timeouts (its keys are spelt with '-': stop-at, round-timeout, ...)
+RESUME_MAY_CHANGE = frozenset(
+    {"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device"}
+    | {"resume", "overwrite", "round_timeout", "discovery_timeout"}
+)
 
 
 def _settings(config: Mapping, prefix: str = "") -> dict[str, str]:
     """A configuration as flat `key: JSON value` pairs (nested tables by dotted keys), without RESUME_MAY_CHANGE."""
     flat: dict[str, str] = {}
     for key, value in config.items():
-        if key in RESUME_MAY_CHANGE:
+        if str(key).replace("-", "_") in RESUME_MAY_CHANGE:
             continue
         if isinstance(value, Mapping):
             flat.update(_settings(value, f"{prefix}{key}."))
