@@ -12,25 +12,11 @@ import sys
 
 import pytest
 import torch
+from tests.engine.test_rundir import FEDAVG, _data, _run  # the same tiny federation
 from torch import nn
 
 import bayesadmm
 from bayesadmm.engine import loop, rundir
-
-FEDAVG = {"lr": 0.05, "epochs": 1, "batch_size": 8}
-
-
-def _data():
-    gen = torch.Generator().manual_seed(0)
-    clients = [(torch.randn(16, 3, generator=gen), torch.randint(0, 2, (16,), generator=gen)) for _ in range(2)]
-    return clients, (torch.randn(20, 3, generator=gen), torch.randint(0, 2, (20,), generator=gen))
-
-
-def _run(out, **kwargs):
-    torch.manual_seed(0)
-    clients, test = _data()
-    options = {"algorithm": "fedavg", "hparams": FEDAVG, "rounds": 2, "progress": False, "out": out, **kwargs}
-    return bayesadmm.run(nn.Linear(3, 2), clients, test, **options)
 
 
 def test_a_sigterm_during_a_checkpoint_write_acts_after_the_file_is_whole(tmp_path, monkeypatch):
