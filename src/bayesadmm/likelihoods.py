@@ -280,8 +280,7 @@ class GaussianRegression:
 
     def predictive(self, outputs: Tensor) -> Tensor:
         """The draws themselves, moved to shape ``(N, S, ...)``: the mixture and the intervals need all of them."""
-        _check_draws(outputs)
-        return outputs.movedim(0, 1)
+        return _draws_per_example(outputs)
 
     def metrics(self, summary: Tensor, targets: Tensor) -> dict[str, float]:
         """``rmse``, ``nll``, ``coverage90`` and ``calibration_error`` of the draws ``summary (N, S, ...)``."""
@@ -290,7 +289,7 @@ class GaussianRegression:
         n, s = draws.shape[:2]
         residual = (targets.unsqueeze(1) - draws) / self.noise
         log_density = -(0.5 * residual.square() + self._log_norm()).reshape(n, s, -1).sum(dim=2)  # (N, S)
-        nll = -(torch.logsumexp(log_density, dim=1) - math.log(s)).mean()
+        nll = _mixture_nll(log_density)
 
         mean = draws.mean(dim=1)
         sd = (self.noise**2 + draws.var(dim=1, correction=0)).sqrt()
@@ -350,8 +349,7 @@ class Poisson:
 
     def predictive(self, outputs: Tensor) -> Tensor:
         """The draws themselves (log-rates), moved to shape ``(N, S, ...)``: the mixture needs all of them."""
-        _check_draws(outputs)
-        return outputs.movedim(0, 1)
+        return _draws_per_example(outputs)
 
     def metrics(self, summary: Tensor, targets: Tensor) -> dict[str, float]:
         """``nll``, ``rmse`` and ``deviance`` of the draws ``summary (N, S, ...)`` (class docstring)."""
@@ -360,7 +358,7 @@ class Poisson:
         n, s = draws.shape[:2]
         y = counts.unsqueeze(1)
         log_density = (y * draws - draws.exp() - torch.lgamma(y + 1)).reshape(n, s, -1).sum(dim=2)  # (N, S)
-        nll = -(torch.logsumexp(log_density, dim=1) - math.log(s)).mean()
+        nll = _mixture_nll(log_density)
         rate = draws.exp().mean(dim=1)
         deviance = 2 * (torch.xlogy(counts, counts) - torch.xlogy(counts, rate) - (counts - rate))
         return {
@@ -407,8 +405,7 @@ class NegLogLikelihood:
 
     def predictive(self, outputs: Tensor) -> Tensor:
         """The draws themselves, moved to shape ``(N, S, ...)``."""
-        _check_draws(outputs)
-        return outputs.movedim(0, 1)
+        return _draws_per_example(outputs)
 
     def metrics(self, summary: Tensor, targets: Tensor) -> dict[str, float]:
         """``nll`` of the mixture over the draws ``summary (N, S, ...)``."""
@@ -417,8 +414,8 @@ class NegLogLikelihood:
                 f"summary must have shape (N, S, ...) with N = {targets.shape[0]} targets, got {tuple(summary.shape)}"
             )
         s = summary.shape[1]
-        nll = torch.stack([self._per_example(summary[:, k], targets) for k in range(s)])  # (S, N)
-        return {"nll": -(torch.logsumexp(-nll, dim=0) - math.log(s)).mean().item()}
+        nll = torch.stack([self._per_example(summary[:, k], targets) for k in range(s)], dim=1)  # (N, S)
+        return {"nll": _mixture_nll(-nll).item()}
 
     def _per_example(self, outputs: Tensor, targets: Tensor) -> Tensor:
         value = self.fn(_squeeze_singleton(outputs, targets, lead=1), targets)
@@ -436,6 +433,17 @@ class NegLogLikelihood:
 def _check_draws(outputs: Tensor) -> None:
     if outputs.dim() < 2 or outputs.shape[0] == 0:
         raise ValueError(f"outputs must have shape (S, N, ...) with S ≥ 1 draws, got {tuple(outputs.shape)}")
+
+
+def _draws_per_example(outputs: Tensor) -> Tensor:
+    """The draws (S, N, ...) as the per-example summary (N, S, ...): a mixture's metrics need every draw."""
+    _check_draws(outputs)
+    return outputs.movedim(0, 1)
+
+
+def _mixture_nll(log_density: Tensor) -> Tensor:
+    """``−(1/N) Σ_i log (1/S) Σ_s p(y_i | f_s)`` from ``log p(y_i | f_s)`` of shape (N, S), through ``logsumexp``."""
+    return -(torch.logsumexp(log_density, dim=1) - math.log(log_density.shape[1])).mean()
 
 
 def _outputs_per_example(targets: Tensor) -> int:
