@@ -237,7 +237,7 @@ def test_compare_table_uses_mean_of_last_three_rounds_over_seeds(tmp_path, capsy
 
 def test_compare_sets_our_numbers_beside_the_papers(tmp_path, capsys):
     """--paper adds a table of 'ours / paper (difference)' for the rows the paper reports, read from
-    experiments/paper_numbers.json: IVON-ADMM's predictive row against the paper's IVON-ADMM (ensemble), its m_g row
+    the methods' specs' `reference`: IVON-ADMM's predictive row against the paper's IVON-ADMM (ensemble), its m_g row
     against IVON-ADMM@m_g, and methods the paper does not report (FedEP) left out."""
     from bayesadmm.reports import paper_numbers
 
