@@ -22,8 +22,22 @@ EXAMPLE = ROOT / "examples" / "my_methods.py"
 
 
 def test_every_method_module_registers_its_spec():
-    assert {"admm", "ama", "bayes-admm-iso", "fedavg", "feddyn", "fedep", "fedlap", "fedlap-cov", "fedlap-func",
-            "fedpa", "fedprox", "fedsep", "ivon-admm", "ivon-pvi"} <= set(names())  # (and any a test registered)
+    assert {
+        "admm",
+        "ama",
+        "bayes-admm-iso",
+        "fedavg",
+        "feddyn",
+        "fedep",
+        "fedlap",
+        "fedlap-cov",
+        "fedlap-func",
+        "fedpa",
+        "fedprox",
+        "fedsep",
+        "ivon-admm",
+        "ivon-pvi",
+    } <= set(names())  # (and any a test registered)
     scenarios = set(json.loads(resources.files("bayesadmm.experiments").joinpath("presets.json").read_text()))
     for s in specs():
         assert s.summary, f"{s.name} has no summary for the docs' table"
@@ -48,22 +62,28 @@ def test_register_refuses_a_second_spec_under_a_taken_name_unless_replace():
         MethodSpec("m", fedavg.Hparams, fedavg.build, presets={"x": {"bogus": 1}})
 
 
-@pytest.mark.parametrize(("method", "values", "message"), [
-    ("fedavg", {"weighted": "yes"}, "weighted must be True or False"),
-    ("fedlap", {"delta": 1.0, "lr": 0.1, "rho": "half"}, "rho must be 'size' or a number in"),
-    ("fedlap-cov", {"delta": 1.0, "lr": 0.1, "curvature": "kfac"}, "curvature must be one of ggn, mc-fisher"),
-    ("fedep", {"inference": "gibbs"}, "inference must be one of identity, laplace, mcmc, ngvi"),
-    ("fedprox", {}, "fedprox needs mu"),
-    ("fedavg", {"momentum": 0.9}, "fedavg has no hyperparameters momentum; valid: lr, epochs"),
-])
+@pytest.mark.parametrize(
+    ("method", "values", "message"),
+    [
+        ("fedavg", {"weighted": "yes"}, "weighted must be True or False"),
+        ("fedlap", {"delta": 1.0, "lr": 0.1, "rho": "half"}, "rho must be 'size' or a number in"),
+        ("fedlap-cov", {"delta": 1.0, "lr": 0.1, "curvature": "kfac"}, "curvature must be one of ggn, mc-fisher"),
+        ("fedep", {"inference": "gibbs"}, "inference must be one of identity, laplace, mcmc, ngvi"),
+        ("fedprox", {}, "fedprox needs mu"),
+        ("fedavg", {"momentum": 0.9}, "fedavg has no hyperparameters momentum; valid: lr, epochs"),
+    ],
+)
 def test_hyperparameters_are_checked_naming_the_field_and_the_valid_values(method, values, message):
     with pytest.raises(ValueError, match=message):
         get(method).make_hparams(**values)
 
 
 def test_a_method_without_a_preset_for_a_builtin_scenario_does_not_fall_back_on_its_defaults():
-    with pytest.raises(ConfigError, match=r"fedep has no preset for scenario fmnist-homog10 \(it has presets for "
-                                          r"diabetes-iid5, fmnist-heterog10\); set its hyperparameters explicitly"):
+    with pytest.raises(
+        ConfigError,
+        match=r"fedep has no preset for scenario fmnist-homog10 \(it has presets for "
+        r"diabetes-iid5, fmnist-heterog10\); set its hyperparameters explicitly",
+    ):
         resolve("fmnist-homog10", ["method=fedep"])
     config, _ = resolve("fmnist-homog10", ["method=fedep", "lr=0.001", "epochs=2", "batch_size=32", "alpha=0.01"])
     assert config.hparams == {"lr": 0.001, "epochs": 2, "batch_size": 32, "alpha": 0.01}
@@ -81,7 +101,7 @@ def test_cosine_is_a_schedule_over_the_contexts_rounds():
 def _readme_methods() -> list[str]:
     """The registered names in the first column of the README's table of methods."""
     text = (ROOT / "README.md").read_text()
-    table = text[text.index("| name | method | paper | equations |"):].split("\n\n")[0]
+    table = text[text.index("| name | method | paper | equations |") :].split("\n\n")[0]
     return sorted(name for row in table.splitlines()[2:] for name in re.findall(r"`([a-z-]+)`", row.split("|")[1]))
 
 
@@ -98,8 +118,16 @@ def test_a_users_method_module_runs_by_name_from_python_and_from_the_command_lin
     X = torch.randn(60, 4, generator=gen)
     y = (X[:, 0] > 0).long()
     model = torch.nn.Sequential(torch.nn.Linear(4, 2))
-    result = bayesadmm.run(model, [(X[:30], y[:30]), (X[30:], y[30:])], (X, y), algorithm="fedavgm",
-                           hparams={"momentum": 0.5}, rounds=2, progress=False, out=tmp_path / "py")
+    result = bayesadmm.run(
+        model,
+        [(X[:30], y[:30]), (X[30:], y[30:])],
+        (X, y),
+        algorithm="fedavgm",
+        hparams={"momentum": 0.5},
+        rounds=2,
+        progress=False,
+        out=tmp_path / "py",
+    )
     assert result.status == "completed" and "server_step_norm" in result.history[-1]
 
     out = tmp_path / "cli"
