@@ -99,6 +99,9 @@ class MethodSpec:
             if unknown:
                 raise ValueError(f"{self.name}: {table} names unknown hyperparameters {', '.join(unknown)}")
 
+    def __hash__(self) -> int:  # the tables are read-only mappings, which do not hash
+        return hash((self.name, self.hparams, self.build))
+
     def fields(self) -> tuple[dataclasses.Field, ...]:
         """The hyperparameters: the fields of `hparams` (`init=False` fields are not settable and not listed)."""
         return tuple(f for f in dataclasses.fields(self.hparams) if f.init)
