@@ -32,7 +32,6 @@ import time
 
 import torch
 
-from bayesadmm.algorithms import REGISTRY
 from bayesadmm.clients import TensorClients
 from bayesadmm.engine.cohort import CohortClients
 from bayesadmm.engine.workers import LocalClients
@@ -112,7 +111,7 @@ def main() -> None:
     for k in args.clients:
         bounds = torch.linspace(0, len(y), k + 1).round().long().tolist()
         source = TensorClients(model, X, y, {c: (bounds[c], bounds[c + 1]) for c in range(k)}, device=args.device)
-        algorithm = algorithm_factory(REGISTRY[args.method], HPARAMS[args.method], model, source.sizes)()
+        algorithm = algorithm_factory(args.method, HPARAMS[args.method], model, source.sizes)()
         clients = {c: source(c) for c in range(k)}
         theta0 = model.initial_params(torch.Generator().manual_seed(0)).to(args.device, dtype)
         server = algorithm.init_server(theta0)

@@ -121,7 +121,7 @@ def main(small: bool = False, out: str = "runs/examples/digits_cnn") -> dict:
         if name == "ivon-admm":
             # IVON's lr decays to 0 over the run (cosine, stepped once per round), as in the papers' presets: with a
             # constant lr the last rounds swung by a few points of accuracy
-            hparams = {**hparams, "cosine_rounds": rounds}
+            hparams = {**hparams, "cosine": True}  # over the run's `rounds`
         torch.manual_seed(0)        # the same initial weights for every method
         results[name] = bayesadmm.run(DigitsCNN(), clients, test, algorithm=name, hparams=hparams, rounds=rounds,
                                       seed=0, progress=False, out=Path(out) / name)

@@ -4,7 +4,7 @@ The public API:
 
     bayesadmm.run(model, clients, test, algorithm=..., hparams=..., likelihood=..., rounds=..., ...)  -> Result
     bayesadmm.Classification(), GaussianRegression(noise), Poisson(), NegLogLikelihood(fn)           likelihoods
-    bayesadmm.algorithms.REGISTRY, bayesadmm.algorithms.make(name, **hparams), bayesadmm.Algorithm   algorithms
+    bayesadmm.algorithms.names(), .register(MethodSpec(...)), .make(name, **hparams), bayesadmm.Algorithm   methods
     bayesadmm.ClientData, SupervisedData, DataError                                                  client data
     bayesadmm.FlatModel                                                                              a module as f(θ, x)
     bayesadmm.trees.register(MyState)                                          a state class of one's own, storable

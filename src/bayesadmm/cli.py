@@ -27,6 +27,25 @@ def _scenarios() -> list[str]:
     return list(presets())
 
 
+def _methods() -> list[str]:
+    """The registered methods' names."""
+    from bayesadmm.algorithms import names
+
+    return names()
+
+
+def _add_methods_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--methods",
+        dest="method_modules",
+        action="append",
+        default=[],
+        metavar="FILE.py",
+        help="a Python file of your own methods (it calls bayesadmm.algorithms.register); repeatable "
+        "(docs/guides/own-algorithm.md)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bayesadmm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -35,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run a federated experiment: a scenario preset or a JSON config file",
         description="KEY=VALUE overrides: general keys (method, rounds, seed, clients, likelihood, out, "
         "participation, ...), the method's hyperparameters and the likelihood's settings (likelihood.noise=0.5); "
-        "an unknown key lists the valid ones.",
+        f"an unknown key lists the valid ones. Methods: {', '.join(_methods())}, and those of --methods files.",
     )
     run.add_argument("scenario", help=f"a preset ({', '.join(_scenarios())}) or a file")
     run.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
@@ -43,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--overwrite", action="store_true", help="replace a run already in the run directory")
     run.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    _add_methods_option(run)
     run.add_argument(
         "--log",
         default=None,
@@ -87,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("run_dir", type=Path)
     resume.add_argument("--quiet", action="store_true")
     resume.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    _add_methods_option(resume)
     resume.add_argument(
         "--stop-at", type=int, default=0, metavar="ROUND", help="stop again after this round (default: run to the end)"
     )
@@ -104,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time; each gets cores/jobs workers (default 1)")
     sweep.add_argument("--rounds", default="10,25,50", help="rounds of the final table (default 10,25,50)")
     sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_methods_option(sweep)
     tune = commands.add_parser(
         "tune",
         help="choose a method's hyperparameters on a validation split with Optuna (resumable), and report",
@@ -115,6 +137,7 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("scenario", help="a preset or a config file")
     tune.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="settings of every trial (method= at least)")
     tune.add_argument("--out", type=Path, required=True, help="the tune's folder (study.db, trial-NNNN/, report.md)")
+    _add_methods_option(tune)
     tune.add_argument("--trials", type=int, default=20, help="finished trials to run in all (default 20)")
     tune.add_argument("--round-budget", type=int, default=0, help="or stop once the trials ran this many rounds")
     tune.add_argument(
@@ -139,6 +162,7 @@ def _parser() -> argparse.ArgumentParser:
         "sources", nargs="+", type=Path, metavar="RUNS", help="run folders, sweep folders or runs.jsonl files"
     )
     compare.add_argument("--rounds", default="10,25,50", help="comma-separated rounds (default 10,25,50)")
+    _add_methods_option(compare)
     compare.add_argument(
         "--out",
         type=Path,
@@ -529,6 +553,24 @@ def _precompile(args) -> int:
     return 0
 
 
+def _load_methods(files: list[str]) -> int:
+    """Import the method modules named by --methods and by the environment (a sweep's runs get their parent's), and
+    name them in the environment for the processes this command starts; 2 after a one-line error if one fails."""
+    from bayesadmm.algorithms import spec
+
+    paths = [p for p in os.environ.get(spec.ENVIRONMENT, "").split(os.pathsep) if p]
+    paths += [str(Path(file).expanduser().resolve()) for file in files]
+    for path in paths:
+        try:
+            spec.load(path)
+        except Exception as exc:  # noqa: BLE001 — the user's module: any error it raises is reported, not a traceback
+            print(f"bayesadmm: --methods {path}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 2
+    if paths:
+        os.environ[spec.ENVIRONMENT] = os.pathsep.join(dict.fromkeys(paths))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
@@ -538,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         args.command = "run"
     else:
         args = parser.parse_args(argv)
+    if _load_methods(getattr(args, "method_modules", [])):
+        return 2
     if args.command in ("run", "resume"):
         return _run(args)
     if args.command == "compare":

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bayesadmm.algorithms import REGISTRY, Algorithm
+from bayesadmm.algorithms import Algorithm
+from bayesadmm.algorithms.spec import Context, MethodSpec, get
 from bayesadmm.clients import ClientData, ClientObjects, TensorClients, client_ids
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
 from bayesadmm.likelihoods import Classification, Likelihood
@@ -38,24 +39,29 @@ ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "likelihood")
 
 
 def algorithm_factory(
-    algorithm: str | Algorithm | Callable[..., Algorithm],
+    algorithm: str | MethodSpec | Algorithm | Callable[..., Algorithm],
     hparams: Mapping[str, Any],
     model: FlatModel,
     client_sizes: Mapping[int, int],
     likelihood: Likelihood | None = None,
+    rounds: int | None = None,
 ) -> Callable[[], Algorithm]:
     """A zero-argument callable that builds the algorithm, picklable when `algorithm` is (worker processes get it).
 
-    `algorithm`: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory (any callable returning an Algorithm:
+    `algorithm`: a registered method's name (`bayesadmm.algorithms.names()`) or its `MethodSpec`: `hparams` are its
+    hyperparameters (checked now: unknown, missing or invalid ones raise ValueError), built with a `Context` of the
+    model, the client sizes, `likelihood` and `rounds` (the run's length, for schedules such as IVON's `cosine`);
+    a factory (any callable returning an Algorithm:
     it gets `hparams` as keyword arguments plus whichever of `dim`, `model`, `num_clients`, `client_sizes` and
     `likelihood` its signature names; `likelihood` only where one is given here, so that a method that needs its
     curvature can check it), or a ready Algorithm (then `hparams` must be empty; it runs in this process only, as a
     tuple of closures does not pickle).
     """
     if isinstance(algorithm, str):
-        if algorithm not in REGISTRY:
-            raise ValueError(f"unknown algorithm {algorithm!r}; valid: {', '.join(sorted(REGISTRY))}")
-        return algorithm_factory(REGISTRY[algorithm], hparams, model, client_sizes, likelihood)
+        algorithm = get(algorithm)
+    if isinstance(algorithm, MethodSpec):
+        context = Context(model.dim, model, dict(client_sizes), likelihood, rounds)
+        return algorithm.factory(algorithm.make_hparams(**hparams), context)
     if isinstance(algorithm, Algorithm):
         if hparams:
             raise ValueError(f"hparams {sorted(hparams)} given with a ready Algorithm; pass its factory instead")
@@ -144,9 +150,11 @@ def run(
             become int64, integer features the model's float dtype unless it takes them as they are; data that does
             not fit raises `DataError` naming the client and the fix.
         test: the evaluation set, an (X, y) pair or a Dataset, checked as the clients are.
-        algorithm: a registry name (`bayesadmm.algorithms.REGISTRY`), a factory, or an Algorithm (see
-            `algorithm_factory`). A factory must be a module-level function (or a partial of one) for workers > 1.
-        hparams: the algorithm's keyword hyperparameters, a mapping of name → value.
+        algorithm: a registered method's name (`bayesadmm.algorithms.names()`, including a user's own registered
+            with `bayesadmm.algorithms.register`), a factory, or an Algorithm (see `algorithm_factory`). A factory
+            must be a module-level function (or a partial of one) for workers > 1.
+        hparams: the algorithm's hyperparameters, a mapping of name → value (for a registered method, the fields
+            of its spec's `hparams` dataclass; `cosine=True` schedules over `rounds`).
         likelihood: `Classification()` (default), `GaussianRegression(noise)`, `Poisson()` or
             `NegLogLikelihood(fn)`. It reaches the algorithm's factory too (where its signature names `likelihood`):
             the methods that need its curvature (fedlap-cov, fedlap-func, fedep/fedsep/fedpa with
@@ -203,7 +211,7 @@ def run(
         else flat.flatten(dict(model.named_parameters())).detach().clone()
     )
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
-    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood)
+    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
     federation = Federation(
         flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {})

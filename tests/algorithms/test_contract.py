@@ -1,9 +1,10 @@
 """The contract every registered algorithm keeps, checked over the whole registry on a small synthetic problem.
 
-For each method of `bayesadmm.algorithms.REGISTRY`: no function mutates its inputs; the same generator gives the same
-client update; the order in which replies arrive does not change the server state; states survive a checkpoint
-(the engine's pickle-free format) and the run goes on with the same numbers; and the method learns a toy problem. A new
-method is picked up by registering it; its required hyperparameters must be among `TOY_VALUES` (or be added there).
+For each registered method (`bayesadmm.algorithms.names()`), with its spec's `example` hyperparameters: no function
+mutates its inputs; the same generator gives the same client update; the order in which replies arrive does not change
+the server state; states survive a checkpoint (the engine's pickle-free format) and the run goes on with the same
+numbers; and the method learns a toy problem. A new method is picked up by registering it; its spec's `example` must
+give its required hyperparameters.
 Compiled kernels run eagerly here (`torch.compiler.set_stance("force_eager")`): the compiled and eager maths are
 tested equal in tests/optim/test_kernels.py.
 """
@@ -11,15 +12,15 @@ tested equal in tests/optim/test_kernels.py.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
+from dataclasses import MISSING
 
 import pytest
 import torch
 from torch import nn
 
 import bayesadmm
-from bayesadmm.algorithms import REGISTRY
+from bayesadmm.algorithms import get, names
 from bayesadmm.clients import SupervisedData
 from bayesadmm.engine.rundir import load_state, save_state
 from bayesadmm.engine.simulate import generator_for
@@ -27,11 +28,7 @@ from bayesadmm.federated import algorithm_factory
 from bayesadmm.likelihoods import GaussianRegression, MissingCurvatureError, NegLogLikelihood, Poisson
 from bayesadmm.models import FlatModel
 
-# Toy values for hyperparameters, used where a factory names them: a 3-class problem of 4 features, 3 clients.
-TOY_VALUES = {"lr": 0.05, "epochs": 2, "batch_size": 8, "mu": 0.01, "alpha": 0.01, "rho": 0.5, "gamma": 0.5,
-              "delta": 1.0, "damping": 0.5, "precision": 10.0, "hess_init": 0.1}
-# FedPA's SG-MCMC keeps one sample per epoch: two samples give no usable covariance
-TOY_OVERRIDES = {"fedpa": {"epochs": 10}}
+# Each method's toy hyperparameters are its spec's `example`: a 3-class problem of 4 features, 3 clients.
 
 
 def _net() -> nn.Module:
@@ -52,12 +49,10 @@ def _problem():
 
 
 def _algorithm(name: str, model: FlatModel, sizes: dict[int, int]):
-    parameters = inspect.signature(REGISTRY[name]).parameters
-    hparams = {k: v for k, v in TOY_VALUES.items() if k in parameters} | TOY_OVERRIDES.get(name, {})
-    missing = [k for k, p in parameters.items() if p.default is p.empty and k not in hparams
-               and k not in ("dim", "model", "num_clients", "client_sizes")]
-    assert not missing, f"{name} requires {missing}: add toy values for them to TOY_VALUES"
-    return algorithm_factory(REGISTRY[name], hparams, model, sizes)()
+    spec = get(name)
+    missing = [f.name for f in spec.fields() if f.default is MISSING and f.name not in spec.example]
+    assert not missing, f"{name} requires {missing}: give toy values for them in its spec's example"
+    return algorithm_factory(name, dict(spec.example), model, sizes)()
 
 
 def _leaves(tree) -> list:
@@ -102,7 +97,7 @@ def _eager():
         yield
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", names())
 def test_contract(name, tmp_path):
     model, clients, _ = _problem()
     algorithm = _algorithm(name, model, {k: d.num_examples for k, d in clients.items()})
@@ -137,7 +132,7 @@ def test_contract(name, tmp_path):
     assert _same(continued, resumed), f"{name}: a checkpointed state goes on differently"
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", names())
 def test_every_method_learns_a_toy_problem(name):
     model, clients, (X_test, y_test) = _problem()
     algorithm = _algorithm(name, model, {k: d.num_examples for k, d in clients.items()})
@@ -164,7 +159,7 @@ def test_every_method_learns_a_toy_problem(name):
 # before the run directory exists.
 
 SIGMA = 0.5
-VARIANTS = [(name, {}) for name in sorted(REGISTRY)] + [
+VARIANTS = [(name, {}) for name in names()] + [
     ("fedlap-cov", {"curvature": "mc-fisher"}),
     *[(method, {"inference": inference}) for method in ("fedep", "fedsep") for inference in ("laplace", "ngvi")],
     *[("fedpa", {"inference": inference}) for inference in ("identity", "laplace", "ngvi")],
@@ -210,9 +205,7 @@ def _regression_problem(counts: bool):
 
 
 def _run(name, extra, likelihood, out, rounds=4):
-    parameters = inspect.signature(REGISTRY[name]).parameters
-    hparams = ({k: v for k, v in TOY_VALUES.items() if k in parameters} | TOY_OVERRIDES.get(name, {})
-               | REGRESSION_OVERRIDES.get(name, {}) | extra)
+    hparams = dict(get(name).example) | REGRESSION_OVERRIDES.get(name, {}) | extra
     clients, test = _regression_problem(isinstance(likelihood, Poisson))
     return bayesadmm.run(_regression_net(), clients, test, algorithm=name, hparams=hparams, likelihood=likelihood,
                          rounds=rounds, eval_samples=4, progress=False, out=out)
@@ -239,7 +232,7 @@ def test_every_method_learns_regression_and_counts_with_the_likelihoods_own_curv
 
     needs = NEEDS.get(_variant_id(name, extra))
     if name == "fedlap-cov":          # S_g = δ + Σ_k V_k: every coordinate gained curvature from the likelihood
-        assert bool((result.posterior.precision > TOY_VALUES["delta"]).all())
+        assert bool((result.posterior.precision > get(name).example["delta"]).all())
     elif name == "fedlap-func":       # the function-space terms were there, on the server and on the clients
         assert result.history[-1]["server_memory"] > 0 and result.history[-1]["client_memory_terms"] > 0
     elif needs is not None:           # Laplace/NGVI: the Fisher adds to the precision of the inference without it

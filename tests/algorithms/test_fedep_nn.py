@@ -2,7 +2,7 @@
 from a uniform start is FedPA for every method, FedPA's chains start at the global mean, two rounds of every
 registered variant lower the training loss, and the configuration accepts the new keys."""
 
-import inspect
+import dataclasses
 
 import pytest
 import torch
@@ -11,7 +11,7 @@ from torch import nn
 from bayesadmm import algorithms
 from bayesadmm.algorithms import fedep, fedpa, fedsep
 from bayesadmm.algorithms.base import unpack
-from bayesadmm.algorithms.ep_registry import InferenceSettings, tilted_inference
+from bayesadmm.algorithms.ep_common import TiltedSettings, tilted_inference
 from bayesadmm.engine.simulate import run_rounds
 from bayesadmm.experiments.config import ConfigError, method_parameters, resolve
 from bayesadmm.families import DiagonalGaussian
@@ -42,11 +42,9 @@ def _train_loss(clients, theta):
 
 
 def _build(method, model, clients, **hparams):
-    """As the engine does: the registry factory with the engine-supplied keys it accepts."""
-    supplied = {"dim": model.dim, "model": model, "num_clients": len(clients),
-                "client_sizes": {k: c.num_examples for k, c in enumerate(clients)}}
-    accepted = inspect.signature(algorithms.REGISTRY[method]).parameters
-    return algorithms.make(method, **{k: v for k, v in supplied.items() if k in accepted}, **hparams)
+    """As the engine does: the method's spec built with the engine's context."""
+    sizes = {k: c.num_examples for k, c in enumerate(clients)}
+    return algorithms.make(method, dim=model.dim, model=model, client_sizes=sizes, **hparams)
 
 
 SETTINGS = {"identity": {}, "laplace": {}, "mcmc": {"mcmc_lr": 0.05, "shrinkage": 1e-3},
@@ -147,18 +145,20 @@ def test_configuration_accepts_the_inference_keys():
         algorithms.make("fedep", dim=3, num_clients=2, client_sizes={0: 1, 1: 1}, inference="mcmc", shrinkage=2.0)
 
 
-def test_the_registry_maps_inference_names_to_objects_and_stateless_to_fedsep():
-    settings = InferenceSettings("fedep", alpha=0.05, fisher_samples=2, lr=0.01, epochs=3, batch_size=8,
+def test_the_inference_names_map_to_objects_and_fedsep_is_built_as_fedep():
+    settings = TiltedSettings(alpha=0.05, fisher_samples=2, lr=0.01, epochs=3, batch_size=8,
                                  shrinkage=1e-3, mcmc_lr=0.02, mcmc_momentum=0.5, ngvi_beta=0.9, ngvi_epochs=2,
                                  ngvi_samples=4, ngvi_debias=False)
     solver = LocalAdam(lr=0.01, epochs=3, batch_size=8)
-    assert tilted_inference("identity", settings) == ScaledIdentity(alpha=0.05, solver=solver)
-    assert tilted_inference("laplace", settings) == Laplace(alpha=0.05, fisher_samples=2, solver=solver)
-    assert tilted_inference("mcmc", settings) == SGMCMC(alpha=0.05, shrinkage=1e-3, lr=0.02, momentum=0.5, epochs=3,
-                                                        batch_size=8)
-    assert tilted_inference("ngvi", settings) == NGVI(alpha=0.05, beta=0.9, epochs=2, samples=4, batch_size=8,
-                                                      fisher_samples=2, debias=False, solver=solver)
+    def tilted(name):
+        return tilted_inference(dataclasses.replace(settings, inference=name), "fedep")
+
+    assert tilted("identity") == ScaledIdentity(alpha=0.05, solver=solver)
+    assert tilted("laplace") == Laplace(alpha=0.05, fisher_samples=2, solver=solver)
+    assert tilted("mcmc") == SGMCMC(alpha=0.05, shrinkage=1e-3, lr=0.02, momentum=0.5, epochs=3, batch_size=8)
+    assert tilted("ngvi") == NGVI(alpha=0.05, beta=0.9, epochs=2, samples=4, batch_size=8, fisher_samples=2,
+                                  debias=False, solver=solver)
     sizes = {0: 3, 1: 1}
-    alg = algorithms.make("fedep", dim=2, num_clients=2, client_sizes=sizes, stateless=True)
+    alg = algorithms.make("fedsep", dim=2, client_sizes=sizes)
     assert alg.name == "fedsep"
     assert alg.init_client(alg.init_server(torch.zeros(2)), 0) == fedsep.ClientState(0.75)

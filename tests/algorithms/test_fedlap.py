@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn.functional import softplus
 
-from bayesadmm.algorithms import admm, fedlap, fedlap_cov, registry, smoothing_admm
+from bayesadmm.algorithms import admm, fedlap, fedlap_cov, make, smoothing_admm
 from bayesadmm.algorithms.base import PointEstimate
 from bayesadmm.engine.simulate import generator_for, run_rounds
 from bayesadmm.families import DiagonalGaussian, IsotropicGaussian, Posterior
@@ -75,7 +75,7 @@ def test_fedlap_fixed_point_is_the_map_with_weight_decay_delta():
 def test_fedlap_dual_after_each_client_step(rho):
     """Client stationarity: ṽ_k^new + (1 − ρ)(δ/N_k)(w_k − w_g) = −∇ℓ̄_k(w_k); for ρ = 1, ṽ_k = −∇ℓ̄_k(w_k)."""
     losses = clients(seed=1)
-    alg = registry.fedlap(delta=DELTA, lr=0.05, epochs=200, batch_size=N_K, rho=rho, client_sizes=sizes(losses))
+    alg = make("fedlap", delta=DELTA, lr=0.05, epochs=200, batch_size=N_K, rho=rho, client_sizes=sizes(losses))
     server = alg.init_server(torch.zeros(2))
     states = {k: alg.init_client(server, k) for k in range(K)}
     for r in range(1, 4):
@@ -99,7 +99,7 @@ def test_fedlap_initialisation_round_one_and_partial_participation():
     total = 60
     theta0 = torch.tensor([0.7, -1.2])
     for rho in ["size", 0.4]:
-        alg = registry.fedlap(delta=DELTA, lr=0.05, epochs=5, batch_size=10, rho=rho, client_sizes=n)
+        alg = make("fedlap", delta=DELTA, lr=0.05, epochs=5, batch_size=10, rho=rho, client_sizes=n)
         server = alg.init_server(theta0)
         assert torch.equal(alg.broadcast(server)["theta"], theta0)
         states = {k: alg.init_client(server, k) for k in range(3)}
@@ -123,7 +123,7 @@ def test_fedlap_rejects_bad_settings_and_inconsistent_data():
     losses = clients()
     for rho in ("equal", 0.0, 1.5, math.nan, True):
         with pytest.raises(ValueError, match="rho"):
-            registry.fedlap(delta=1.0, lr=0.1, rho=rho, client_sizes=sizes(losses))
+            make("fedlap", delta=1.0, lr=0.1, rho=rho, client_sizes=sizes(losses))
     with pytest.raises(ValueError, match="rho"):
         fedlap.ConstantDamping(0.0)
 
@@ -443,7 +443,7 @@ def test_fedlap_cov_rejects_bad_settings():
     with pytest.raises(ValueError, match="rho"):
         fedlap_cov.make(delta=1.0, lr=0.1, num_clients=3, rho=1.5)
     with pytest.raises(ValueError, match="curvature"):
-        registry.fedlap_cov(delta=1.0, lr=0.1, num_clients=3, curvature="kfac")
+        make("fedlap-cov", delta=1.0, lr=0.1, num_clients=3, curvature="kfac")
     with pytest.raises(ValueError, match="delta"):
         fedlap_cov.make(delta=-1.0, lr=0.1, num_clients=3)
     alg = fedlap_cov.make(delta=1.0, lr=0.1, num_clients=2)

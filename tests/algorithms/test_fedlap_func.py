@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from bayesadmm.algorithms import fedlap, fedlap_func, registry
+from bayesadmm.algorithms import fedlap, fedlap_func, make
 from bayesadmm.algorithms.base import PointEstimate
 from bayesadmm.algorithms.fedlap_func import (
     ClientState,
@@ -56,11 +56,11 @@ def sizes():
 
 
 def algorithm(model, **kw):
-    """FedLap-Func through the registry's keywords (rho "size" or a number)."""
+    """FedLap-Func by its method name's keywords (rho "size" or a number)."""
     settings = dict(delta=0.1, tau_f=0.5, lr=0.01, epochs=2, batch_size=8, client_sizes=sizes(), server_iterations=50,
                     server_lr=1e-2)
     settings.update(kw)
-    return registry.fedlap_func(model=model, **settings)
+    return make("fedlap-func", model=model, dim=model.dim, **settings)
 
 
 def theta0(model, seed=0):
@@ -372,7 +372,7 @@ def test_rejects_bad_settings():
                             (dict(rho="half"), "rho"), (dict(points_per_class=-1), "points_per_class"),
                             (dict(server_lr=0.0), "server_lr"), (dict(epochs=0), "epochs")):
         with pytest.raises(ValueError, match=message):
-            registry.fedlap_func(**{**kw, **change})
+            make("fedlap-func", **{**kw, **change})
     alg = fedlap_func.make(**kw)
     server = alg.init_server(torch.zeros(model.dim))
     with pytest.raises(KeyError, match="client_sizes"):

@@ -4,12 +4,13 @@ The convex checks use logistic regression (each client's `batch_loss` is its mea
 come from Newton's method on the pooled (summed) loss, independently of the algorithms' code.
 """
 
+import functools
 import math
 
 import pytest
 import torch
 
-from bayesadmm.algorithms import admm, fedavg, feddyn, fedprox, registry
+from bayesadmm.algorithms import admm, fedavg, feddyn, fedprox, make
 from bayesadmm.algorithms.base import DivergenceError, ServerInfo, TrainingInfo
 from bayesadmm.engine.simulate import generator_for, run_rounds
 from bayesadmm.problems import synthetic
@@ -88,7 +89,7 @@ def test_fedavg_server_means_unweighted_and_weighted():
     base = synthetic.logistic_clients(num_clients=3, per_client=30, dim=3, seed=2)
     losses = [subset(base[0], 30), subset(base[1], 10), subset(base[2], 5)]  # unequal N_k
     for weighted in (False, True):
-        alg = registry.fedavg(lr=0.05, epochs=1, batch_size=5, weighted=weighted)
+        alg = make("fedavg", lr=0.05, epochs=1, batch_size=5, weighted=weighted)
         server = alg.init_server(torch.zeros(3))
         replies = {k: alg.client_update(alg.init_client(server, k), alg.broadcast(server), losses[k],
                                         generator_for(0, 1, k))[1] for k in range(3)}
@@ -425,8 +426,8 @@ def test_non_finite_server_state_is_a_divergence(method):
     (fedavg.make, dict(epochs=0), "epochs"),
     (fedavg.make, dict(epochs=1.5), "epochs"),
     (fedavg.make, dict(batch_size=0), "batch_size"),
-    (registry.fedavg, dict(weighted="yes"), "weighted"),
-    (registry.fedprox, dict(mu=0.1, weighted=1), "weighted"),
+    (functools.partial(make, "fedavg"), dict(weighted="yes"), "weighted"),
+    (functools.partial(make, "fedprox"), dict(mu=0.1, weighted=1), "weighted"),
     (fedprox.make, dict(mu=-0.1), "mu"),
     (fedprox.make, dict(mu=math.inf), "mu"),
     (fedprox.make, dict(mu=0.1, lr=-1.0), "lr"),
@@ -448,7 +449,7 @@ def test_bad_hyperparameters_are_rejected(factory, kwargs, key):
 def test_factories_take_keywords_only_and_name_themselves():
     assert fedavg.make().name == "fedavg" and fedprox.make(mu=0.1).name == "fedprox"
     assert feddyn.make(alpha=0.1, num_clients=2).name == "feddyn" and admm.make_nn(rho=1.0).name == "fedadmm"
-    assert registry.fedavg(name="fedavg-w", weighted=True).name == "fedavg-w"
+    assert fedavg.make(name="fedavg-w", average=fedavg.WeightedMean()).name == "fedavg-w"
     for factory, args in ((fedavg.make, (1e-3,)), (fedprox.make, (0.1,)), (feddyn.make, (0.1, 2)),
                           (admm.make_nn, (1.0,))):
         with pytest.raises(TypeError):

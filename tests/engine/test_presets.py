@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bayesadmm.algorithms import specs
 from bayesadmm.cli import main
 
 
@@ -79,8 +80,7 @@ def test_preset_runs_two_rounds(tmp_path, scenario, method, extra):
     assert config["scenario"] == scenario and config["method"] == method
 
 
-DIABETES_METHODS = list(json.loads((Path(__file__).resolve().parents[2] / "src" / "bayesadmm" / "experiments"
-                                    / "presets.json").read_text())["diabetes-iid5"]["methods"])
+DIABETES_METHODS = [spec.name for spec in specs() if "diabetes-iid5" in spec.presets]
 
 
 @pytest.mark.parametrize("method", DIABETES_METHODS)

@@ -16,7 +16,7 @@ from bayesadmm.experiments import build as setup
 # cohort=1: the local engine trains one client at a time, as each Flower node does, so the numbers agree to 1e-9
 SMALL = ["data_fraction=0.005", "clients=3", "epochs=1", "eval_samples=2", "cohort=1"]
 
-# every registry method with the hyperparameters its factory needs and the preset does not give
+# every registered method with the hyperparameters it needs and the preset does not give
 EXTRA = {"ama": ["rho=0.01", "delta=0.01"], "bayes-admm-iso": ["rho=0.1", "delta=1.0", "precision=1.0", "lr=0.001"],
          "fedep": [], "fedsep": [], "fedlap-func": ["server_iterations=50"], "fedlap-cov": ["curvature=mc-fisher"], "ivon-admm": ["epochs=1"], "ivon-pvi": ["epochs=1"]}
 

@@ -14,7 +14,7 @@ from conftest import needs_fmnist
 from helpers import EXTRA, SMALL, LoopbackGrid, assert_same_metrics, lines, fast_data  # noqa: F401 (fixture)
 
 from bayesadmm import trees
-from bayesadmm.algorithms import REGISTRY
+from bayesadmm.algorithms import names
 from bayesadmm.experiments.build import run
 from bayesadmm.experiments.config import resolve
 from bayesadmm.flower import records
@@ -123,7 +123,7 @@ def _local_and_flower(tmp_path, method, extra=(), grid_options=None, timeouts=Ti
 
 
 @needs_fmnist
-@pytest.mark.parametrize("method", sorted(REGISTRY))
+@pytest.mark.parametrize("method", names())
 def test_every_registry_algorithm_through_the_flower_message_path_matches_the_local_engine(fast_data, tmp_path, method):
     code, local, flower = _local_and_flower(tmp_path, method)
     assert code == 0

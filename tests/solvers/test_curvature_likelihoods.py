@@ -269,14 +269,14 @@ def _squared_error(outputs, targets):
     return (targets - outputs) ** 2
 
 
-def test_ep_registry_refuses_laplace_and_ngvi_for_a_likelihood_that_cannot_draw_targets():
+def test_ep_methods_refuse_laplace_and_ngvi_for_a_likelihood_that_cannot_draw_targets():
     """Before any training: the factory names the method, the inference, the likelihood and what to supply; the
     inference that reads only the loss is built."""
-    from bayesadmm.algorithms import ep_registry
+    from bayesadmm.algorithms import make as make_method
 
     bare = NegLogLikelihood(_squared_error)
     sizes = {0: 10, 1: 10}
-    for make in (ep_registry.make_fedep, functools.partial(ep_registry.make_fedep, stateless=True)):
+    for make in (functools.partial(make_method, "fedep"), functools.partial(make_method, "fedsep")):
         for inference in ("laplace", "ngvi"):
             with pytest.raises(TypeError, match=rf"with inference='{inference}' needs the likelihood's "
                                                 r"sample_targets.*NegLogLikelihood.*sample_targets="):
@@ -284,5 +284,5 @@ def test_ep_registry_refuses_laplace_and_ngvi_for_a_likelihood_that_cannot_draw_
         make(dim=4, num_clients=2, client_sizes=sizes, inference="identity", likelihood=bare)
         make(dim=4, num_clients=2, client_sizes=sizes, inference="laplace", likelihood=Poisson())
     with pytest.raises(TypeError, match="fedpa with inference='laplace'"):
-        ep_registry.make_fedpa(dim=4, inference="laplace", likelihood=bare)
-    ep_registry.make_fedpa(dim=4, inference="mcmc", likelihood=bare)
+        make_method("fedpa", dim=4, inference="laplace", likelihood=bare)
+    make_method("fedpa", dim=4, inference="mcmc", likelihood=bare)

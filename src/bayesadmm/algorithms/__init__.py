@@ -1,51 +1,64 @@
 """Federated algorithms, one module each, all implementing `base.Algorithm`.
 
-`REGISTRY` lists the methods `bayesadmm run` can build from keyword hyperparameters (the engine supplies `dim`,
-`model`, `num_clients`, `client_sizes` and `cosine_rounds` where a factory asks for them). The convex-problem
+A method that `bayesadmm run method=NAME` and `bayesadmm.run(algorithm=NAME)` can build is a `spec.MethodSpec`
+declared and registered by its own module (its hyperparameters, presets, search space, published numbers and
+`build(hparams, context)`); importing this package imports every such module, so `spec.names()` lists them all. A
+user's method is registered the same way, by importing the module that calls `spec.register`. The convex-problem
 factories that take a family and a local solver object (`bayes_admm.make`, `bregman_admm.make`, `pvi.make`,
-`admm.make`) are used directly by the paper experiments and tests. Only the CLI and configs read names; where a
-module's factory takes objects for its variants, the registry's entry is a wrapper in `registry.py` that maps the
-names and flags onto them.
+`admm.make`) are used directly by the paper experiments and tests.
 """
 
-from collections.abc import Callable
-from functools import partial
+from typing import Any
 
-from bayesadmm.algorithms import (
+from bayesadmm.algorithms import (  # noqa: F401 — each registers its methods' specs
     admm,
-    ep_registry,
+    fedavg,
     feddyn,
+    fedep,
+    fedlap,
+    fedlap_cov,
+    fedlap_func,
+    fedpa,
+    fedprox,
+    fedsep,
     ivon_admm,
-    registry,
     smoothing_admm,
 )
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate
-
-REGISTRY: dict[str, Callable[..., Algorithm]] = {
-    "fedavg": registry.fedavg,
-    "fedprox": registry.fedprox,
-    "feddyn": feddyn.make,
-    "admm": admm.make_nn,
-    "ama": partial(admm.make_nn, server_rho=0.0, name="ama"),
-    "fedlap": registry.fedlap,
-    "fedlap-cov": registry.fedlap_cov,
-    "fedlap-func": registry.fedlap_func,
-    "ivon-admm": ivon_admm.make,
-    "ivon-pvi": ivon_admm.make_pvi,
-    "bayes-admm-iso": smoothing_admm.make,
-    "fedep": ep_registry.make_fedep,
-    "fedsep": partial(ep_registry.make_fedep, stateless=True),
-    "fedpa": ep_registry.make_fedpa,
-}
+from bayesadmm.algorithms.spec import Context, MethodSpec, get, names, register, specs
 
 
-def make(name: str, **hyperparameters) -> Algorithm:
-    """Build a registered algorithm by name."""
-    try:
-        factory = REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; valid: {', '.join(sorted(REGISTRY))}") from None
-    return factory(**hyperparameters)
+def make(
+    name: str,
+    *,
+    dim: int = 0,
+    model: Any = None,
+    client_sizes: Any = None,
+    num_clients: int | None = None,
+    likelihood: Any = None,
+    rounds: int | None = None,
+    **hyperparameters: Any,
+) -> Algorithm:
+    """Build a registered method by name from keyword hyperparameters and what the engine would supply (`Context`):
+    `num_clients=K` without `client_sizes` stands for K clients of one example each (for the methods that only count
+    them)."""
+    spec = get(name)
+    if client_sizes is None:
+        client_sizes = {k: 1 for k in range(num_clients or 0)}
+    context = Context(dim=dim, model=model, client_sizes=dict(client_sizes), likelihood=likelihood, rounds=rounds)
+    return spec.build(spec.make_hparams(**hyperparameters), context)
 
 
-__all__ = ["REGISTRY", "make", "Algorithm", "DivergenceError", "Message", "PointEstimate"]
+__all__ = [
+    "make",
+    "Algorithm",
+    "Context",
+    "DivergenceError",
+    "Message",
+    "MethodSpec",
+    "PointEstimate",
+    "get",
+    "names",
+    "register",
+    "specs",
+]

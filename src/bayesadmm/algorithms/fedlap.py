@@ -20,7 +20,7 @@ the summed loss (FedDyn and FedADMM target δ = 0). With ρ_k = 1 the dual equal
 for ρ_k < 1 the client's stationarity gives ṽ_k^new + (1 − ρ_k)(δ/N_k)(w_k − w_g) = −∇ℓ̄_k(w_k) (both tested).
 
 Damping ρ (a `Damping`, which gives every client its ρ_k once, at construction): `SizeDamping()` is ρ_k = N_k/N, the
-paper's App. E choice for FedLap (the registry's `rho="size"`); `ConstantDamping(ρ)` is one ρ for every client (§3.2
+paper's App. E choice for FedLap (the method's `rho="size"`); `ConstantDamping(ρ)` is one ρ for every client (§3.2
 says 1/K; the two agree for equal client sizes). The factory needs `client_sizes` in both cases (for N and for the
 initialisation below), and checks each client's data against it.
 
@@ -64,6 +64,8 @@ from bayesadmm.algorithms.base import (
     merge_replies,
     update_from,
 )
+from bayesadmm.algorithms.spec import Context, MethodSpec
+from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.solvers.adam import AdamProblem, local_adam
 from bayesadmm.trees import register
 
@@ -223,3 +225,68 @@ def make(
         return PointEstimate(server.theta)
 
     return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+
+
+def damping_for(rho: float | str, name: str) -> Damping:
+    """rho "size": ρ_k = N_k/N; a number in (0, 1]: that ρ for every client."""
+    if isinstance(rho, str):
+        if rho == "size":
+            return SizeDamping()
+    elif isinstance(rho, numbers.Real) and not isinstance(rho, bool) and math.isfinite(rho) and 0 < float(rho) <= 1:
+        return ConstantDamping(float(rho))
+    raise ValueError(f"{name}: rho must be 'size' or a number in (0, 1], got {rho!r}")
+
+
+@dataclass(frozen=True)
+class Hparams:
+    """FedLap's hyperparameters: the prior precision δ, the damping `rho` ("size": ρ_k = N_k/N, or one number in
+    (0, 1]) and the local Adam run."""
+
+    delta: float
+    lr: float
+    rho: float | str = "size"
+    epochs: int = 1
+    batch_size: int = 32
+
+    def __post_init__(self) -> None:
+        damping_for(self.rho, "fedlap")
+
+
+def build(hparams: Hparams, context: Context) -> Algorithm:
+    return make(
+        delta=hparams.delta,
+        lr=hparams.lr,
+        client_sizes=context.client_sizes,
+        rho=damping_for(hparams.rho, "fedlap"),
+        epochs=hparams.epochs,
+        batch_size=hparams.batch_size,
+        name="fedlap",
+    )
+
+
+# The FedLap methods' presets: FedAvg's budget, delta chosen from the FedLap paper's grid (docs/results).
+PRESET = {"lr": 1e-3, "epochs": 10, "batch_size": 32, "delta": 1e-2}
+DELTA_CHOICES = {"choices": [1, 0.1, 0.01, 0.001, 0.0001]}
+
+SPEC = register_method(
+    MethodSpec(
+        name="fedlap",
+        hparams=Hparams,
+        build=build,
+        summary="FedLap: a Laplace version of PVI",
+        presets={"fmnist-heterog10": PRESET, "fmnist-homog10": PRESET, "diabetes-iid5": PRESET},
+        search_space={"lr": {"log": [1e-4, 1e-2]}, "delta": DELTA_CHOICES},
+        reference={
+            "fmnist-heterog10": {
+                "fedlap": {"acc": {"10": 71.3, "25": 74.3, "50": 77.6}, "nll": {"10": 0.75, "25": 0.71, "50": 0.65}}
+            },
+            "fmnist-homog10": {
+                "fedlap": {"acc": {"10": 72.1, "25": 77.1, "50": 80.2}, "nll": {"10": 0.71, "25": 0.62, "50": 0.57}}
+            },
+            "fmnist-heterog100": {
+                "fedlap": {"acc": {"10": 73.9, "25": 79.4, "50": 82.4}, "nll": {"10": 0.68, "25": 0.59, "50": 0.53}}
+            },
+        },
+        example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5},
+    )
+)

@@ -35,7 +35,7 @@ Implementation choices (none stated by the paper unless cited):
   dozen points) are evaluated in full at every minibatch step by wrapping the client's data, so their gradient is
   exact. Initial sites, ρ and `client_sizes` are also fedlap.py's: ṽ_k⁽⁰⁾ = δθ_0/N, so Σ_k v_k⁽⁰⁾ = θ_0 = w_g⁽⁰⁾ and
   the first server step does not forget θ_0; a client that has not replied counts with its initial site; ρ_k = N_k/N
-  (`fedlap.SizeDamping()`, the registry's `rho="size"`, App. E) or one number in (0, 1] (`fedlap.ConstantDamping`).
+  (`fedlap.SizeDamping()`, the method's `rho="size"`, App. E) or one number in (0, 1] (`fedlap.ConstantDamping`).
 - Memory. At its first update each client picks `points_per_class` random inputs of every class it holds (fewer if
   it holds fewer), with the generator, after local training so that the minibatch stream is FedLap's; the memory is
   then fixed. The classes are the likelihood's (`classes(targets)`, which `Classification` has); a likelihood
@@ -82,14 +82,19 @@ from torch.func import vmap
 from bayesadmm import rng
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
 from bayesadmm.algorithms.fedlap import (
+    DELTA_CHOICES,
     Damping,
     SizeDamping,
     check_client,
     check_known,
     client_sizes_of,
+    damping_for,
     damping_of,
     site_sum,
 )
+from bayesadmm.algorithms.fedlap import PRESET as FEDLAP_PRESET
+from bayesadmm.algorithms.spec import Context, MethodSpec
+from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.likelihoods import Classification, CurvatureLikelihood, Likelihood, require
 from bayesadmm.solvers.adam import local_adam
 from bayesadmm.trees import register
@@ -370,3 +375,68 @@ def make(
         return PointEstimate(server.theta)
 
     return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+
+
+@dataclass(frozen=True)
+class Hparams:
+    """FedLap-Func's hyperparameters: δ, the function-space weight `tau_f`, the damping `rho` ("size" or a number in
+    (0, 1]), the local Adam run, the memory's `points_per_class` and the server's Adam run (`server_iterations`,
+    `server_lr`)."""
+
+    delta: float
+    lr: float
+    tau_f: float = 1.0
+    rho: float | str = "size"
+    epochs: int = 1
+    batch_size: int = 32
+    points_per_class: int = 1
+    server_iterations: int = 5000
+    server_lr: float = 1e-3
+
+    def __post_init__(self) -> None:
+        damping_for(self.rho, "fedlap-func")
+
+
+def build(hparams: Hparams, context: Context) -> Algorithm:
+    """`make` with the engine's model, client sizes and likelihood."""
+    return make(
+        model=context.model,
+        delta=hparams.delta,
+        lr=hparams.lr,
+        client_sizes=context.client_sizes,
+        tau_f=hparams.tau_f,
+        rho=damping_for(hparams.rho, "fedlap-func"),
+        epochs=hparams.epochs,
+        batch_size=hparams.batch_size,
+        points_per_class=hparams.points_per_class,
+        server_iterations=hparams.server_iterations,
+        server_lr=hparams.server_lr,
+        name="fedlap-func",
+        likelihood=context.likelihood,
+    )
+
+
+# tau_f 1e-4 on both 10-client scenarios, chosen on a validation split (sweeps/select-fedlap-func-tau.json; 1e-2,
+# the first pick, made its server fit the memory points and stall at 55-65 %); the rest as FedLap's.
+_PRESET = {**FEDLAP_PRESET, "tau_f": 1e-4}
+
+SPEC = register_method(
+    MethodSpec(
+        name="fedlap-func",
+        hparams=Hparams,
+        build=build,
+        summary="FedLap-Func: FedLap with function-space memory points",
+        presets={"fmnist-heterog10": _PRESET, "fmnist-homog10": _PRESET, "diabetes-iid5": _PRESET},
+        search_space={
+            "lr": {"log": [1e-4, 1e-2]},
+            "delta": DELTA_CHOICES,
+            "tau_f": {"choices": [1, 0.1, 0.01, 0.001, 0.0001]},
+        },
+        # the FedLap paper, Table 1 (accuracy) and Table 5 (NLL at round 50)
+        reference={
+            "fmnist-heterog10": {"fedlap-func": {"acc": {"10": 72.2, "25": 75.4, "50": 78.1}, "nll": {"50": 0.62}}},
+            "fmnist-homog10": {"fedlap-func": {"acc": {"10": 73.7, "25": 77.9, "50": 80.0}, "nll": {"50": 0.57}}},
+        },
+        example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5},
+    )
+)

@@ -12,11 +12,16 @@ Nothing regularises the local problem towards the global model, so a search (an 
 network) STARTS at the global mean, θ_0 in round 1: a network cannot train from the uniform cavity's mean 0, and it is
 where FedPA's clients start (Al-Shedivat et al. 2021). The target stays p_k; inference that does not search
 (`ExactGaussian`) ignores the start.
+
+The method `fedpa` runs on networks with the diagonal family and the inference chosen by name (default "mcmc",
+FedPA's SG-MCMC; `ep_common.TiltedSettings`): with the scaled identity the global mean is then the n_k-weighted
+average of the local means, with M, V or L a precision-weighted one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -32,8 +37,12 @@ from bayesadmm.algorithms.base import (
     pack,
     unpack,
 )
-from bayesadmm.algorithms.ep_common import check_family, prior_natural
-from bayesadmm.families import Natural, Posterior
+from bayesadmm.algorithms.ep_common import TiltedSettings, check_family, prior_natural, tilted_inference
+from bayesadmm.algorithms.fedep import EXAMPLE
+from bayesadmm.algorithms.fedep import PRESET as FEDEP_PRESET
+from bayesadmm.algorithms.spec import Context, MethodSpec
+from bayesadmm.algorithms.spec import register as register_method
+from bayesadmm.families import DiagonalGaussian, Natural, Posterior
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ep_inference import TiltedInference
 from bayesadmm.trees import register
@@ -95,3 +104,34 @@ def make(family, inference: TiltedInference, prior_precision: float | None = Non
         return Posterior(family, server.natural)
 
     return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+
+
+@dataclass(frozen=True)
+class Hparams(TiltedSettings):
+    """FedPA's hyperparameters on networks: the tilted inference (`ep_common.TiltedSettings`; here "mcmc" by
+    default) and the prior precision δ_0 of N(0, δ_0⁻¹ I) (None: uniform). alpha is the per-example site precision
+    of I, the floor of L and V, and the norm M's precision is rescaled to."""
+
+    inference: str = "mcmc"
+    prior_precision: float | None = None
+
+
+def build(hparams: Hparams, context: Context) -> Algorithm:
+    local = tilted_inference(hparams, "fedpa", context.likelihood)
+    return make(DiagonalGaussian(context.dim), local, prior_precision=hparams.prior_precision)
+
+
+SPEC = register_method(
+    MethodSpec(
+        name="fedpa",
+        hparams=Hparams,
+        build=build,
+        summary="FedPA: federated posterior averaging",
+        presets={
+            "fmnist-heterog10": {**FEDEP_PRESET, "mcmc_lr": 1e-2, "shrinkage": 1e-4},
+            "diabetes-iid5": {**FEDEP_PRESET, "mcmc_lr": 1e-2, "shrinkage": 1e-4},
+        },
+        # SG-MCMC keeps one sample per epoch: two samples give no usable covariance
+        example={**EXAMPLE, "epochs": 10},
+    )
+)

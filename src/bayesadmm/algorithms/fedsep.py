@@ -10,7 +10,8 @@ this is q_g/q̄ for the average factor q̄ = (q_g/q_0)^{1/K}, and with the unifo
 code's q_g^{1 − n_k/N} ([CODE]). As the shares sum to 1, exact tilted inference in the full family, λ̂_k = λ_{−k} + λ_k
 with λ_k the natural parameters of the likelihood p_k, gives Σ_k Δ_k = λ_0 + Σ_k λ_k − λ_g: the fixed point is the
 exact posterior, prior included. Tilted inference, delta and the damped server are FedEP's (`fedep`,
-`ep_common.DampedServer`).
+`ep_common.DampedServer`). The method `fedsep` takes FedEP's hyperparameters and is built as FedEP is
+(`fedep.build_sites`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message, NoInfo, pack, unpack
 from bayesadmm.algorithms.ep_common import IDENTITY, ServerState, clip_delta, damped_server, prior_natural
+from bayesadmm.algorithms.fedep import EXAMPLE, PRESET, Hparams, build_sites
+from bayesadmm.algorithms.spec import Context, MethodSpec
+from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ep_inference import TiltedInference
 from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
@@ -77,3 +81,19 @@ def make(
         return state, pack("delta", delta), NoInfo()
 
     return Algorithm(name, server.init, init_client, server.broadcast, client_update, server.update, server.posterior)
+
+
+def build(hparams: Hparams, context: Context) -> Algorithm:
+    return build_sites(make, "fedsep", hparams, context)
+
+
+SPEC = register_method(
+    MethodSpec(
+        name="fedsep",
+        hparams=Hparams,
+        build=build,
+        summary="FedSEP: stochastic EP for stateless clients",
+        presets={"fmnist-heterog10": PRESET, "diabetes-iid5": PRESET},
+        example={**EXAMPLE, "damping": 0.5},
+    )
+)

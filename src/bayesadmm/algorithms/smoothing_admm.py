@@ -12,8 +12,12 @@ Note that ρ multiplies s: keep ρs, ADMM's proximal weight in summed-loss units
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from bayesadmm.algorithms import bayes_admm
 from bayesadmm.algorithms.base import Algorithm
+from bayesadmm.algorithms.spec import Context, MethodSpec
+from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import IsotropicGaussian
 from bayesadmm.solvers.smoothing import GaussianSmoothingAdam
 
@@ -35,3 +39,53 @@ def make(
     return bayes_admm.make(
         IsotropicGaussian(dim, precision), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name
     )
+
+
+@dataclass(frozen=True)
+class Hparams:
+    """Isotropic BayesADMM's hyperparameters (`make`): ρ, δ, the fixed precision s (`precision`), the local Adam run
+    with `mc_samples` draws, the dual step γ (None: ρ) and ρ_s (None: ρ)."""
+
+    rho: float
+    delta: float
+    precision: float
+    lr: float
+    epochs: int = 1
+    batch_size: int = 32
+    mc_samples: int = 1
+    gamma: float | None = None
+    server_rho: float | None = None
+
+
+def build(hparams: Hparams, context: Context) -> Algorithm:
+    return make(
+        context.dim,
+        rho=hparams.rho,
+        delta=hparams.delta,
+        precision=hparams.precision,
+        lr=hparams.lr,
+        epochs=hparams.epochs,
+        batch_size=hparams.batch_size,
+        mc_samples=hparams.mc_samples,
+        gamma=hparams.gamma,
+        server_rho=hparams.server_rho,
+    )
+
+
+SPEC = register_method(
+    MethodSpec(
+        name="bayes-admm-iso",
+        hparams=Hparams,
+        build=build,
+        summary="BayesADMM, isotropic Gaussian (Gaussian smoothing of ADMM)",
+        example={
+            "lr": 0.05,
+            "epochs": 2,
+            "batch_size": 8,
+            "rho": 0.5,
+            "gamma": 0.5,
+            "delta": 1.0,
+            "precision": 10.0,
+        },
+    )
+)

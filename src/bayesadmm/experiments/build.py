@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from bayesadmm import tracking
-from bayesadmm.algorithms import REGISTRY, Algorithm
+from bayesadmm.algorithms import Algorithm
 from bayesadmm.clients import TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
 from bayesadmm.engine.simulate import generator_for
@@ -110,14 +110,12 @@ def settings_of(config: RunConfig) -> Settings:
 def make_algorithm_factory(
     config: RunConfig, model: FlatModel, client_sizes: dict[int, int], likelihood: Likelihood | None = None
 ):
-    """The registry factory with the configured hyperparameters; the CLI's `cosine=true` is the factory's
-    `cosine_rounds=rounds` (a cosine learning-rate schedule over the whole run). `likelihood`: the clients', for the
-    methods that check what they need of it."""
-    factory = REGISTRY[config.method]
-    hparams = {k: v for k, v in config.hparams.items() if k != "cosine"}
-    if config.hparams.get("cosine"):
-        hparams["cosine_rounds"] = config.rounds
-    return algorithm_factory(factory, hparams, model, client_sizes, likelihood)
+    """The configured method's factory: its spec built with the configured hyperparameters and a context of the
+    model, the client sizes, `likelihood` (the clients', for the methods that check what they need of it) and the
+    run's rounds (a method's `cosine=true` is a cosine learning-rate schedule over the whole run)."""
+    from bayesadmm.experiments.config import method_spec
+
+    return algorithm_factory(method_spec(config.method), config.hparams, model, client_sizes, likelihood, config.rounds)
 
 
 def build(config: RunConfig) -> Built:

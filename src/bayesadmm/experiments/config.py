@@ -1,11 +1,11 @@
 """Run configuration: defaults < scenario preset < config file < command line, every key checked.
 
 A run is described by a `RunConfig` (what data, split, model, likelihood, method, schedule) plus the method's
-hyperparameters (`hparams`), whose valid names and types are read off the method's factory signature in the
-registry, so a new algorithm needs no config code, and the likelihood's parameters (`likelihood_params`, set as
-`likelihood.KEY=VALUE`), read off its dataclass likewise. This is the one place where likelihood names become classes
-(`LIKELIHOODS`). Unknown keys and values of the wrong type are errors that list the valid keys; the resolved
-configuration is saved with the run.
+hyperparameters (`hparams`), whose valid names, types and defaults are the fields of the method's `MethodSpec.hparams`
+dataclass (`bayesadmm.algorithms.spec`), so a new algorithm needs no config code, and the likelihood's parameters
+(`likelihood_params`, set as `likelihood.KEY=VALUE`), read off its dataclass likewise. This is the one place where
+likelihood names become classes (`LIKELIHOODS`). Unknown keys and values of the wrong type are errors that list the
+valid keys; the resolved configuration is saved with the run.
 """
 
 from __future__ import annotations
@@ -20,13 +20,10 @@ from importlib import resources
 from pathlib import Path
 
 from bayesadmm import likelihoods
-from bayesadmm.algorithms import REGISTRY
+from bayesadmm.algorithms import spec as method_specs
 from bayesadmm.engine.loop import check_device
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.tracking import TRACKERS, available
-
-# Passed by the engine, never set by users.
-ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "likelihood", "cosine_rounds", "name")
 
 
 @dataclass(frozen=True)
@@ -105,22 +102,57 @@ class ConfigError(ValueError):
 
 
 def presets() -> dict:
+    """The built-in scenarios (presets.json: data, split, model and schedule), each with "methods": every registered
+    method's settings for it (`MethodSpec.presets`)."""
     text = resources.files("bayesadmm.experiments").joinpath("presets.json").read_text()
-    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+    table = {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+    for scenario, values in table.items():
+        values["methods"] = {
+            spec.name: dict(spec.presets[scenario]) for spec in method_specs.specs() if scenario in spec.presets
+        }
+    return table
+
+
+def method_spec(method: str) -> method_specs.MethodSpec:
+    """The registered spec of `method`; a `ConfigError` listing the registered methods otherwise."""
+    try:
+        return method_specs.get(method)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{exc} (a method of your own: load its module with --methods path/to/module.py, "
+            "docs/guides/own-algorithm.md)"
+        ) from None
 
 
 def method_parameters(method: str) -> dict[str, inspect.Parameter]:
-    """The user-settable hyperparameters of a registered method: its factory's keyword arguments."""
-    if method not in REGISTRY:
-        raise ConfigError(f"unknown method {method!r}; valid: {', '.join(sorted(REGISTRY))}")
-    factory = REGISTRY[method]
-    params = dict(inspect.signature(factory).parameters)
-    for name in getattr(factory, "keywords", {}) or {}:  # functools.partial fixes some
-        params.pop(name, None)
-    user = {k: p for k, p in params.items() if k not in ENGINE_SUPPLIED and p.kind != p.VAR_KEYWORD}
-    if "cosine_rounds" in params:
-        user["cosine"] = inspect.Parameter("cosine", inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool")
-    return user
+    """The user-settable hyperparameters of a registered method: the fields of its spec's `hparams` dataclass, as
+    keyword parameters (the annotation a string such as "float | str", the default or `Parameter.empty`)."""
+    params = {}
+    for f in method_spec(method).fields():
+        annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", None) or str(f.type)
+        default = f.default if f.default is not dataclasses.MISSING else inspect.Parameter.empty
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        params[f.name] = inspect.Parameter(
+            f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+        )
+    return params
+
+
+def _preset_for(spec: method_specs.MethodSpec, scenario: str, given: typing.Collection[str]) -> dict:
+    """The method's settings for a built-in scenario. A method with presets for other scenarios but not this one does
+    not silently fall back on its defaults: every key its presets set must then be given (KEY=VALUE)."""
+    if scenario in spec.presets or not spec.presets:
+        return dict(spec.presets.get(scenario, {}))
+    keys = sorted({key for values in spec.presets.values() for key in values})
+    missing = [key for key in keys if key not in given]
+    if missing:
+        raise ConfigError(
+            f"{spec.name} has no preset for scenario {scenario} "
+            f"(it has presets for {', '.join(sorted(spec.presets))}); set its hyperparameters explicitly: "
+            + " ".join(f"{k}=VALUE" for k in missing)
+        )
+    return {}
 
 
 def likelihood_parameters(name: str) -> dict[str, inspect.Parameter]:
@@ -248,6 +280,8 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
         pairs.append((key.strip(), value.strip()))
     method = str(dict(pairs).get("method", base.get("method", RunConfig.method)))
     hparam_specs = method_parameters(method)
+    if source in table:
+        method_table = {method: _preset_for(method_spec(method), source, {key for key, _ in pairs})}
     file_likelihood = str(base.get("likelihood", RunConfig.likelihood))
     likelihood = str(dict(pairs).get("likelihood", file_likelihood))
     likelihood_specs = likelihood_parameters(likelihood)
@@ -290,6 +324,10 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
     missing = sorted(k for k, p in hparam_specs.items() if p.default is inspect.Parameter.empty and k not in hparams)
     if missing:
         raise ConfigError(f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE)")
+    try:
+        method_spec(method).make_hparams(**hparams)  # the spec's own checks (e.g. a value among its choices)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
     for key, value in likelihood_params.items():
         if key in likelihood_specs:
             likelihood_params[key] = _convert(f"likelihood.{key}", value, _kinds(likelihood_specs[key], value))

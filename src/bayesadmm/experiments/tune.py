@@ -8,8 +8,11 @@ set), scored by its validation metric at its last round (by default the likeliho
 metric every round, and Optuna's median pruner stops a trial whose curve is below the median of the earlier trials'
 at the same round (after a few rounds and trials), so hopeless settings cost little.
 
-The search space of each method is declared in search_spaces.json (the papers' grids where they give them; see
-`_about` there); `space` entries NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c add or replace parameters.
+The search space of each method is declared in its spec (`MethodSpec.search_space`: the papers' grids where they give
+them; the method's module says where each comes from): {"log": [low, high]} (log-uniform), {"range": [low, high]}
+(uniform) or {"choices": [...]} per parameter. Local epochs and batch size stay at the preset's, so every method gets
+the same compute per round. `space` entries NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c add or replace
+parameters.
 
 The study lives in a SQLite file in the output folder (study.db; inspect it with Optuna's own tools, e.g.
 optuna-dashboard sqlite:///.../study.db), and each trial's run in trial-NNNN/. A tune killed at any moment and
@@ -21,16 +24,14 @@ setting on the test set with several seeds) and curves.png (each trial's validat
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from bayesadmm.experiments.config import TUNING_METRIC, ConfigError, RunConfig, method_parameters, resolve
+from bayesadmm.experiments.config import TUNING_METRIC, ConfigError, RunConfig, method_parameters, method_spec, resolve
 
 STUDY = "tune"
 
@@ -98,8 +99,8 @@ def _number(text: str):
 
 def space_for(method: str, extra: Sequence[str] = ()) -> dict[str, Param]:
     """The declared search space of `method` with `extra` entries (NAME=...) added or replacing its own."""
-    table = json.loads(resources.files("bayesadmm.experiments").joinpath("search_spaces.json").read_text())
-    space = {name: _param(name, spec) for name, spec in table.get(method, {}).items()}
+    declared = method_spec(method).search_space
+    space = {name: _param(name, spec) for name, spec in declared.items()}
     space.update({p.name: p for p in map(parse_param, extra)})
     if not space:
         raise ConfigError(f"{method} has no declared search space; give one with --space NAME=log:LOW:HIGH")

@@ -178,6 +178,7 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
         "hparams": parse_hparams(str(run_config.get("hparams") or "")),
         "likelihood": str(run_config.get("likelihood") or "classification"),
         "seed": settings.seed,
+        "rounds": settings.rounds,  # for a registered method's schedules over the run (e.g. cosine=true)
         "device": settings.device,
         "dtype": dtype,
         "clients": int(run_config["clients"]),
@@ -250,14 +251,23 @@ def likelihood_of(setup: Mapping[str, Any]) -> Likelihood:
 
 
 def algorithm_of(setup: Mapping[str, Any], model: FlatModel, sizes: Mapping[int, int]) -> Callable[[], Algorithm]:
-    """The algorithm's factory: a preset's method, a registry name, or a user's factory ``module:function``."""
+    """The algorithm's factory: a preset's method, a registered method's name (`bayesadmm.algorithms.names()`), or a
+    user's factory ``module:function``."""
     if "preset" in setup:
         from bayesadmm.experiments.build import make_algorithm_factory
 
         return make_algorithm_factory(RunConfig(**setup["preset"]), model, dict(sizes), likelihood_of(setup))
     name = str(setup["algorithm"])
     algorithm: Any = entry_point(name, "algorithm") if ":" in name else name
-    return algorithm_factory(algorithm, dict(setup["hparams"]), model, dict(sizes), likelihood_of(setup))
+    rounds = setup.get("rounds")
+    return algorithm_factory(
+        algorithm,
+        dict(setup["hparams"]),
+        model,
+        dict(sizes),
+        likelihood_of(setup),
+        None if rounds is None else int(rounds),
+    )
 
 
 @dataclass(frozen=True)
