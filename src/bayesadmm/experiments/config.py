@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bayesadmm import likelihoods
 from bayesadmm.algorithms import REGISTRY
-from bayesadmm.engine.loop import check_device
+from bayesadmm.engine.settings import check_device
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.tracking import TRACKERS, available
 
