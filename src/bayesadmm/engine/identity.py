@@ -20,7 +20,7 @@ RESUME_MAY_CHANGE = frozenset(
     | {"resume", "overwrite", "round_timeout", "discovery_timeout"}
 )
 # a key a configuration written before it existed leaves out, and the value that means: (key, JSON value)
-IMPLIED = {"precision": json.dumps("float32")}
+IMPLIED = {"dtype": json.dumps("float32")}
 
 
 def flat_settings(config: Mapping, prefix: str = "") -> dict[str, str]:

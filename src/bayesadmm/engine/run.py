@@ -80,8 +80,8 @@ class Run:
     `start` and `resume` each check the run directory, then `open` the run: status "running", the clients, the
     initial or checkpointed states. `step` is one round (its metrics line; None where the algorithm broke down, which
     `outcome` then says), which checkpoints itself where `checkpoint_every` says; `checkpoint` writes one now.
-    `run_federation` drives a Run with the run directory locked, a SIGTERM as an interruption and a final status
-    however the run ends (`guard`)."""
+    `run_federation` drives a Run with the run directory locked (`rundir.locked`, which a Run used directly leaves
+    to its caller), a SIGTERM as an interruption and a final status however the run ends (`guard`)."""
 
     def __init__(
         self,
@@ -96,6 +96,7 @@ class Run:
         runner: RunnerFactory | None = None,
     ):
         self.federation, self.settings, self.run_dir = federation, settings, Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config, self.progress, self.title, self.on_round, self.runner = config, progress, title, on_round, runner
         self.status_path = self.run_dir / "status.json"
         self.metrics_path = self.run_dir / "metrics.jsonl"
@@ -186,7 +187,7 @@ class Run:
         checkpoint, self._checkpoint = self._checkpoint, None
         if checkpoint is None:
             settings = self.settings
-            self.server = self.algorithm.init_server(self.federation.theta0.to(settings.device))
+            self.server = self.algorithm.init_server(self.federation.theta0.to(settings.device, settings.torch_dtype))
             self.clients.start(self.server)
             self.checkpoint()
         else:
@@ -215,6 +216,8 @@ class Run:
         the algorithm broke down or the metrics are not finite (`outcome`: status "diverged", the state unchanged)."""
         assert self.clients is not None, "open the run first (start or resume)"
         settings, federation, round_ = self.settings, self.federation, self.round + 1
+        if round_ > settings.rounds:
+            raise RuntimeError(f"the run has {settings.rounds} rounds, all done; there is no round {round_}")
         began = time.perf_counter()
         chosen = participants(self.ids, settings.participation, settings.seed, round_)
         try:

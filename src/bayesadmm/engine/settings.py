@@ -5,8 +5,9 @@ Every entry point builds one `Settings` and hands it down: `bayesadmm.run`, the 
 (through the CLI's configs) and Flower's run config (`flower.app_config`). A wrong value is a `ValueError` naming the
 key, what it must be and the value given.
 
-`precision` is the dtype the engine computes in ("float32", the default, or "float64"): the initial parameters and
-the evaluation data are made or cast in it explicitly (`dtype`), and nothing changes torch's process-wide default.
+`dtype` is the precision the engine computes in ("float32", the default, or "float64"): the initial parameters and
+the data are made or cast in it explicitly (`torch_dtype`), and nothing changes torch's process-wide default. (Not
+"precision": that is a hyperparameter of the isotropic family's methods.)
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["Settings", "PRECISIONS", "KEYS", "check_device", "problems", "precision_of"]
+__all__ = ["Settings", "DTYPES", "KEYS", "check_device", "problems", "dtype_name"]
 
-# the engine's precisions: name → dtype
-PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
+# the engine's precisions: name → torch dtype
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 
 # integer keys: (smallest valid value, what the values mean, for the message)
 _INTEGERS: dict[str, tuple[int, str]] = {
@@ -44,8 +45,8 @@ class Settings:
     `automatic_cohort`'s size (on a CPU the clients spread over the cores, at most 16 for Adam and 1 for IVON, where
     batching is no faster; each worker's clients on a GPU).
     `stop_at`: stop after that round with the schedule of `rounds` (0: run all). `checkpoint_every`: write the
-    checkpoint every N rounds (and after the last). `precision`: "float32" or "float64", the dtype of the server's
-    state and the evaluation (`dtype`)."""
+    checkpoint every N rounds (and after the last). `dtype`: "float32" or "float64", the precision of the server's
+    state and the evaluation (`torch_dtype`)."""
 
     rounds: int = 10
     seed: int = 0
@@ -56,7 +57,7 @@ class Settings:
     checkpoint_every: int = 1
     stop_at: int = 0
     cohort: int = 0
-    precision: str = "float32"
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         found = problems({f.name: getattr(self, f.name) for f in fields(self)})
@@ -68,9 +69,9 @@ class Settings:
         return min(self.stop_at, self.rounds) if self.stop_at else self.rounds
 
     @property
-    def dtype(self) -> torch.dtype:
-        """The torch dtype of `precision`."""
-        return PRECISIONS[self.precision]
+    def torch_dtype(self) -> torch.dtype:
+        """The torch dtype `dtype` names."""
+        return DTYPES[self.dtype]
 
 
 KEYS = tuple(f.name for f in fields(Settings))
@@ -90,8 +91,8 @@ def problems(values: Mapping[str, Any], check_machine: bool = True) -> list[str]
         value = values["participation"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             found.append(f"participation must be in (0, 1] (the fraction of clients per round), got {value!r}")
-    if "precision" in values and values["precision"] not in PRECISIONS:
-        found.append(f"precision must be one of {', '.join(PRECISIONS)}, got {values['precision']!r}")
+    if "dtype" in values and values["dtype"] not in DTYPES:
+        found.append(f"dtype must be one of {', '.join(DTYPES)}, got {values['dtype']!r}")
     if "device" in values:
         device = values["device"]
         problem = check_device(device) if check_machine else _parse_device(device)
@@ -103,9 +104,9 @@ def problems(values: Mapping[str, Any], check_machine: bool = True) -> list[str]
     return found
 
 
-def precision_of(dtype: torch.dtype) -> str:
-    """The precision name of a floating dtype; a ValueError naming the fix for one the engine does not compute in."""
-    for name, known in PRECISIONS.items():
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name of a floating dtype (`DTYPES`); a ValueError naming the fix for one the engine does not compute in."""
+    for name, known in DTYPES.items():
         if known == dtype:
             return name
     raise ValueError(f"unsupported dtype {dtype}; the engine computes in float32 or float64 (cast the model)")
