@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from bayesadmm import reports
 from bayesadmm.algorithms.base import info_scalars
 from bayesadmm.clients import fingerprint
 from bayesadmm.engine.cohort import automatic_cohort
@@ -312,8 +313,6 @@ class Run:
     def finish(self) -> Result:
         """The final status (completed, stopped as asked, or diverged), written after the plot of the metrics (the
         status tells a watcher the run directory is complete); the run's `Result`."""
-        from bayesadmm.reports import try_plot_run
-
         self._close_bar()
         code, status = self.outcome or (EXIT_OK, {})
         if code == EXIT_OK and self.settings.last_round == self.settings.rounds:
@@ -325,7 +324,7 @@ class Run:
                 "message": f"stopped after round {self.settings.stop_at} as asked (stop_at); resume goes on",
             }
         if self.history:
-            try_plot_run(self.history, self.run_dir / "curves.png", title=self.title)
+            reports.try_plot_run(self.history, self.run_dir / "curves.png", title=self.title)
         write_json(self.status_path, status)
         last = self.checkpointed if code != EXIT_OK else status["round"]
         return self.result(status["status"], code, last, status.get("message", ""))
