@@ -307,7 +307,7 @@ def test_two_workers_give_exactly_the_numbers_of_one(tmp_path, method, cohort):
 
 
 def test_workers_must_not_be_negative():
-    with pytest.raises(ConfigError, match="workers must be >= 0"):
+    with pytest.raises(ConfigError, match=r"workers must be an integer >= 0 \(0: one per core"):
         resolve("fmnist-heterog10", ["workers=-1"])
 
 

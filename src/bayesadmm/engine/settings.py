@@ -26,7 +26,7 @@ DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.flo
 # integer keys: (smallest valid value, what the values mean, for the message)
 _INTEGERS: dict[str, tuple[int, str]] = {
     "rounds": (1, "the communication rounds"),
-    "seed": (0, "any integer >= 0"),
+    "seed": (0, "the seed every random stream derives from"),
     "eval_samples": (1, "posterior samples for the predictive's metrics"),
     "workers": (0, "0: one per core on the CPU, one on a GPU"),
     "checkpoint_every": (1, "write the checkpoint every N rounds and after the last"),
