@@ -115,39 +115,56 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
     if unknown:
         raise ValueError(f"unknown run config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(KEYS))}")
     if run_config.get("resume"):
-        out = str(run_config.get("out") or "")
-        path = Path(out) / APP_CONFIG
-        if not out or not path.exists():
-            raise ValueError(
-                f"resume=true needs out= naming a Flower run directory with {APP_CONFIG}; found none at {path}"
-            )
-        saved = json.loads(path.read_text())
-        tuned = {k: run_config[k] for k in _TUNABLE if k in run_config}
-        run_config = {**saved, "stop-at": 0, **tuned, "resume": True}  # as `bayesadmm resume`: to the end unless told
+        run_config = _resumed(run_config)
     timeouts = Timeouts(
         discovery=float(run_config.get("discovery-timeout", Timeouts.discovery)),
         round=float(run_config.get("round-timeout", Timeouts.round)),
     )
-    resume, overwrite = bool(run_config.get("resume")), bool(run_config.get("overwrite"))
     if not run_config.get("model"):
-        overrides = shlex.split(str(run_config.get("overrides", "")))
-        if run_config.get("out"):
-            overrides.append(f"out={run_config['out']}")
-        if run_config.get("stop-at"):
-            overrides.append(f"stop_at={int(run_config['stop-at'])}")
-        config, _ = resolve(str(run_config.get("scenario") or "fmnist-heterog10"), overrides)
-        base = preset_run(config, timeouts, resume)
-        return FlowerRun(
-            base.settings,
-            base.run_dir,
-            base.setup,
-            base.clients,
-            timeouts,
-            resume,
-            overwrite,
-            base.preset,
-            app_config=_app_config(run_config),
+        return _preset_flower_run(run_config, timeouts)
+    return _user_flower_run(run_config, timeouts)
+
+
+def _resumed(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config a run in ``out`` was started with (flower.json), with this one's stop-at and timeouts."""
+    out = str(run_config.get("out") or "")
+    path = Path(out) / APP_CONFIG
+    if not out or not path.exists():
+        raise ValueError(
+            f"resume=true needs out= naming a Flower run directory with {APP_CONFIG}; found none at {path}"
         )
+    saved = json.loads(path.read_text())
+    tuned = {k: run_config[k] for k in _TUNABLE if k in run_config}
+    return {**saved, "stop-at": 0, **tuned, "resume": True}  # as `bayesadmm resume`: to the end unless told
+
+
+def _preset_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> FlowerRun:
+    """A preset's run: its RunConfig from ``scenario`` and ``overrides`` (with out, stop-at and dtype), as locally."""
+    overrides = shlex.split(str(run_config.get("overrides", "")))
+    if run_config.get("out"):
+        overrides.append(f"out={run_config['out']}")
+    if run_config.get("stop-at"):
+        overrides.append(f"stop_at={int(run_config['stop-at'])}")
+    if run_config.get("dtype"):
+        overrides.append(f"dtype={run_config['dtype']}")
+    config, _ = resolve(str(run_config.get("scenario") or "fmnist-heterog10"), overrides)
+    resume, overwrite = bool(run_config.get("resume")), bool(run_config.get("overwrite"))
+    base = preset_run(config, timeouts, resume)
+    return FlowerRun(
+        base.settings,
+        base.run_dir,
+        base.setup,
+        base.clients,
+        timeouts,
+        resume,
+        overwrite,
+        base.preset,
+        app_config=_app_config(run_config),
+    )
+
+
+def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> FlowerRun:
+    """A run of your own model: its Settings, and the setup every node builds the model and algorithm from."""
     if not run_config.get("eval-data"):
         raise ValueError(
             'model= is set but eval-data= is not: name the server\'s evaluation file (eval-data="test.npz")'
@@ -172,8 +189,8 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
         setup,
         int(run_config["clients"]),
         timeouts,
-        resume,
-        overwrite,
+        bool(run_config.get("resume")),
+        bool(run_config.get("overwrite")),
         eval_data=str(run_config["eval-data"]),
         app_config=_app_config(run_config),
     )
