@@ -92,7 +92,8 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     import tempfile
     from pathlib import Path
 
-    from bayesadmm.engine.loop import _save_checkpoint, participants
+    from bayesadmm.engine.loop import participants
+    from bayesadmm.engine.run import _save_checkpoint
     from bayesadmm.engine.workers import assign, client_runner
     from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve

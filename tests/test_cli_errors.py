@@ -25,8 +25,8 @@ def _run(capsys, *args: str) -> tuple[int, str]:
         ("alpha2=inf", "alpha2 must be a finite number > 0"),
         ("lr=nan", "lr must be a number, got nan"),
         ("epochs=0", "epochs must be > 0, got 0"),
-        ("seed=-1", "seed must be an integer >= 0, got -1"),
-        ("cohort=-2", "cohort must be >= 0 (0: automatic, 1: one client at a time), got -2"),
+        ("seed=-1", "seed must be an integer >= 0 (the seed every random stream derives from), got -1"),
+        ("cohort=-2", "cohort must be an integer >= 0 (0: automatic, 1: one client at a time), got -2"),
         ("clients=1000", "cannot give 1000 clients at least one example each"),
         ("partition=bogus", "unknown partition 'bogus'; valid: iid,"),
         ("model=bogus", "unknown model 'bogus'; valid: mlp,"),
@@ -67,7 +67,7 @@ def test_an_integer_written_as_a_float_is_read_exactly():
         ('{"method": "fedavg", "hparams": [1]}', '"hparams" in'),
         ('{"methods": {"fedavg": 3}}', '"methods" in'),
         ("{", "is not valid JSON"),
-        ('{"method": "fedavg", "rounds": 0}', "rounds must be >= 1, got 0"),
+        ('{"method": "fedavg", "rounds": 0}', "rounds must be an integer >= 1 (the communication rounds), got 0"),
     ],
 )
 def test_a_bad_config_file_is_exit_2(tmp_path, capsys, text, message):

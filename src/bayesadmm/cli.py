@@ -275,8 +275,9 @@ def _paper_choices(args, run) -> dict[str, str]:
 
 def _run(args) -> int:
     from bayesadmm.engine.loop import RunDirError
+    from bayesadmm.engine.settings import check_device
     from bayesadmm.experiments.build import build, run, settings_of
-    from bayesadmm.experiments.config import ConfigError, check_device, load, resolve
+    from bayesadmm.experiments.config import ConfigError, load, resolve
     from bayesadmm.likelihoods import MissingCurvatureError
 
     resume = args.command == "resume"

@@ -13,6 +13,7 @@ resume, worker processes with the numbers of one, the divergence stop, a progres
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import json
@@ -28,6 +29,7 @@ from bayesadmm.algorithms import Algorithm
 from bayesadmm.algorithms.spec import Context, MethodSpec, get
 from bayesadmm.clients import ClientData, ClientObjects, TensorClients, client_ids
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.engine.settings import dtype_name
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.userdata import as_tensors, check_client_objects, check_data
@@ -131,6 +133,7 @@ def run(
     checkpoint_every: int = 1,
     stop_at: int = 0,
     cohort: int = 0,
+    dtype: str | None = None,
     out: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -174,6 +177,8 @@ def run(
             rounding. 0: automatic (on a CPU the clients spread over the cores, at most 16 a cohort for Adam and
             one client at a time for IVON, where batching is no faster; each worker's clients, at most 64, on a
             GPU); 1: one client at a time.
+        dtype: "float32" or "float64", the precision the run computes in; by default the model's (a float64
+            module runs in float64). One that differs from the model's parameters is an error: cast the model.
         out: the run directory (default: a new `runs/run-<date-time>`).
         resume: continue the checkpoint in `out`, called with the same arguments; the numbers are those an
             uninterrupted run would have.
@@ -192,6 +197,7 @@ def run(
         checkpoint_every=checkpoint_every,
         stop_at=stop_at,
         cohort=cohort,
+        dtype=dtype or "float32",
     )
     if hparams is not None and not isinstance(hparams, Mapping):
         raise TypeError(
@@ -210,6 +216,7 @@ def run(
         if isinstance(model, FlatModel)
         else flat.flatten(dict(model.named_parameters())).detach().clone()
     )
+    settings = _in_model_dtype(settings, dtype, theta0)
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
     make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
@@ -252,6 +259,18 @@ def run(
         on_round=on_round,
         overwrite=overwrite,
     )
+
+
+def _in_model_dtype(settings: Settings, dtype: str | None, theta0: Tensor) -> Settings:
+    """The settings with the model's dtype (that of its parameters `theta0`); a ValueError naming the fix where
+    `dtype` was given and differs from it."""
+    model_dtype = dtype_name(theta0.dtype)
+    if dtype is not None and dtype != model_dtype:
+        raise ValueError(
+            f"dtype={dtype!r} but the model's parameters are {model_dtype}: cast the model "
+            f"(model.to(torch.{dtype})), or leave dtype unset to run in the model's"
+        )
+    return dataclasses.replace(settings, dtype=model_dtype)
 
 
 def _jsonable(value: Any) -> Any:

@@ -11,6 +11,7 @@ import torch
 
 from bayesadmm.cli import main
 from bayesadmm.engine import loop
+from bayesadmm.engine import run as engine_run
 from bayesadmm.engine.rundir import load_state
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import ConfigError, resolve
@@ -86,16 +87,16 @@ def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeyp
 
     # kill the process after round 2's metrics line but before its checkpoint: resume must redo round 2
     killed = tmp_path / "killed"
-    save = loop._save_checkpoint
+    save = engine_run._save_checkpoint
 
     def dying_save(path, round_, server, clients, identity):
         if round_ == 2:
             raise KeyboardInterrupt
         save(path, round_, server, clients, identity)
 
-    monkeypatch.setattr(loop, "_save_checkpoint", dying_save)
+    monkeypatch.setattr(engine_run, "_save_checkpoint", dying_save)
     assert main(["run", "fmnist-heterog10", *args, f"out={killed}", "--quiet"]) == 130  # as a shell reports Ctrl-C
-    monkeypatch.setattr(loop, "_save_checkpoint", save)
+    monkeypatch.setattr(engine_run, "_save_checkpoint", save)
     assert [line["round"] for line in _lines(killed)] == [1, 2]
     status = json.loads((killed / "status.json").read_text())
     assert status["status"] == "interrupted" and status["round"] == 1 and "resume" in status["message"]
@@ -121,14 +122,14 @@ def test_the_final_status_is_written_after_the_plot_and_a_failing_plot_does_not_
     """The final status.json is the signal that the run directory is complete (the Flower demo stops its processes on
     it): curves.png must exist by then, and a plot that fails must not keep the status from being written."""
     seen = []
-    write = loop.write_json
+    write = engine_run.write_json
 
     def recording_write(path, payload):
         if path.name == "status.json" and payload["status"] == "completed":
             seen.append((path.parent / "curves.png").exists())
         write(path, payload)
 
-    monkeypatch.setattr(loop, "write_json", recording_write)
+    monkeypatch.setattr(engine_run, "write_json", recording_write)
     assert main(["run", "fmnist-heterog10", *SMALL, "rounds=1", "method=fedavg", f"out={tmp_path / 'a'}",
                  "--quiet"]) == 0
     assert seen == [True]
@@ -167,7 +168,7 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
     from bayesadmm.problems.neural import ClassificationData
 
     after_round_1 = {"yes": False}
-    batch_loss, batch_grad, save = ClassificationData.batch_loss, ClassificationData.batch_grad, loop._save_checkpoint
+    batch_loss, batch_grad, save = ClassificationData.batch_loss, ClassificationData.batch_grad, engine_run._save_checkpoint
 
     def poisoned(self, theta, idx):
         loss = batch_loss(self, theta, idx)
@@ -183,7 +184,7 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ClassificationData, "batch_loss", poisoned)
     monkeypatch.setattr(ClassificationData, "batch_grad", poisoned_grad)
-    monkeypatch.setattr(loop, "_save_checkpoint", save_and_flag)
+    monkeypatch.setattr(engine_run, "_save_checkpoint", save_and_flag)
     out = tmp_path / "diverged"
     # cohort=1: the per-client path, whose batch_loss and batch_grad are poisoned (a cohort's breakdown: test_cohort.py)
     code = main(["run", "fmnist-heterog10", *SMALL, "rounds=3", "method=fedavg", "cohort=1", f"out={out}", "--quiet"])
@@ -314,7 +315,7 @@ def test_two_workers_give_exactly_the_numbers_of_one(tmp_path, method, cohort):
 
 
 def test_workers_must_not_be_negative():
-    with pytest.raises(ConfigError, match="workers must be >= 0"):
+    with pytest.raises(ConfigError, match=r"workers must be an integer >= 0 \(0: one per core"):
         resolve("fmnist-heterog10", ["workers=-1"])
 
 

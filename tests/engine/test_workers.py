@@ -9,6 +9,7 @@ import torch
 
 from bayesadmm.cli import main
 from bayesadmm.engine import loop
+from bayesadmm.engine import run as engine_run
 from bayesadmm.engine.rundir import load_state
 from bayesadmm.engine.workers import SHARDS, assign, client_runner, fixed_cohorts
 from bayesadmm.experiments.build import build, run
@@ -156,7 +157,7 @@ def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_che
     common = ["fmnist-heterog10", *SMALL, "method=feddyn", "rounds=3", "--quiet"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert main(["run", *common, "workers=1", f"out={whole}"]) == 0
-    save = loop._save_checkpoint
+    save = engine_run._save_checkpoint
 
     def dies_after_the_shards(path, round_, server, clients, identity):
         if round_ == 2:
@@ -164,9 +165,9 @@ def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_che
             raise KeyboardInterrupt                    # ... checkpoint.pt still says round 1
         save(path, round_, server, clients, identity)
 
-    monkeypatch.setattr(loop, "_save_checkpoint", dies_after_the_shards)
+    monkeypatch.setattr(engine_run, "_save_checkpoint", dies_after_the_shards)
     assert main(["run", *common, "workers=2", f"out={killed}"]) == 130  # as a shell reports Ctrl-C
-    monkeypatch.setattr(loop, "_save_checkpoint", save)
+    monkeypatch.setattr(engine_run, "_save_checkpoint", save)
     checkpoint = load_state(killed / "checkpoint.pt")
     assert checkpoint["round"] == 1 and "clients" not in checkpoint
     assert sorted(p.name for p in (killed / SHARDS).iterdir()) == ["r000001-w0.pt", "r000001-w1.pt",
@@ -203,13 +204,13 @@ def test_resume_with_another_number_of_workers(tmp_path):
 @needs_fmnist
 def test_checkpoint_every_skips_rounds_but_always_saves_the_last(tmp_path, monkeypatch):
     saved = []
-    save = loop._save_checkpoint
+    save = engine_run._save_checkpoint
 
     def recording_save(path, round_, server, clients, identity):
         saved.append(round_)
         save(path, round_, server, clients, identity)
 
-    monkeypatch.setattr(loop, "_save_checkpoint", recording_save)
+    monkeypatch.setattr(engine_run, "_save_checkpoint", recording_save)
     assert main(["run", "fmnist-heterog10", *SMALL, "method=fedavg", "rounds=5", "checkpoint_every=2",
                  f"out={tmp_path / 'run'}", "--quiet"]) == 0
     assert saved == [0, 2, 4, 5]
@@ -220,8 +221,8 @@ def test_checkpoint_every_skips_rounds_but_always_saves_the_last(tmp_path, monke
 def test_replies_through_the_pipe_or_few_arena_slots_are_the_same(arena_bytes, monkeypatch):
     """Replies larger than the worker's arena go through the pipe; an arena of two IVON replies makes the worker wait
     for the parent's acknowledgements all the time. Both give the numbers of one process."""
-    from bayesadmm.engine import workers
-    monkeypatch.setattr(workers, "ARENA_BYTES", arena_bytes)
+    from bayesadmm.engine import transport
+    monkeypatch.setattr(transport, "ARENA_BYTES", arena_bytes)
     config, _ = resolve("fmnist-heterog10", SMALL + ["method=ivon-admm", "rounds=2"])
     built = build(config)
     algorithm = built.algorithm()

@@ -7,7 +7,7 @@ each client's local problem (`LocalStep.prepare`, the algorithm's own terms), so
 (`LocalStep.finish`: its new state, reply and info). Each client draws on its own generator of (seed, round, client)
 exactly what `train_client` draws, in the same order, so the replies are the per-client ones up to the rounding of the
 batched products. An algorithm without a `LocalStep` (its local work does not batch: curvature or MCMC steps) is
-trained by `LocalClients`; `client_runner` chooses.
+trained by `LocalClients`; `engine.pool.client_runner` chooses.
 
 Threads: like `LocalClients`, the cohorts run on one torch thread unless told otherwise (`single_thread=False`:
 torch's setting). On a CPU shared with other processes torch's threads wait on each other at every kernel, and a
@@ -29,8 +29,9 @@ from typing import Any
 import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
+from bayesadmm.engine.policy import fixed_cohorts, usable_cores
+from bayesadmm.engine.runners import LocalClients, one_thread
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.engine.workers import LocalClients, fixed_cohorts, one_thread, usable_cores
 from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
 
 # clients per batched computation: bounds the memory of the stacked states (about 10 model-sized vectors per client

@@ -22,6 +22,8 @@ from bayesadmm import tracking
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.clients import TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.engine.settings import DTYPES
+from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import DATASETS, TARGETS, ConfigError, RunConfig
 from bayesadmm.federated import algorithm_factory
@@ -94,17 +96,13 @@ def load_data(config: RunConfig) -> Data:
 
 
 def settings_of(config: RunConfig) -> Settings:
-    return Settings(
-        rounds=config.rounds,
-        seed=config.seed,
-        participation=config.participation,
-        eval_samples=config.eval_samples,
-        device=config.device,
-        workers=config.workers,
-        checkpoint_every=config.checkpoint_every,
-        stop_at=config.stop_at,
-        cohort=config.cohort,
-    )
+    """The engine's `Settings` of a config: its keys of the same names (rounds, seed, ..., dtype)."""
+    return Settings(**{key: getattr(config, key) for key in SETTINGS_KEYS})
+
+
+def _in_precision(dtype: torch.dtype, *tensors: Tensor) -> list[Tensor]:
+    """The floating tensors in `dtype` (the run's precision, made explicit), the others (labels) as they are."""
+    return [t.to(dtype) if t.is_floating_point() else t for t in tensors]
 
 
 def make_algorithm_factory(
@@ -123,6 +121,8 @@ def build(config: RunConfig) -> Built:
     from bayesadmm.data.partitions import make_partition, subsample
 
     X, y, X_test, y_test, num_classes, tabular = load_data(config)
+    dtype = DTYPES[config.dtype]
+    X, y, X_test, y_test = _in_precision(dtype, X, y, X_test, y_test)
     likelihood = config.make_likelihood()
     if config.data_fraction < 1.0:
         keep = subsample(len(y), config.data_fraction, generator_for(config.seed, 0, SUBSAMPLE))
@@ -154,7 +154,7 @@ def build(config: RunConfig) -> Built:
     )
     outputs = num_classes or 1
     model = make_model(config.model, **model_arguments(config.model, int(X[0].numel()), outputs))
-    theta0 = model.initial_params(generator_for(config.seed, 0, INIT))
+    theta0 = model.initial_params(generator_for(config.seed, 0, INIT)).to(dtype)
     _check_fits(config, model, theta0, X[:1])
     # One client-ordered copy of the training set, each client a view of its rows: parallel workers then share
     # two tensors instead of two per client, and every execution path sees the same memory layout.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bayesadmm import likelihoods
 from bayesadmm.algorithms import spec as method_specs
-from bayesadmm.engine.loop import check_device
+from bayesadmm.engine import settings as engine_settings
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.tracking import TRACKERS, available
 
@@ -53,6 +53,7 @@ class RunConfig:
     checkpoint_every: int = 1  # write checkpoint.pt every this many rounds (and after the last)
     cohort: int = 0  # train a round's clients this many at a time as one batched computation (0: automatic: on
     # a CPU up to 16 for Adam, 1 for IVON; each worker's clients on a GPU; 1: one at a time; engine.cohort)
+    dtype: str = "float32"  # the precision the run computes in: float32 or float64
     data_dir: str = ""
     out: str = ""  # run directory (default runs/<scenario>-<method>-s<seed>)
     log: str = ""  # also send each round's metrics to: tensorboard, mlflow or both ("tensorboard,mlflow")
@@ -67,7 +68,12 @@ class RunConfig:
         return [name.strip() for name in self.log.split(",") if name.strip()]
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as config.json holds it; `dtype` only where it is not the default float32, so that the files of
+        float32 runs are as they were before the key existed (and such runs resume as before)."""
+        data = dataclasses.asdict(self)
+        if data["dtype"] == "float32":
+            del data["dtype"]
+        return data
 
     def make_likelihood(self) -> Likelihood:
         """The configured likelihood object, e.g. `GaussianRegression(noise=0.5)` for likelihood "gaussian"."""
@@ -369,23 +375,15 @@ def _validate(config: RunConfig) -> None:
         problems.append(f"data_fraction must be in (0, 1], got {config.data_fraction}")
     if not 0 <= config.validation < 1:
         problems.append(f"validation must be in [0, 1), got {config.validation}")
-    if not 0 < config.participation <= 1:
-        problems.append(f"participation must be in (0, 1], got {config.participation}")
-    if not 0 <= config.stop_at <= config.rounds:
-        problems.append(f"stop_at must be in [0, rounds={config.rounds}] (0: run all rounds), got {config.stop_at}")
-    if config.workers < 0:
-        problems.append(f"workers must be >= 0 (0: one per core), got {config.workers}")
-    if config.cohort < 0:
-        problems.append(f"cohort must be >= 0 (0: automatic, 1: one client at a time), got {config.cohort}")
     for name in config.trackers():
         if name not in TRACKERS:
             problems.append(f"unknown tracker {name!r} in log; valid: {', '.join(TRACKERS)}")
         elif available(name):
             problems.append(str(available(name)))
-    device_problem = check_device(config.device)
-    if device_problem:
-        problems.append(device_problem)
-    for key in ("clients", "rounds", "eval_samples", "checkpoint_every", "classes_per_client", "per_class"):
+    # the run's schedule and execution (rounds, seed, participation, device, workers, dtype, ...): the engine's
+    # Settings check them, with the same messages for every entry point
+    problems.extend(engine_settings.problems({key: getattr(config, key) for key in engine_settings.KEYS}))
+    for key in ("clients", "classes_per_client", "per_class"):
         if getattr(config, key) < 1:
             problems.append(f"{key} must be >= 1, got {getattr(config, key)}")
     if problems:

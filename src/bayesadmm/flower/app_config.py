@@ -28,6 +28,7 @@ import torch
 
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.engine.loop import Federation, Settings
+from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import RunConfig, resolve
 from bayesadmm.federated import algorithm_factory
@@ -37,7 +38,6 @@ from bayesadmm.models import FlatModel
 from bayesadmm.userdata import check_data
 
 APP_CONFIG = "flower.json"  # in the run directory: the run config a resume starts from
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 _TUNABLE = ("stop-at", "round-timeout", "discovery-timeout")  # what a resume may change
 # every key of a run config (a preset's: scenario, overrides; your model's: model ... eval-data; both: the rest)
 KEYS = {
@@ -75,7 +75,8 @@ class FlowerRun:
 
     @property
     def dtype(self) -> torch.dtype:
-        return _DTYPES[self.setup["dtype"]]
+        """The run's precision (`Settings.dtype`, which the setup's "dtype" names for the nodes)."""
+        return self.settings.torch_dtype
 
     @property
     def title(self) -> str:
@@ -90,22 +91,15 @@ class FlowerRun:
         return {"flower": self.app_config, "clients": {str(k): n for k, n in sorted(sizes.items())}}
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    names = {v: k for k, v in _DTYPES.items()}
-    if dtype not in names:
-        raise ValueError(f"unsupported dtype {dtype}; use float32 or float64")
-    return names[dtype]
-
-
 def preset_run(config: RunConfig, timeouts: Timeouts | None = None, resume: bool = False) -> FlowerRun:
-    """The Flower run of a preset RunConfig, in the current default dtype (the engine's precision follows it)."""
+    """The Flower run of a preset RunConfig, in its precision (`dtype=`, float32 by default)."""
     from bayesadmm.experiments.build import settings_of
 
     setup = {
         "preset": config.to_json(),
         "seed": config.seed,
         "device": config.device,
-        "dtype": dtype_name(torch.get_default_dtype()),
+        "dtype": config.dtype,
         "clients": config.clients,
     }
     return FlowerRun(
@@ -121,57 +115,63 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
     if unknown:
         raise ValueError(f"unknown run config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(KEYS))}")
     if run_config.get("resume"):
-        out = str(run_config.get("out") or "")
-        path = Path(out) / APP_CONFIG
-        if not out or not path.exists():
-            raise ValueError(
-                f"resume=true needs out= naming a Flower run directory with {APP_CONFIG}; found none at {path}"
-            )
-        saved = json.loads(path.read_text())
-        tuned = {k: run_config[k] for k in _TUNABLE if k in run_config}
-        run_config = {**saved, "stop-at": 0, **tuned, "resume": True}  # as `bayesadmm resume`: to the end unless told
+        run_config = _resumed(run_config)
     timeouts = Timeouts(
         discovery=float(run_config.get("discovery-timeout", Timeouts.discovery)),
         round=float(run_config.get("round-timeout", Timeouts.round)),
     )
-    resume, overwrite = bool(run_config.get("resume")), bool(run_config.get("overwrite"))
     if not run_config.get("model"):
-        overrides = shlex.split(str(run_config.get("overrides", "")))
-        if run_config.get("out"):
-            overrides.append(f"out={run_config['out']}")
-        if run_config.get("stop-at"):
-            overrides.append(f"stop_at={int(run_config['stop-at'])}")
-        config, _ = resolve(str(run_config.get("scenario") or "fmnist-heterog10"), overrides)
-        base = preset_run(config, timeouts, resume)
-        return FlowerRun(
-            base.settings,
-            base.run_dir,
-            base.setup,
-            base.clients,
-            timeouts,
-            resume,
-            overwrite,
-            base.preset,
-            app_config=_app_config(run_config),
+        return _preset_flower_run(run_config, timeouts)
+    return _user_flower_run(run_config, timeouts)
+
+
+def _resumed(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config a run in ``out`` was started with (flower.json), with this one's stop-at and timeouts."""
+    out = str(run_config.get("out") or "")
+    path = Path(out) / APP_CONFIG
+    if not out or not path.exists():
+        raise ValueError(
+            f"resume=true needs out= naming a Flower run directory with {APP_CONFIG}; found none at {path}"
         )
-    dtype = str(run_config.get("dtype") or "float32")
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype={dtype!r}: use float32 or float64")
+    saved = json.loads(path.read_text())
+    tuned = {k: run_config[k] for k in _TUNABLE if k in run_config}
+    return {**saved, "stop-at": 0, **tuned, "resume": True}  # as `bayesadmm resume`: to the end unless told
+
+
+def _preset_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> FlowerRun:
+    """A preset's run: its RunConfig from ``scenario`` and ``overrides`` (with out, stop-at and dtype), as locally."""
+    overrides = shlex.split(str(run_config.get("overrides", "")))
+    if run_config.get("out"):
+        overrides.append(f"out={run_config['out']}")
+    if run_config.get("stop-at"):
+        overrides.append(f"stop_at={int(run_config['stop-at'])}")
+    if run_config.get("dtype"):
+        overrides.append(f"dtype={run_config['dtype']}")
+    config, _ = resolve(str(run_config.get("scenario") or "fmnist-heterog10"), overrides)
+    resume, overwrite = bool(run_config.get("resume")), bool(run_config.get("overwrite"))
+    base = preset_run(config, timeouts, resume)
+    return FlowerRun(
+        base.settings,
+        base.run_dir,
+        base.setup,
+        base.clients,
+        timeouts,
+        resume,
+        overwrite,
+        base.preset,
+        app_config=_app_config(run_config),
+    )
+
+
+def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> FlowerRun:
+    """A run of your own model: its Settings, and the setup every node builds the model and algorithm from."""
     if not run_config.get("eval-data"):
         raise ValueError(
             'model= is set but eval-data= is not: name the server\'s evaluation file (eval-data="test.npz")'
         )
     if int(run_config.get("clients") or 0) < 1:
         raise ValueError("clients= must be the number of SuperNodes (clients) of the run, at least 1")
-    settings = Settings(
-        rounds=int(run_config.get("rounds") or 10),
-        seed=int(run_config.get("seed") or 0),
-        participation=float(run_config.get("participation") or 1.0),
-        eval_samples=int(run_config.get("eval-samples") or 32),
-        device=str(run_config.get("device") or "cpu"),
-        checkpoint_every=1,
-        stop_at=int(run_config.get("stop-at") or 0),
-    )
+    settings = _settings(run_config)
     setup: dict[str, Any] = {
         "model": str(run_config["model"]),
         "algorithm": str(run_config.get("algorithm") or "ivon-admm"),
@@ -180,7 +180,7 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
         "seed": settings.seed,
         "rounds": settings.rounds,  # for a registered method's schedules over the run (e.g. cosine=true)
         "device": settings.device,
-        "dtype": dtype,
+        "dtype": settings.dtype,
         "clients": int(run_config["clients"]),
     }
     run_dir = Path(run_config.get("out") or Path("runs") / datetime.now().strftime("flower-%Y%m%d-%H%M%S"))
@@ -190,11 +190,42 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
         setup,
         int(run_config["clients"]),
         timeouts,
-        resume,
-        overwrite,
+        bool(run_config.get("resume")),
+        bool(run_config.get("overwrite")),
         eval_data=str(run_config["eval-data"]),
         app_config=_app_config(run_config),
     )
+
+
+# the run config's spelling of the engine's settings (the others are spelt as Settings' fields)
+_SPELT = {"eval_samples": "eval-samples", "stop_at": "stop-at"}
+
+
+def _settings(run_config: Mapping[str, Any]) -> Settings:
+    """The engine's Settings of a run config of your own model (checked there; errors name the run config's keys)."""
+    defaults = {"rounds": 10, "eval_samples": 32, "dtype": "float32"}
+    values: dict[str, Any] = {"checkpoint_every": 1}
+    for key in SETTINGS_KEYS:
+        given = run_config.get(_SPELT.get(key, key))
+        if given or key in defaults:
+            values[key] = given or defaults.get(key)
+    values = {k: _typed(k, v) for k, v in values.items()}
+    try:
+        return Settings(**values)
+    except ValueError as exc:
+        text = str(exc)
+        for key, spelt in _SPELT.items():
+            text = text.replace(key, spelt)
+        raise ValueError(text) from None
+
+
+def _typed(key: str, value: Any) -> Any:
+    """A run config's value as the type of the Settings field (TOML gives numbers; the CLI's --run-config strings)."""
+    kind = type(getattr(Settings(), key))
+    try:
+        return kind(value) if kind in (int, float) and not isinstance(value, bool) else str(value)
+    except (TypeError, ValueError):
+        return value  # Settings names the key and the value
 
 
 def _app_config(run_config: Mapping[str, Any]) -> dict:
@@ -298,7 +329,7 @@ def user_federation(run: FlowerRun, sizes: Mapping[int, int]) -> Federation:
     """The server's Federation of a run of your own model: the discovered clients' sizes, the server's evaluation
     set, the model's initial parameters."""
     model, initial = model_of(run.setup)
-    theta0, likelihood = initial(), likelihood_of(run.setup)
+    theta0, likelihood = initial().to(run.dtype), likelihood_of(run.setup)  # in the run's precision
     _, (X, y) = check_data(model, theta0, likelihood, {}, load_tensors(run.eval_data))  # as bayesadmm.run's test set
     device = run.settings.device
     return Federation(

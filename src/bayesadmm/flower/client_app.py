@@ -20,7 +20,6 @@ the run as "diverged" just as the engine does; any other exception becomes a Flo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -33,29 +32,24 @@ from flwr.clientapp import ClientApp
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.clients import ClientData
 from bayesadmm.engine.loop import BREAKDOWNS
+from bayesadmm.engine.settings import DTYPES
 from bayesadmm.engine.workers import train_client
 from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records
 from bayesadmm.flower.app_config import algorithm_of, likelihood_of, model_of
 from bayesadmm.flower.loaders import node_data, preset_slice
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # a node process that serves several rounds builds its objects once (keys: the setup and its node config)
 _data: dict[tuple[str, str, int], ClientData] = {}
 _algorithms: dict[tuple[str, str], Algorithm] = {}
 
 
-@contextlib.contextmanager
-def default_dtype(name: str):
-    """Compute in the server's default dtype (the engine's precision follows torch's default), then restore it."""
-    if name not in _DTYPES:
-        raise ValueError(f"unsupported dtype {name!r}; valid: {', '.join(_DTYPES)}")
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(_DTYPES[name])
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
+def _dtype(setup: Mapping[str, Any]) -> torch.dtype:
+    """The run's precision, which the server's setup names ("dtype"): what the node's data is checked and cast in."""
+    name = setup.get("dtype", "float32")
+    if name not in DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[name]
 
 
 def partition_of(context: Context, clients: int) -> int:
@@ -92,13 +86,13 @@ def client_data(text: str, setup: Mapping[str, Any], node_config: Mapping[str, A
             data = None
             if node_config.get("data") or node_config.get("loader"):
                 model, _ = model_of(setup)  # the preset's model, from the arguments the server sent
-                data = node_data(node_config, model, likelihood_of(setup), setup["device"], k)
+                data = node_data(node_config, model, likelihood_of(setup), setup["device"], k, _dtype(setup))
             if data is None:
                 data_dir = str(node_config.get(p.DATA_DIR, "") or os.environ.get("BAYESADMM_DATA", "") or "")
                 data = preset_slice(setup["preset"], k, data_dir)
         else:
             model, _ = model_of(setup)
-            data = node_data(node_config, model, likelihood_of(setup), setup["device"], k)
+            data = node_data(node_config, model, likelihood_of(setup), setup["device"], k, _dtype(setup))
             if data is None:
                 raise ValueError(
                     "this SuperNode has no data: start it with --node-config "
@@ -125,8 +119,7 @@ def handle_query(message: Message, context: Context) -> Message:
     """Which client this node holds and its number of examples (and that its node config fits the run)."""
     text, setup, _ = _setup(message)
     k = partition_of(context, int(setup["clients"]))
-    with default_dtype(setup["dtype"]):
-        data = client_data(text, setup, context.node_config, k)
+    data = client_data(text, setup, context.node_config, k)
     metrics = MetricRecord({p.PARTITION_ID: k, p.NUM_EXAMPLES: int(data.num_examples)})
     return Message(RecordDict({"metrics": metrics}), reply_to=message)
 
@@ -140,26 +133,25 @@ def handle_train(message: Message, context: Context) -> Message:
     device = torch.device(setup["device"])  # records hold numpy arrays: back onto the run's device
     metrics: dict[str, Any] = {p.PARTITION_ID: k, p.ROUND: round_}
     content = RecordDict()
-    with default_dtype(setup["dtype"]):
-        data = client_data(text, setup, context.node_config, k)
-        algorithm = algorithm_for(text, setup, records.str_entry(config, p.SIZES), data)
-        metrics[p.NUM_EXAMPLES] = int(data.num_examples)
-        if records.state_version(message.content) is not None:
-            state = records.load_state(message.content, device)
-        elif records.state_version(context.state) == expected:
-            state = records.load_state(context.state, device)
-        else:
-            content["metrics"] = MetricRecord({**metrics, p.NEED_STATE: 1})
-            return Message(content, reply_to=message)
-        broadcast = records.record_to_message(records.get_record(message.content, "arrays", ArrayRecord), device)
-        try:
-            state, reply, info = train_client(algorithm, state, broadcast, data, int(setup["seed"]), round_, k)
-        except BREAKDOWNS as exc:
-            metrics[p.BREAKDOWN] = 1
-            content["config"] = ConfigRecord({"error": f"{type(exc).__name__}: {exc}"})
-            content["metrics"] = MetricRecord(metrics)
-            return Message(content, reply_to=message)
-        records.save_state(context.state, state, following)
+    data = client_data(text, setup, context.node_config, k)
+    algorithm = algorithm_for(text, setup, records.str_entry(config, p.SIZES), data)
+    metrics[p.NUM_EXAMPLES] = int(data.num_examples)
+    if records.state_version(message.content) is not None:
+        state = records.load_state(message.content, device)
+    elif records.state_version(context.state) == expected:
+        state = records.load_state(context.state, device)
+    else:
+        content["metrics"] = MetricRecord({**metrics, p.NEED_STATE: 1})
+        return Message(content, reply_to=message)
+    broadcast = records.record_to_message(records.get_record(message.content, "arrays", ArrayRecord), device)
+    try:
+        state, reply, info = train_client(algorithm, state, broadcast, data, int(setup["seed"]), round_, k)
+    except BREAKDOWNS as exc:
+        metrics[p.BREAKDOWN] = 1
+        content["config"] = ConfigRecord({"error": f"{type(exc).__name__}: {exc}"})
+        content["metrics"] = MetricRecord(metrics)
+        return Message(content, reply_to=message)
+    records.save_state(context.state, state, following)
     records.save_state(content, state, following)
     metrics.update({key: value for key, value in records.numeric_metrics(info).items() if key not in metrics})
     content["arrays"] = records.message_to_record(reply)

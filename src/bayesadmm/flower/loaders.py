@@ -83,11 +83,17 @@ def save_tensors(path: str | Path, X: Tensor, y: Tensor) -> Path:
 
 
 def node_data(
-    node_config: Mapping[str, Any], model: FlatModel, likelihood: Likelihood, device: str, client: int = 0
+    node_config: Mapping[str, Any],
+    model: FlatModel,
+    likelihood: Likelihood,
+    device: str,
+    client: int = 0,
+    dtype: torch.dtype | None = None,
 ) -> ClientData | None:
     """The node's own client data, from its node config's ``loader`` or ``data``; None if it names neither. (X, y)
     are checked against the model and the likelihood as `bayesadmm.run` checks a client's (`userdata.check_data`,
-    naming the node's `client` id), at the parameters of a freshly built model: the check only needs their shape."""
+    naming the node's `client` id), at the parameters of a freshly built model in `dtype` (the run's precision): the
+    check only needs their shape."""
     if node_config.get(LOADER):
         loaded = entry_point(str(node_config[LOADER]), LOADER)(dict(node_config))
         if isinstance(loaded, ClientData) and not isinstance(loaded, (tuple, list)):
@@ -97,7 +103,9 @@ def node_data(
         X, y = load_tensors(str(node_config[DATA]))
     else:
         return None
-    parts, _ = check_data(model, model.initial_params(torch.Generator()), likelihood, {client: (X, y)})
+    theta = model.initial_params(torch.Generator())
+    theta = theta if dtype is None else theta.to(dtype)  # the run's precision: integer features are cast to it
+    parts, _ = check_data(model, theta, likelihood, {client: (X, y)})
     X, y = parts[client]
     return SupervisedData(model, X.to(device), y.to(device), likelihood)
 

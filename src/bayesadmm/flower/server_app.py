@@ -22,7 +22,6 @@ import time
 from logging import INFO, WARNING
 from pathlib import Path
 
-import torch
 from flwr.app import Context
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
@@ -71,12 +70,7 @@ def run_server(grid: Grid, run: FlowerRun | RunConfig, timeouts: Timeouts | None
         run = preset_run(run, timeouts)
     run.run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run.run_dir / "flower.log")
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(run.dtype)  # the engine's precision follows torch's default dtype
-    try:
-        return _run(grid, run, log)
-    finally:
-        torch.set_default_dtype(old)
+    return _run(grid, run, log)  # in the run's precision (`run.settings.dtype`), torch's default left alone
 
 
 def _run(grid: Grid, run: FlowerRun, log: RunLog) -> Result:

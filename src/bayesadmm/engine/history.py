@@ -1,0 +1,98 @@
+"""A run's record of its rounds: the lines of metrics.jsonl (made, appended, read back up to a round) and what the
+progress bar shows of them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bayesadmm.engine.rundir import read_bytes
+
+__all__ = ["metrics_line", "append_line", "read_metrics", "mean_client_info", "headline", "progress_bar", "on_done"]
+
+
+def metrics_line(
+    round_: int, results: Mapping[str, float], seconds: float, eval_seconds: float, count: int, eval_set: str = "test"
+) -> dict:
+    """One line of metrics.jsonl: `acc` → `test_acc`, `ens_acc` → `ens_test_acc`, then timings and participants."""
+    line: dict[str, Any] = {"round": round_}
+    for key, value in results.items():
+        line[f"ens_{eval_set}_{key[4:]}" if key.startswith("ens_") else f"{eval_set}_{key}"] = value
+    line.update({"seconds": seconds, "eval_seconds": eval_seconds, "participants": count})
+    return line
+
+
+def append_line(path: Path, line: Mapping[str, Any]) -> None:
+    """`line` as a line of JSON at the end of `path`; a write that fails (a full disk) leaves the file as it was and
+    is an OSError naming it (a file object's own says only "No space left on device")."""
+    data = memoryview((json.dumps(line) + "\n").encode())
+    with open(path, "ab", buffering=0) as f:  # unbuffered: nothing is left to fail again when the file is closed
+        size = f.tell()
+        try:
+            while data:
+                data = data[f.write(data) :]
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                f.truncate(size)  # no torn last line
+            raise OSError(exc.errno, f"could not write {path}: {exc.strerror or exc}") from exc
+
+
+def read_metrics(path: Path, up_to: int) -> list[dict]:
+    """The lines of metrics.jsonl of rounds up to `up_to` (none if there is no file)."""
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in read_bytes(path).decode().splitlines() if line.strip()]
+    return [line for line in lines if line["round"] <= up_to]
+
+
+def mean_client_info(infos: Mapping[int, Mapping[str, float]]) -> dict[str, float]:
+    """`client_<key>`: the mean over this round's participants of each scalar their info records share."""
+    if not infos:
+        return {}
+    keys = set.intersection(*(set(info) for info in infos.values()))
+    ordered = [infos[k] for k in sorted(infos)]  # in id order: the sum must not depend on which worker replied first
+    return {f"client_{key}": sum(info[key] for info in ordered) / len(ordered) for key in sorted(keys)}
+
+
+def headline(line: Mapping[str, Any], eval_set: str) -> str:
+    """The metric the progress bar shows: accuracy, else RMSE, else NLL, of the predictive where there is one."""
+    for key, label, scale in (("acc", "acc", 100), ("rmse", "rmse", 1), ("nll", "nll", 1)):
+        for name in (f"ens_{eval_set}_{key}", f"{eval_set}_{key}"):
+            if name in line:
+                return f"{label} {scale * line[name]:.1f}%" if scale == 100 else f"{label} {line[name]:.4g}"
+    return ""
+
+
+def progress_bar(last_round: int, start: int, enabled: bool, title: str):
+    """The rounds' progress bar on stderr (a disabled one where not `enabled`)."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=last_round,
+        initial=start,
+        desc=title or "rounds",
+        unit="round",
+        disable=not enabled,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
+
+
+def on_done(bar: Any, total: int, began: float) -> Callable[[int], None]:
+    """A round's client-done callback: shows "client i/total" on the bar, at most every 0.2 s (not a terminal write
+    per client: there may be thousands)."""
+    finished, shown = 0, began
+
+    def done(k: int) -> None:
+        nonlocal finished, shown
+        finished += 1
+        if time.perf_counter() - shown > 0.2:
+            bar.set_postfix_str(f"client {finished}/{total}")
+            shown = time.perf_counter()
+
+    return done

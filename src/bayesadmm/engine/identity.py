@@ -1,0 +1,86 @@
+"""What a resume must match: the run's identity (method, configuration, data) recorded in checkpoint.pt, compared
+with the resuming run's (`check_same_run`), except the settings a resume may change (`RESUME_MAY_CHANGE`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bayesadmm.engine.rundir import RunDirError
+
+__all__ = ["RESUME_MAY_CHANGE", "IMPLIED", "check_same_run", "flat_settings"]
+
+# what a resume may change: where the files go, how many workers, when to checkpoint or stop, the trackers, the
+# device (the numbers are those of the run's configuration, only rounded differently by another processor), and a
+# Flower run config's launch flags and timeouts (its keys are spelt with '-': stop-at, round-timeout, ...)
+RESUME_MAY_CHANGE = frozenset(
+    {"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device"}
+    | {"resume", "overwrite", "round_timeout", "discovery_timeout"}
+)
+# a key a configuration written before it existed leaves out, and the value that means: (key, JSON value)
+IMPLIED = {"dtype": json.dumps("float32")}
+
+
+def flat_settings(config: Mapping, prefix: str = "") -> dict[str, str]:
+    """A configuration as flat `key: JSON value` pairs (nested tables by dotted keys), without RESUME_MAY_CHANGE."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        if str(key).replace("-", "_") in RESUME_MAY_CHANGE:
+            continue
+        if isinstance(value, Mapping):
+            flat.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = json.dumps(value, sort_keys=True)
+    return flat
+
+
+def check_same_run(path: Path, checkpoint: Mapping, identity: Mapping) -> None:
+    """A RunDirError naming the difference if the checkpoint at `path` was written by another method, configuration
+    or data than this run's `identity`."""
+    saved = checkpoint.get("run")
+    if not isinstance(saved, Mapping) or not {"method", "config", "data"} <= set(saved):
+        raise RunDirError(f"{path} does not record its run (written by an older bayesadmm); start the run again")
+    again = "resume with the run's own, or start a new run (another out=, or --overwrite)"
+    if saved["method"] != identity["method"]:
+        raise RunDirError(
+            f"{path} is a checkpoint of method {saved['method']!r}, this run's is {identity['method']!r}; {again}"
+        )
+    if isinstance(saved["config"], Mapping) and identity["config"] is not None:
+        _check_same_config(path, saved["config"], identity["config"])
+    _check_same_data(path, saved["data"], identity["data"])
+
+
+def _check_same_config(path: Path, saved: Mapping, mine: Mapping) -> None:
+    old, new = flat_settings(saved), flat_settings(mine)
+    for key, value in IMPLIED.items():  # spelt out or implied: the same run
+        if old.get(key, value) == new.get(key, value):
+            old.pop(key, None)
+            new.pop(key, None)
+    differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if differ:
+        shown = ", ".join(f"{k} {old.get(k, '(unset)')} → {new.get(k, '(unset)')}" for k in differ[:5])
+        raise RunDirError(
+            f"the configuration differs from the one {path} was written with ({shown}"
+            f"{', ...' if len(differ) > 5 else ''}); restore config.json, or start a new run"
+        )
+
+
+def _check_same_data(path: Path, old_data: Any, new_data: Mapping) -> None:
+    if not isinstance(old_data, Mapping) or old_data.get("sizes") != new_data["sizes"]:
+        old_sizes = old_data.get("sizes") if isinstance(old_data, Mapping) else None
+        raise RunDirError(
+            f"the clients differ from those {path} was written with (sizes {_short(old_sizes)} → "
+            f"{_short(new_data['sizes'])}); resume with the run's own data, or start a new run"
+        )
+    if "sha256" in old_data and "sha256" in new_data and old_data["sha256"] != new_data["sha256"]:
+        raise RunDirError(
+            f"the clients' examples differ from those {path} was written with (same sizes, other values: their sha256 "
+            f"differs); resume with the run's own data, or start a new run"
+        )
+
+
+def _short(sizes: Any) -> str:
+    text = json.dumps(sizes)
+    return text if len(text) <= 80 else text[:77] + "..."

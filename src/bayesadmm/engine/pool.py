@@ -1,0 +1,395 @@
+"""The clients of a run in worker processes (`ClientPool`), each keeping the states of the clients it trains, and
+`client_runner`, which picks the runner of a run: `LocalClients`, `CohortClients` or a `ClientPool`.
+
+Both kinds of runner hold the states of their clients from round to round and run the same function, `train_client`,
+on one torch thread with the generator of (seed, round, client) and on the same data (client k's examples are the same
+slice of one client-ordered training tensor in both), so a run gives the same numbers whatever the number of workers.
+One thread per client update is also the fast choice here: the minibatch matrices are small, and two processes each
+asking for several threads on two cores slow every elementwise kernel down many times over.
+
+The pool keeps clients where they are (sticky clients). Each client belongs to one worker for the whole run, by a
+static assignment that balances the workers' numbers of examples (`policy.assign`: longest processing time first).
+Workers are started once per run with the "spawn" method (safe with CUDA and with torch's thread pools, unlike fork);
+the algorithm's factory and the client source go to each of them once, pickled (an `Algorithm` is a tuple of closures
+and does not pickle; its factory does; for `TensorClients` torch pickles the training set into shared memory), and
+each builds the algorithm and its own clients' data and creates or loads their states. Per round, the broadcast goes
+once to each worker with the list of its clients that take part (`transport.Train`, the tensors as raw bytes through
+the pipe, no serialisation); the worker trains them one after the other and hands over each reply as soon as it has
+it, through a shared-memory arena of reply slots (`_train`: one copy into the slot, one copy out in the parent, and
+only a few hundred bytes through the pipe). Client states never travel, except when asked for (`states()`, for tests
+and tools) or when a resume hands a worker states written by another layout. If a client update fails in a worker (a
+breakdown), the other workers finish the round before the parent raises the error, so that the pool closes cleanly.
+The requests and answers are `engine.transport`'s typed records.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import tempfile
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from bayesadmm.algorithms.base import Algorithm, Message
+from bayesadmm.engine import transport
+from bayesadmm.engine.cohort import CohortClients, cohort_rows
+from bayesadmm.engine.policy import assign, fixed_cohorts
+from bayesadmm.engine.rundir import SHARDS, real_folder
+from bayesadmm.engine.runners import LocalClients, checkpointed_states
+from bayesadmm.engine.transport import (
+    ACK,
+    CLOSE,
+    DONE,
+    Error,
+    Load,
+    Ok,
+    Put,
+    Reply,
+    Save,
+    Start,
+    Train,
+    aligned,
+    dumps,
+    loads,
+    payload,
+    read_arena,
+    receive_tensors,
+    send_tensors,
+    write_arena,
+)
+
+__all__ = ["ClientPool", "client_runner", "local_runner"]
+
+
+# ---- inside a worker process ----------------------------------------------------------------------------------------
+
+
+def _worker(
+    connection,
+    arena: torch.Tensor,
+    make_algorithm: Callable[[], Algorithm],
+    source: Callable[[int], Any],
+    seed: int,
+    group: list[int],
+    default_dtype: torch.dtype,
+    cohort_size: int = 0,
+    cohorts: list[list[int]] | None = None,
+) -> None:
+    """A worker's life: build its clients, then answer the parent's requests until `CLOSE` (or the parent is gone)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent handles it
+    _keep_freed_memory()
+    torch.set_num_threads(1)
+    torch.set_default_dtype(default_dtype)  # as in the parent, so that tensors made without a dtype agree
+    local = local_runner(make_algorithm(), {k: source(k) for k in group}, source, seed, cohort_size, cohorts)
+    while True:
+        try:
+            request = connection.recv()
+        except EOFError:  # the parent is gone
+            return
+        if request == CLOSE:
+            return
+        if request == ACK:  # the last acknowledgements of a round's replies, not needed any more
+            continue
+        try:
+            if isinstance(request, Train):
+                message = receive_tensors(connection, request.layout)
+                _train(connection, arena, local, request.round, message, request.chosen)
+                connection.send(DONE)
+            else:
+                connection.send(Ok(_handle(local, request)))
+        except Exception as exc:  # noqa: BLE001 — every failure goes to the parent, which raises it
+            text = traceback.format_exc()
+            try:
+                connection.send(Error(exc, text))
+            except Exception:  # noqa: BLE001 — an exception that does not pickle
+                connection.send(Error(RuntimeError(f"{type(exc).__name__}: {exc}"), text))
+
+
+def _handle(local: LocalClients, request: Start | Put | Load | Save) -> Any:
+    """Carry out a request other than `Train` in the worker; its result for the parent."""
+    if isinstance(request, Start):
+        return local.start(loads(request.server))
+    if isinstance(request, Put):
+        return local.restore({"clients": loads(request.states)}, Path("."))
+    if isinstance(request, Load):
+        return local.restore({"shards": request.shards}, request.run_dir)
+    if isinstance(request, Save):
+        return local.write_shard(request.path)
+    raise TypeError(f"unknown request {request!r}")
+
+
+def _train(
+    connection, arena: torch.Tensor, local: LocalClients, round_: int, message: Message, chosen: list[int]
+) -> None:
+    """Train the chosen clients in turn and hand over each reply as soon as it is made.
+
+    A reply goes into the next slot of the worker's shared arena, and only its layout and offset through the pipe: the
+    parent copies it out and acknowledges, and slot i is written again only after the acknowledgement of the reply
+    that used it before (the parent is usually many replies ahead of that). The slots are as large as the round's first
+    reply; a reply that does not fit (or replies larger than the arena) go through the pipe instead.
+    """
+    slot_bytes = slots = 0
+    sent = acknowledged = 0  # replies through slots, and acknowledgements received, this round
+    for k, reply, info in _replies(local, round_, message, chosen):
+        layout, tensors = payload(reply)
+        nbytes = sum(aligned(t.numel() * t.element_size()) for t in tensors)
+        if slot_bytes == 0 and nbytes > 0:
+            slot_bytes, slots = nbytes, arena.numel() // nbytes
+        if slots == 0 or nbytes > slot_bytes:
+            send_tensors(connection, Reply(k, None, info, layout), tensors)
+            continue
+        while sent - acknowledged >= slots:  # every slot holds a reply the parent has not copied yet
+            answer = connection.recv()
+            if answer != ACK:
+                raise RuntimeError(f"expected the parent's acknowledgement of a reply, got {answer!r}")
+            acknowledged += 1
+        offset = (sent % slots) * slot_bytes
+        write_arena(arena, offset, tensors)
+        connection.send(Reply(k, offset, info, layout))
+        sent += 1
+
+
+def _replies(local: LocalClients, round_: int, message: Message, chosen: list[int]):
+    """(client, reply, info) of the chosen clients, as each of `local`'s units (a client, or a cohort) is done."""
+    for unit in local.units(chosen):
+        replies = local.train(round_, message, unit)
+        info = local.last_info
+        for k in unit:
+            yield k, replies[k], info[k]
+
+
+def _keep_freed_memory() -> None:
+    """Have glibc keep the memory freed at the top of the heap rather than return it to the OS at once.
+
+    A worker frees each client's temporaries and its reply as soon as the client is done, so the top of its heap is
+    free between clients and glibc trims it; every allocation there then faults its pages in again (~400 page faults
+    per FedAvg client of the papers' MLP, ~0.5 ms, a fifth of the update). The worker's memory instead stays at its
+    high-water mark. A no-op where malloc is not glibc's (mallopt missing, or ignoring these settings).
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: trim only above 1 GiB of free memory at the top
+    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks below 32 MiB (the maximum) from the heap, where they are reused
+
+
+# ---- in the parent --------------------------------------------------------------------------------------------------
+
+
+class ClientPool:
+    """The clients' states and updates in `workers` processes, each on one thread, sharing the training data; each
+    client stays in the worker it was assigned to (`assign`)."""
+
+    def __init__(self, make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int, cohort_size: int = 0):
+        if workers < 2:
+            raise ValueError(f"ClientPool needs at least 2 workers, got {workers} (use LocalClients)")
+        sizes = dict(source.sizes)
+        layout = fixed_cohorts(sizes, cohort_size) if cohort_size > 0 else None
+        self.groups = assign(sizes, workers, layout)
+        self.owner = {k: index for index, group in enumerate(self.groups) for k in group}
+        self.last_info: dict[int, dict[str, float]] = {}
+        context = torch.multiprocessing.get_context("spawn")
+        self.connections, self.processes, self.arenas = [], [], []
+        self._in_round = False  # True from sending a round's work until every worker has finished it
+        try:
+            for index, group in enumerate(self.groups):
+                parent_end, child_end = context.Pipe()
+                arena = torch.empty(transport.ARENA_BYTES, dtype=torch.uint8).share_memory_()
+                process = context.Process(
+                    target=_worker,
+                    name=f"bayesadmm-worker-{index}",
+                    args=(
+                        child_end,
+                        arena,
+                        make_algorithm,
+                        source,
+                        seed,
+                        group,
+                        torch.get_default_dtype(),
+                        cohort_size,
+                        None if layout is None else [c for c in layout if self.owner[c[0]] == index],
+                    ),
+                )
+                _start(process)
+                child_end.close()
+                self.connections.append(parent_end)
+                self.processes.append(process)
+                self.arenas.append(arena)
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self, server) -> None:
+        self._call_all([Start(dumps(server))] * len(self.groups))
+
+    def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
+        """The client states a checkpoint recorded: each worker reads the shards that hold its clients, or is handed
+        its clients' states (a checkpoint written by one process)."""
+        if "shards" in checkpoint:
+            self._call_all([Load(Path(run_dir), checkpoint["shards"])] * len(self.groups))
+        else:
+            states = checkpoint["clients"]
+            self._call_all([Put(dumps({k: states[k] for k in group})) for group in self.groups])
+
+    def train(
+        self, round_: int, message: Message, chosen: Sequence[int], on_done: Callable[[int], None] | None = None
+    ) -> dict[int, Message]:
+        """Update the `chosen` clients' states in their workers; returns their replies in the order of `chosen`."""
+        if self._in_round:
+            raise RuntimeError("the client pool stopped in the middle of a round (an error); start a new one")
+        layout, tensors = payload(message)  # made once, sent to each worker
+        busy = {}
+        self._in_round = True
+        for index in range(len(self.groups)):
+            mine = [k for k in chosen if self.owner[k] == index]
+            if mine:
+                send_tensors(self.connections[index], Train(round_, mine, layout), tensors)
+                busy[self.connections[index]] = index
+        replies: dict[int, Message] = {}
+        failure: Exception | None = None
+        self.last_info = {}
+        while busy:
+            for connection in cast(list[Connection], wait(list(busy))):
+                try:
+                    answer = self._receive(busy[connection])
+                except Exception as exc:  # noqa: BLE001 — a worker failed (a breakdown) or died: it sends no more
+                    failure = failure or exc  # and the others finish the round, so that the pool closes cleanly
+                    del busy[connection]
+                    continue
+                if isinstance(answer, Reply):
+                    k, self.last_info[answer.client] = answer.client, answer.info
+                    if answer.offset is None:  # too large for the worker's arena: the bytes follow in the pipe
+                        replies[k] = receive_tensors(connection, answer.layout)
+                    else:
+                        replies[k] = read_arena(self.arenas[busy[connection]], answer.offset, answer.layout)
+                        connection.send(ACK)  # the worker may write that slot again
+                    if on_done is not None:
+                        on_done(k)
+                else:  # DONE
+                    del busy[connection]
+        self._in_round = False
+        if failure is not None:
+            raise failure
+        # in the caller's order, so that everything downstream sees the same order as a sequential run
+        return {k: replies[k] for k in chosen}
+
+    def states(self) -> dict[int, Any]:
+        """Every client's current state, by client id: the workers write them as shards to a temporary directory (not
+        as bytes through the pipe, which would hold several copies in memory at once) and this process reads them."""
+        with tempfile.TemporaryDirectory(prefix="bayesadmm-states-") as folder:
+            record = self.save(Path(folder), 0)
+            return checkpointed_states(record, Path(folder), sorted(self.owner))
+
+    def save(self, run_dir: Path, round_: int) -> dict:
+        """Each worker writes its clients' states to a shard file (in parallel); the checkpoint's record of them."""
+        folder = real_folder(Path(run_dir) / SHARDS)
+        shards = self._call_all([Save(folder / f"r{round_:06d}-w{index}.pt") for index in range(len(self.groups))])
+        return {"shards": shards}
+
+    def close(self) -> None:
+        """Stop the workers: asked to, or killed if in the middle of a round (an error or an interrupt)."""
+        for connection in self.connections:
+            if not self._in_round:
+                try:
+                    connection.send(CLOSE)
+                except (OSError, ValueError):  # a worker that is already gone
+                    pass
+        for connection, process in zip(self.connections, self.processes, strict=True):
+            process.join(timeout=0 if self._in_round else 60)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+            connection.close()
+        self.connections, self.processes, self.arenas = [], [], []
+
+    def _call_all(self, requests: list[tuple]) -> list:
+        """Send one command to each worker, then collect the answers in worker order (all of them, so that the
+        workers stay in step even if one fails; the first failure is raised after)."""
+        if self._in_round:
+            raise RuntimeError("the client pool stopped in the middle of a round (an error); start a new one")
+        answers: list = []
+        failure: Exception | None = None
+        sent: list[int] = []
+        for index, request in enumerate(requests):
+            try:
+                self.connections[index].send(request)
+                sent.append(index)
+            except OSError:
+                failure = failure or RuntimeError(
+                    f"client worker {index} died (exit code {self.processes[index].exitcode})"
+                )
+        for index in sent:
+            try:
+                answers.append(cast(Ok, self._receive(index)).value)
+            except Exception as exc:  # noqa: BLE001
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return answers
+
+    def _receive(self, index: int) -> Ok | Reply | str:
+        try:
+            answer = self.connections[index].recv()
+        except EOFError:
+            self.processes[index].join(timeout=5)
+            raise RuntimeError(f"client worker {index} died (exit code {self.processes[index].exitcode})") from None
+        if isinstance(answer, Error):
+            answer.exception.add_note(f"in client worker {index}:\n{answer.traceback}")
+            raise answer.exception
+        return answer
+
+
+def client_runner(
+    make_algorithm: Callable[[], Algorithm],
+    source,
+    seed: int,
+    workers: int,
+    algorithm: Algorithm | None = None,
+    cohort_size: int = 0,
+) -> LocalClients | ClientPool:
+    """The clients of `source` in this process for one worker (or one participant), with `algorithm` (made by
+    `make_algorithm` if not given), or in a pool of `workers` processes otherwise. With `cohort_size` > 0, the
+    clients of a round are trained `cohort_size` at a time as one batched computation (`engine.cohort.CohortClients`,
+    in this process or in each worker) where the algorithm's client update and the clients allow it."""
+    algorithm = algorithm or make_algorithm()
+    if workers <= 1:
+        return local_runner(algorithm, {k: source(k) for k in sorted(source.sizes)}, source, seed, cohort_size)
+    # each worker checks that its clients stack (`local_runner`); here only whether the method batches at all
+    return ClientPool(make_algorithm, source, seed, workers, cohort_size if algorithm.local is not None else 0)
+
+
+def local_runner(
+    algorithm: Algorithm,
+    clients: Mapping[int, Any],
+    source,
+    seed: int,
+    cohort_size: int,
+    cohorts: list[list[int]] | None = None,
+):
+    """`CohortClients` where `cohort_size` > 0 and the algorithm and clients batch (in `cohorts` where given: a
+    worker's share of the run's), `LocalClients` otherwise."""
+    rows = cohort_rows(algorithm, clients, source) if cohort_size > 0 else None
+    if rows is None:
+        return LocalClients(algorithm, clients, seed)
+    return CohortClients(algorithm, clients, seed, cohort_size, rows, cohorts=cohorts)
+
+
+def _start(process) -> None:
+    """Start a worker; its arguments (the algorithm's factory, the client source) are pickled here, in the parent, so
+    an object that does not pickle fails now, with the fix."""
+    import pickle
+
+    try:
+        process.start()
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ValueError(
+            f"the algorithm's factory and the clients must pickle to run in worker processes "
+            f"(workers > 1), and they do not ({exc}): make them module-level functions, "
+            f"functools.partials of them, or dataclasses of tensors; or use workers=1"
+        ) from exc

@@ -1,0 +1,355 @@
+"""`Run`: one run of a federation in its run directory, the object the engine's loop (`engine.loop.run_federation`)
+drives: its start or resume, its rounds one `step` at a time, its checkpoints and its final status."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bayesadmm import reports
+from bayesadmm.algorithms.base import info_scalars
+from bayesadmm.clients import fingerprint
+from bayesadmm.engine.cohort import automatic_cohort
+from bayesadmm.engine.federation import (
+    BREAKDOWNS,
+    EVALUATION,
+    EXIT_DIVERGED,
+    EXIT_OK,
+    Federation,
+    Result,
+    participants,
+)
+from bayesadmm.engine.history import append_line, headline, mean_client_info, metrics_line, on_done, progress_bar
+from bayesadmm.engine.history import read_metrics as _read_metrics
+from bayesadmm.engine.identity import check_same_run
+from bayesadmm.engine.policy import default_workers
+from bayesadmm.engine.pool import client_runner
+from bayesadmm.engine.provenance import record_environment
+from bayesadmm.engine.rundir import (
+    RunDirError,
+    prepare_fresh,
+    read_bytes,
+    read_checkpoint,
+    save_state,
+    write_bytes,
+    write_json,
+)
+from bayesadmm.engine.runners import ClientRunner, RunnerFactory, check_states, remove_stale_shards
+from bayesadmm.engine.settings import Settings
+from bayesadmm.engine.simulate import generator_for
+from bayesadmm.metrics import evaluate
+
+__all__ = ["Run"]
+
+
+def _save_checkpoint(path: Path, round_: int, server: Any, clients: ClientRunner, identity: dict) -> None:
+    """checkpoint.pt: the round, the server state and the record of the client states (`clients.save`: the states, or
+    the shard files the workers have just written). Written last and renamed into place, so that it only ever names a
+    complete state; the shards it does not name are deleted after."""
+    record = clients.save(path.parent, round_)
+    # never a half-written checkpoint; `identity` (method, configuration, data) is what a resume must match
+    save_state(path, {"round": round_, "server": server, **record, "run": identity})
+    remove_stale_shards(path.parent, record)
+
+
+def _final_status(path: Path, state: str, round_: int, message: str) -> None:
+    """The last status of a run that ended early; a disk that refuses even this leaves the exception to say why."""
+    try:
+        write_json(path, {"status": state, "round": round_, "message": message})
+    except OSError:
+        pass
+
+
+class Run:
+    """One run of a federation in its run directory: the server state, the clients (a `ClientRunner`), the metrics
+    of every round so far (`history`), the last round done (`round`) and the last checkpointed (`checkpointed`).
+
+        run = Run(federation, settings, run_dir)
+        with run:                              # closes the clients (worker processes) however it ends
+            run.start()                        # or run.resume(): False where the run is already complete
+            while run.round < settings.last_round and run.step() is not None:
+                ...
+            result = run.finish()
+
+    `start` and `resume` each check the run directory, then `open` the run: status "running", the clients, the
+    initial or checkpointed states. `step` is one round (its metrics line; None where the algorithm broke down, which
+    `outcome` then says), which checkpoints itself where `checkpoint_every` says; `checkpoint` writes one now.
+    `run_federation` drives a Run with the run directory locked (`rundir.locked`, which a Run used directly leaves
+    to its caller), a SIGTERM as an interruption and a final status however the run ends (`guard`)."""
+
+    def __init__(
+        self,
+        federation: Federation,
+        settings: Settings,
+        run_dir: Path | str,
+        *,
+        config: Mapping | None = None,
+        progress: bool = False,
+        title: str = "",
+        on_round: Callable[[dict], None] | None = None,
+        runner: RunnerFactory | None = None,
+    ):
+        self.federation, self.settings, self.run_dir = federation, settings, Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.config, self.progress, self.title, self.on_round, self.runner = config, progress, title, on_round, runner
+        self.status_path = self.run_dir / "status.json"
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.checkpoint_path = self.run_dir / "checkpoint.pt"
+        self.algorithm = federation.make_algorithm()
+        self.ids = sorted(federation.clients.sizes)
+        config_json = json.loads(json.dumps(dict(config))) if config is not None else None  # as config.json holds it
+        self.identity = {"method": self.algorithm.name, "config": config_json, "data": fingerprint(federation.clients)}
+        self.server: Any = None
+        self.history: list[dict] = []
+        self.round = self.checkpointed = 0
+        self.clients: ClientRunner | None = None
+        self.outcome: tuple[int, dict] | None = None  # (exit code, status) once a round broke down
+        self.complete = False  # resumed a run already complete up to its last round
+        self._checkpoint: Mapping | None = None  # read by `prepare_resume`, until `open` hands it to the clients
+        self._bar: Any = None
+        self._workers = self._cohort = 1
+
+    # ---- starting --------------------------------------------------------------------------------------------------
+
+    def start(self, overwrite: bool = False, on_start: Callable[[Path], None] | None = None) -> None:
+        """A fresh start (`prepare_fresh`), then `open`: the initial server state and checkpoint of round 0."""
+        self.prepare_fresh(overwrite, on_start)
+        self.open()
+
+    def resume(self) -> bool:
+        """Go on from the run directory's checkpoint (`prepare_resume`, then `open`); False, and nothing written, where
+        the run is already complete up to its last round (`result()` says so)."""
+        if not self.prepare_resume():
+            return False
+        self.open()
+        return True
+
+    def prepare_fresh(self, overwrite: bool = False, on_start: Callable[[Path], None] | None = None) -> None:
+        """Check that the run directory may take a new run (`overwrite` replaces one), call `on_start(run_dir)`, and
+        write config.json, the environment and an empty metrics.jsonl."""
+        prepare_fresh(self.run_dir, overwrite)
+        if on_start is not None:
+            on_start(self.run_dir)
+        if self.config is not None:
+            write_json(self.run_dir / "config.json", dict(self.config))
+        self._prepare_files(0)
+
+    def prepare_resume(self) -> bool:
+        """Check the checkpoint (its run, its client states, `stop_at`) before anything is written; False where the
+        run is already complete up to its last round, else record the environment and drop the metrics lines of the
+        rounds after the checkpoint."""
+        settings = self.settings
+        checkpoint = read_checkpoint(self.checkpoint_path, settings.rounds)
+        check_same_run(self.checkpoint_path, checkpoint, self.identity)
+        check_states(checkpoint, self.run_dir, self.ids)  # the worker shards too: read and their checksums verified
+        if settings.stop_at and settings.stop_at < checkpoint["round"]:
+            raise RunDirError(
+                f"stop_at={settings.stop_at} is before the checkpoint's round {checkpoint['round']}; "
+                f"give a later round, or none to run to the end"
+            )
+        self.round = self.checkpointed = checkpoint["round"]
+        if checkpoint["round"] >= settings.last_round:
+            self.history = _read_metrics(self.metrics_path, checkpoint["round"])
+            self.server, self.complete = checkpoint["server"], True
+            return False
+        self._checkpoint = checkpoint
+        self._prepare_files(checkpoint["round"])
+        return True
+
+    def _prepare_files(self, start: int) -> None:
+        settings = self.settings
+        # workers=0: one per core on the CPU; one on a GPU, where every worker process would hold a CUDA context and
+        # a copy of the training set of its own and the processes would take turns on the one device
+        workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
+        self._workers = min(workers, len(participants(self.ids, settings.participation, settings.seed, 1)))
+        self._cohort = settings.cohort or automatic_cohort(
+            len(self.ids), self._workers, settings.device, self.algorithm
+        )
+        layout = {"workers": self._workers, "cohort": self._cohort} if self.runner is None else {}
+        record_environment(self.run_dir, settings.device, start, layout)
+        self.history = _read_metrics(self.metrics_path, start)
+        # drop rounds after the checkpoint (a kill here leaves the old file whole: the next resume drops them again)
+        write_bytes(self.metrics_path, "".join(json.dumps(line) + "\n" for line in self.history).encode())
+        self._bar = progress_bar(settings.last_round, start, self.progress, self.title)
+
+    def open(self) -> None:
+        """Status "running", the clients (worker processes start here: one that cannot, an object that does not
+        pickle, fails), and the states: the initial ones with a checkpoint of round 0 on a fresh start (a stop in
+        round 1 still leaves a state), the checkpoint's on a resume."""
+        write_json(self.status_path, {"status": "running", "round": self.round})
+        self.clients = self._make_clients()
+        checkpoint, self._checkpoint = self._checkpoint, None
+        if checkpoint is None:
+            settings = self.settings
+            self.server = self.algorithm.init_server(self.federation.theta0.to(settings.device, settings.torch_dtype))
+            self.clients.start(self.server)
+            self.checkpoint()
+        else:
+            self.server = checkpoint["server"]
+            self.clients.restore(checkpoint, self.run_dir)
+            remove_stale_shards(self.run_dir, checkpoint)  # those of a checkpoint the kill did not let finish
+
+    def _make_clients(self) -> ClientRunner:
+        if self.runner is not None:
+            return self.runner(self.algorithm, self._workers)
+        federation = self.federation
+        return client_runner(
+            federation.make_algorithm,
+            federation.clients,
+            self.settings.seed,
+            self._workers,
+            self.algorithm,
+            cohort_size=self._cohort if self._cohort > 1 else 0,
+        )
+
+    # ---- rounds ----------------------------------------------------------------------------------------------------
+
+    def step(self) -> dict | None:
+        """Round `round + 1`: participants, broadcast, client updates, server update, evaluation, its metrics line,
+        a checkpoint where due (a resume redoes the rounds after it), status. Returns the metrics line, or None where
+        the algorithm broke down or the metrics are not finite (`outcome`: status "diverged", the state unchanged)."""
+        assert self.clients is not None, "open the run first (start or resume)"
+        settings, federation, round_ = self.settings, self.federation, self.round + 1
+        if round_ > settings.rounds:
+            raise RuntimeError(f"the run has {settings.rounds} rounds, all done; there is no round {round_}")
+        began = time.perf_counter()
+        chosen = participants(self.ids, settings.participation, settings.seed, round_)
+        try:
+            replies = self.clients.train(
+                round_, self.algorithm.broadcast(self.server), chosen, on_done(self._bar, len(chosen), began)
+            )
+            new_server, server_info = self.algorithm.server_update(self.server, replies)
+        except BREAKDOWNS as exc:
+            self._diverged(round_, str(exc))
+            return None
+        seconds = time.perf_counter() - began
+        began = time.perf_counter()
+        results = self._evaluate(new_server, round_)
+        line = metrics_line(round_, results, seconds, time.perf_counter() - began, len(replies), federation.eval_set)
+        if len(replies) < len(chosen):  # a runner that reaches clients over a network may miss some (Flower)
+            line["absent_clients"] = [k for k in chosen if k not in replies]
+        if not all(math.isfinite(v) for v in results.values()):
+            self._diverged(round_, f"non-finite {federation.eval_set} metrics {results}")
+            return None
+        self.server, self.round = new_server, round_
+        line.update({f"server_{k}": v for k, v in info_scalars(server_info).items()})
+        line.update(mean_client_info(self.clients.last_info))
+        self._record(line)
+        return line
+
+    def _evaluate(self, server: Any, round_: int) -> dict[str, float]:
+        federation = self.federation
+        return evaluate(
+            federation.model,
+            self.algorithm.posterior(server),
+            federation.eval_X,
+            federation.eval_y,
+            likelihood=federation.likelihood,
+            samples=self.settings.eval_samples,
+            generator=generator_for(self.settings.seed, round_, EVALUATION),
+            extra=federation.metrics,
+        )
+
+    def _record(self, line: dict) -> None:
+        """The metrics line, the checkpoint where due, the status, the bar and `on_round`, in this order."""
+        round_ = line["round"]
+        append_line(self.metrics_path, line)
+        if round_ % self.settings.checkpoint_every == 0 or round_ == self.settings.last_round:
+            self.checkpoint()
+        self.history.append(line)
+        write_json(self.status_path, {"status": "running", "round": round_})
+        self._bar.set_postfix_str(headline(line, self.federation.eval_set))
+        self._bar.update(1)
+        if self.on_round is not None:
+            self.on_round(line)
+
+    def _diverged(self, round_: int, reason: str) -> None:
+        status = {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {reason}"}
+        self.outcome = (EXIT_DIVERGED, status)
+
+    def checkpoint(self) -> None:
+        """Write the checkpoint of the current round now (client states first, checkpoint.pt last)."""
+        assert self.clients is not None, "open the run first (start or resume)"
+        _save_checkpoint(self.checkpoint_path, self.round, self.server, self.clients, self.identity)
+        self.checkpointed = self.round
+
+    def run_rounds(self) -> None:
+        """`step` until the last round, or until a round breaks down."""
+        while self.round < self.settings.last_round and self.outcome is None:
+            self.step()
+
+    # ---- ending ----------------------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def guard(self) -> Iterator[None]:
+        """Every way out of the block ends with a final status: an interruption (Ctrl-C, a SIGTERM, a callback's
+        SystemExit) or a failure is recorded in status.json and raised; the clients are closed however it ends."""
+        try:
+            yield
+        except (KeyboardInterrupt, SystemExit) as exc:  # say so, so that a watcher does not wait for a dead run
+            self._close_bar()
+            then = (
+                f"resume goes on from the checkpoint of round {self.checkpointed}"
+                if self.checkpoint_path.exists()
+                else "no checkpoint was written yet: run it again"
+            )
+            why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"ended by SystemExit({exc.code!r})"
+            _final_status(self.status_path, "interrupted", self.checkpointed, f"{why}; {then}")
+            raise
+        except BaseException as exc:  # anything else: the run failed, and status.json says why
+            self._close_bar()
+            _final_status(self.status_path, "failed", self.checkpointed, f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.close()
+
+    def finish(self) -> Result:
+        """The final status (completed, stopped as asked, or diverged), written after the plot of the metrics (the
+        status tells a watcher the run directory is complete); the run's `Result`."""
+        self._close_bar()
+        code, status = self.outcome or (EXIT_OK, {})
+        if code == EXIT_OK and self.settings.last_round == self.settings.rounds:
+            status = {"status": "completed", "round": self.settings.rounds}
+        elif code == EXIT_OK:
+            status = {
+                "status": "stopped",
+                "round": self.settings.last_round,
+                "message": f"stopped after round {self.settings.stop_at} as asked (stop_at); resume goes on",
+            }
+        if self.history:
+            reports.try_plot_run(self.history, self.run_dir / "curves.png", title=self.title)
+        write_json(self.status_path, status)
+        last = self.checkpointed if code != EXIT_OK else status["round"]
+        return self.result(status["status"], code, last, status.get("message", ""))
+
+    def result(self, status: str | None = None, code: int = EXIT_OK, round_: int | None = None, message: str = ""):
+        """The run's `Result`; by default that of a run found already complete (status as status.json has it)."""
+        if status is None:
+            exists = self.status_path.exists()
+            status = json.loads(read_bytes(self.status_path))["status"] if exists else "stopped"
+            message = f"already complete up to round {self.round}: nothing to do"
+        round_ = self.round if round_ is None else round_
+        return Result(status, code, round_, self.history, self.server, self.algorithm, self.run_dir, message)
+
+    def close(self) -> None:
+        """Close the clients (stop worker processes); the Run keeps its server state and history."""
+        if self.clients is not None:
+            clients, self.clients = self.clients, None
+            clients.close()
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
