@@ -43,47 +43,12 @@ import torch
 from torch import Tensor
 
 from bayesadmm.likelihoods import Classification, Likelihood
+from bayesadmm.likelihoods.classification import classification_metrics
 from bayesadmm.models import FlatModel
 
 __all__ = ["classification_metrics", "evaluate"]
 
 _CLASSIFICATION = Classification()  # the default likelihood (frozen, so one shared instance is safe)
-
-
-def classification_metrics(probs: Tensor, y: Tensor, bins: int = 15) -> dict[str, float]:
-    """``acc``, ``nll``, ``ece`` (``bins`` equal-width confidence bins, top-1) and ``brier`` of ``probs (N, C)``.
-
-    ``nll`` clamps ``p_{i y_i}`` at the dtype's smallest normal number, so a confidently wrong prediction costs a
-    large finite amount instead of making the average infinite.
-    """
-    if probs.dim() != 2 or y.shape != probs.shape[:1] or probs.shape[0] == 0:
-        raise ValueError(
-            f"probs must have shape (N, C) and y shape (N,) with N ≥ 1, got {tuple(probs.shape)} and {tuple(y.shape)}"
-        )
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
-        raise ValueError(f"bins must be a positive integer, got {bins!r}")
-    y = y.to(device=probs.device, dtype=torch.long)
-    n = probs.shape[0]
-
-    confidence, prediction = probs.max(dim=1)
-    correct = (prediction == y).to(probs.dtype)
-    p_true = probs.gather(1, y[:, None]).squeeze(1)
-    nll = -torch.log(p_true.clamp_min(torch.finfo(probs.dtype).tiny))
-    onehot = torch.nn.functional.one_hot(y, probs.shape[1]).to(probs.dtype)
-    brier = (probs - onehot).square().sum(dim=1)
-
-    # bucketize(right=False) puts c in bin b iff edge_{b−1} < c ≤ edge_b, the half-open bins of the definition.
-    inner_edges = torch.linspace(0.0, 1.0, bins + 1, dtype=probs.dtype, device=probs.device)[1:-1]
-    bin_index = torch.bucketize(confidence, inner_edges)
-    # |B_b| (acc(B_b) − conf(B_b)) = Σ_{i ∈ B_b} (correct_i − c_i), so one scatter-add gives every bin's gap.
-    gap = probs.new_zeros(bins).index_add_(0, bin_index, correct - confidence)
-
-    return {
-        "acc": correct.mean().item(),
-        "nll": nll.mean().item(),
-        "ece": (gap.abs().sum() / n).item(),
-        "brier": brier.mean().item(),
-    }
 
 
 def evaluate(

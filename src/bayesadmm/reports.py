@@ -214,9 +214,7 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
         rows.append(cells)
     if not rows:
         return f"(none of these methods has published numbers for {scenario})"
-    return "\n".join(
-        ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
-    )
+    return _markdown_table(header, rows)
 
 
 def compare(
@@ -232,8 +230,28 @@ def compare(
     (a scenario name), a second table sets our accuracy and NLL beside the papers' (`paper_numbers`), returned
     after the first and written to paper.md. With `only` ({"method": ["fedavg", "feddyn"]}), only the runs whose
     setting of each key is one of the values given (as `setting_labels` shows it) are compared."""
-    groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
-    scenarios, sets, kinds = set(), set(), set()
+    runs, notes = _finished_runs(sources, only)
+    groups, scenarios, split, metrics = _group(runs)
+    header, rows = _table_rows(groups, rounds, split, metrics)
+    markdown = _markdown_table(header, rows)
+    beside = _paper_table(groups, rounds, split, paper) if paper else None
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "table.md").write_text(markdown + "\n")
+        (out_dir / "table.tex").write_text(_latex(header, rows))
+        write_runs_file(out_dir / RUNS_FILE, runs)
+        if beside is not None:
+            (out_dir / "paper.md").write_text(beside + "\n")
+        _plot_overlay(
+            groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split, metrics=metrics[:2]
+        )
+    text = markdown if beside is None else f"{markdown}\n\n{beside}"
+    return "\n\n".join([text, "\n".join(notes)]) if notes else text
+
+
+def _finished_runs(sources: Sequence[Path], only: Mapping[str, Sequence[str]] | None) -> tuple[list, list[str]]:
+    """The runs of `sources` that `only` keeps and that finished a round, and the notes on what was left out."""
     gathered, notes = gather(sources)
     if only:
         gathered = [run for run in gathered if _matches(run.config, only)]
@@ -243,6 +261,14 @@ def compare(
             runs.append(run)
         else:
             notes.append(f"dropped: {run.name} (no finished round in metrics.jsonl)")
+    return runs, notes
+
+
+def _group(runs: Sequence) -> tuple[dict[tuple[str, str], list[list[dict]]], set[str], str, tuple]:
+    """The runs' histories grouped by (setting label, "m_g" or "predictive"), their scenarios, and the evaluation
+    split and metrics they share (runs that differ in either are refused)."""
+    groups: dict[tuple[str, str], list[list[dict]]] = defaultdict(list)
+    scenarios, sets, kinds = set(), set(), set()
     labels = setting_labels([run.config for run in runs])
     for (_, config, history, *_), label in zip(runs, labels, strict=True):
         scenarios.add(config.get("scenario", "?"))
@@ -261,8 +287,15 @@ def compare(
         raise ValueError(
             "the runs measured different metrics (e.g. classification and regression runs); compare them separately"
         )
-    split, metrics = sets.pop(), kinds.pop()
+    return groups, scenarios, sets.pop(), kinds.pop()
 
+
+def _table_rows(
+    groups: Mapping[tuple[str, str], list[list[dict]]], rounds: list[int], split: str, metrics: tuple
+) -> tuple[list[str], list[list[str]]]:
+    """The table's header and one row per group: mean ± std over its runs of each metric at each round r (a run's
+    value is the mean of its evaluations at rounds r − 2, r − 1 and r; a run without all three is left out), and
+    seconds per round."""
     header = ["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in metrics] + ["s/round"]
     rows = []
     for (method, where), histories in sorted(groups.items()):
@@ -280,24 +313,13 @@ def compare(
                 cells.append(f"{mean:.{digits}f} ± {std:.{digits}f}")
         cells.append(_seconds_per_round(histories))
         rows.append(cells)
+    return header, rows
 
-    markdown = "\n".join(
+
+def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    return "\n".join(
         ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
     )
-    beside = _paper_table(groups, rounds, split, paper) if paper else None
-    if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "table.md").write_text(markdown + "\n")
-        (out_dir / "table.tex").write_text(_latex(header, rows))
-        write_runs_file(out_dir / RUNS_FILE, runs)
-        if beside is not None:
-            (out_dir / "paper.md").write_text(beside + "\n")
-        _plot_overlay(
-            groups, out_dir / "curves.png", title=", ".join(sorted(scenarios)), split=split, metrics=metrics[:2]
-        )
-    text = markdown if beside is None else f"{markdown}\n\n{beside}"
-    return "\n\n".join([text, "\n".join(notes)]) if notes else text
 
 
 def _matches(config: dict, only: Mapping[str, Sequence[str]]) -> bool:

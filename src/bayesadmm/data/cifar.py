@@ -32,7 +32,7 @@ the cache, verified against :data:`CHECKSUMS`, and read from there.
 
 Unpickling can run arbitrary code, so only the expected members are ever
 unpickled, and with an unpickler that refuses every global except the few
-numpy needs to rebuild an array (:data:`_PICKLE_GLOBALS`).
+numpy needs to rebuild an array (:mod:`bayesadmm.data.cifar_format`).
 
 The constants :data:`URLS` and :data:`CHECKSUMS` are looked up at call time,
 so tests (and users with a local mirror) can replace them.
@@ -41,21 +41,19 @@ so tests (and users with a local mirror) can replace them.
 from __future__ import annotations
 
 import functools
-import hashlib
-import io
 import os
-import pickle
 import tarfile
-import tempfile
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from bayesadmm.data import images as _images
+from bayesadmm.data.cifar_format import IMAGE_SHAPE as IMAGE_SHAPE  # the shape of an image, (C, H, W)
+from bayesadmm.data.cifar_format import CifarFormatError, _member_name, _parse_member
+from bayesadmm.data.cifar_format import _combine as _combine  # tested here
+from bayesadmm.data.download import download_checked
 from bayesadmm.data.images import DatasetNotFoundError
 
 __all__ = ["CIFAR_DATASETS", "CifarFormatError", "load_cifar"]
@@ -107,81 +105,9 @@ CHECKSUMS: dict[str, str] = {
     "cifar100": "eb9058c3a382ffc7106e4002c42a8d85",
 }
 
-IMAGE_SHAPE = (3, 32, 32)
-_PIXELS = 3 * 32 * 32
-
-#: The only globals an expected member may reference: numpy's array and
-#: dtype reconstructors (old ``numpy.core`` and numpy 2's ``numpy._core``
-#: spellings, protocol 2 and 5 paths) and ``_codecs.encode``, which Python 3
-#: uses to pickle bytes at protocol 2.
-_PICKLE_GLOBALS = frozenset(
-    {
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy._core.multiarray", "scalar"),
-        ("numpy.core.numeric", "_frombuffer"),
-        ("numpy._core.numeric", "_frombuffer"),
-        ("_codecs", "encode"),
-    }
-)
-
-
-class CifarFormatError(ValueError):
-    """A CIFAR file or archive was found but is not in the expected format."""
-
-
 # ---------------------------------------------------------------------------
-# Parsing
+# Reading a split
 # ---------------------------------------------------------------------------
-
-
-class _ArrayUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler(f, encoding="bytes")`` that only rebuilds numpy arrays."""
-
-    def find_class(self, module: str, name: str):
-        if (module, name) not in _PICKLE_GLOBALS:
-            raise pickle.UnpicklingError(f"refusing to load global {module}.{name}")
-        return super().find_class(module, name)
-
-
-def _parse_member(raw: bytes, label_key: bytes, source: str) -> tuple[np.ndarray, np.ndarray]:
-    """(data (N, 3072) uint8, labels (N,) int64) from one pickled batch."""
-    try:
-        batch = _ArrayUnpickler(io.BytesIO(raw), encoding="bytes").load()
-    except Exception as exc:  # a corrupt pickle can raise almost anything
-        raise CifarFormatError(f"{source}: not a readable CIFAR batch ({type(exc).__name__}: {exc})") from exc
-    if not isinstance(batch, dict):
-        raise CifarFormatError(f"{source}: expected a pickled dict, got {type(batch).__name__}")
-    missing = [k for k in (b"data", label_key) if k not in batch]
-    if missing:
-        raise CifarFormatError(f"{source}: missing key(s) {missing}; has {sorted(batch)}")
-    data = np.asarray(batch[b"data"])
-    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != _PIXELS:
-        raise CifarFormatError(f"{source}: expected uint8 data of shape (N, {_PIXELS}), got {data.dtype} {data.shape}")
-    try:
-        labels = np.asarray(batch[label_key], dtype=np.int64)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise CifarFormatError(f"{source}: labels are not integers ({exc})") from exc
-    if labels.shape != (data.shape[0],):
-        raise CifarFormatError(f"{source}: {data.shape[0]} images but labels of shape {labels.shape}")
-    return data, labels
-
-
-def _combine(parts: Sequence[tuple[np.ndarray, np.ndarray]], num_classes: int, source: str):
-    data = np.concatenate([d for d, _ in parts])
-    labels = np.concatenate([y for _, y in parts])
-    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-        raise CifarFormatError(f"{source}: labels outside [0, {num_classes}): min {labels.min()}, max {labels.max()}")
-    images = torch.from_numpy(np.ascontiguousarray(data).reshape(-1, *IMAGE_SHAPE))
-    return images, torch.from_numpy(labels)
-
-
-def _member_name(name: str) -> str:
-    """Archive member names without a leading ``./`` (some tar tools add one)."""
-    return name[2:] if name.startswith("./") else name
 
 
 def _read_archive(path: Path, layout: ArchiveLayout, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,36 +201,24 @@ def _download(name: str, dest: Path, errors: list[str]) -> bool:
     if not url:
         errors.append(f"no download URL configured for {name!r}")
         return False
-    expected = CHECKSUMS.get(name)
-    tmp: str | None = None
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        digest = hashlib.md5(usedforsecurity=False)
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=_images.DOWNLOAD_TIMEOUT) as resp:
-            while chunk := resp.read(1 << 20):
-                digest.update(chunk)
-                out.write(chunk)
-        if expected is not None and digest.hexdigest() != expected:
-            raise CifarFormatError(f"MD5 checksum mismatch: got {digest.hexdigest()}, expected {expected}")
+    expected_members = [f"{layout.folder}/{m}" for ms in layout.members.values() for m in ms]
+
+    def check(tmp: str) -> None:
         try:
             with tarfile.open(tmp, "r:*") as tar:
                 names = {_member_name(n) for n in tar.getnames()}
         except (tarfile.TarError, EOFError) as exc:
             raise CifarFormatError(f"not a readable .tar.gz archive ({exc})") from exc
-        expected_members = [f"{layout.folder}/{m}" for ms in layout.members.values() for m in ms]
         absent = [m for m in expected_members if m not in names]
         if absent:
             raise CifarFormatError(f"archive lacks member(s) {', '.join(absent)}")
-        os.replace(tmp, dest)
-        tmp = None
+
+    try:
+        download_checked(url, dest, CHECKSUMS.get(name), check, CifarFormatError, _images.DOWNLOAD_TIMEOUT)
         return True
     except (OSError, ValueError) as exc:  # URLError/HTTPError are OSErrors; CifarFormatError a ValueError
         errors.append(f"{url}: {exc}")
         return False
-    finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 def _not_found_message(

@@ -2,10 +2,11 @@
 
 The datasets are distributed as four IDX files per dataset (images and labels
 for the ``train`` and ``t10k`` splits), usually gzip-compressed.  This module
-parses them directly (:func:`read_idx`), finds them on disk or downloads them
-(:func:`load_image_dataset`), and provides the two preprocessing steps the
-illustrative experiments need: average-pool downsampling (:func:`downsample`)
-and the heterogeneous "two classes per client" split
+finds them on disk or downloads them (:func:`load_image_dataset`) and parses
+them directly (:func:`read_idx`, from :mod:`bayesadmm.data.idx`); it also
+exports the two preprocessing steps the illustrative experiments need
+(:mod:`bayesadmm.data.preprocess`): average-pool downsampling
+(:func:`downsample`) and the heterogeneous "two classes per client" split
 (:func:`class_pair_split`).
 
 Where the files are looked for. With a ``data_dir`` argument, there only
@@ -30,18 +31,16 @@ time, so tests (and users with a local mirror) can replace them.
 
 from __future__ import annotations
 
-import functools
-import gzip
-import hashlib
 import os
-import tempfile
-import urllib.request
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
+
+from bayesadmm.data.download import download_checked
+from bayesadmm.data.idx import IdxFormatError, _read_idx_memo, read_idx
+from bayesadmm.data.idx import _read_idx_cached as _read_idx_cached  # its cache_info() is tested here
+from bayesadmm.data.preprocess import class_pair_split, downsample
 
 __all__ = [
     "DATASETS",
@@ -110,21 +109,6 @@ DOWNLOAD_TIMEOUT = 60.0
 IMAGE_SIZE = 28
 NUM_CLASSES = 10  # both MNIST and FashionMNIST
 
-# IDX type codes (third byte of the magic number) -> big-endian numpy dtype.
-_IDX_DTYPES: dict[int, np.dtype] = {
-    0x08: np.dtype(">u1"),
-    0x09: np.dtype(">i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
-_GZIP_MAGIC = b"\x1f\x8b"
-
-
-class IdxFormatError(ValueError):
-    """A file is not a well-formed IDX file (bad magic, header or size)."""
-
 
 class DatasetNotFoundError(FileNotFoundError):
     """The IDX files of a dataset split were neither found nor downloaded.
@@ -150,92 +134,6 @@ class DatasetNotFoundError(FileNotFoundError):
         self.split = split
         self.missing = tuple(missing)
         self.searched = tuple(searched)
-
-
-# ---------------------------------------------------------------------------
-# IDX parsing
-# ---------------------------------------------------------------------------
-
-
-def read_idx(path: str | os.PathLike) -> torch.Tensor:
-    """Parse an IDX file (raw or gzip-compressed) into a tensor.
-
-    The IDX format is a 4-byte magic number ``0x00 0x00 <type> <ndim>``, then
-    ``ndim`` big-endian uint32 dimension sizes, then the data in big-endian,
-    row-major order.  Compression is detected from the gzip magic bytes, not
-    the file name, so a decompressed file that kept its ``.gz`` name (or a
-    temporary download file) still reads.
-
-    Args:
-        path: the file to read.
-
-    Returns:
-        A tensor of the stored shape and dtype (uint8, int8, int16, int32,
-        float32 or float64), in native byte order, that owns its memory.
-
-    Raises:
-        IdxFormatError: the file is not valid IDX (or not valid gzip).
-        OSError: the file cannot be read.
-    """
-    path = Path(path)
-    with open(path, "rb") as f:
-        raw = f.read()
-    if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            # BadGzipFile is an OSError; a truncated stream raises EOFError.
-            raise IdxFormatError(f"{path}: corrupt gzip data ({exc})") from exc
-
-    if len(raw) < 4:
-        raise IdxFormatError(f"{path}: {len(raw)} bytes is too short for an IDX header")
-    if raw[0] != 0 or raw[1] != 0:
-        raise IdxFormatError(
-            f"{path}: bad IDX magic number 0x{raw[:4].hex()} "
-            "(expected 0x0000TTNN: two zero bytes, a type code, the number of dims)"
-        )
-    type_code, ndim = raw[2], raw[3]
-    if type_code not in _IDX_DTYPES:
-        known = ", ".join(f"0x{c:02x}" for c in _IDX_DTYPES)
-        raise IdxFormatError(f"{path}: unknown IDX type code 0x{type_code:02x} (known: {known})")
-    if ndim == 0:
-        raise IdxFormatError(f"{path}: IDX header declares 0 dimensions")
-
-    header_len = 4 + 4 * ndim
-    if len(raw) < header_len:
-        raise IdxFormatError(f"{path}: truncated IDX header ({len(raw)} bytes, {ndim} dims need {header_len})")
-    shape = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    dtype = _IDX_DTYPES[type_code]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    actual = len(raw) - header_len
-    if actual != expected:
-        raise IdxFormatError(
-            f"{path}: IDX header declares shape {shape} of {dtype.name} "
-            f"({expected} data bytes) but the file holds {actual} data bytes"
-        )
-
-    data = np.frombuffer(raw, dtype=dtype, offset=header_len).reshape(shape)
-    # astype() both converts to native byte order (torch has no big-endian
-    # dtypes) and copies out of the read-only bytes buffer.
-    return torch.from_numpy(data.astype(dtype.newbyteorder("="), copy=True))
-
-
-@functools.lru_cache(maxsize=16)
-def _read_idx_cached(path: str, mtime_ns: int, size: int) -> torch.Tensor:
-    """:func:`read_idx` memoised per process.
-
-    Keyed on the resolved path *and* the file's mtime and size, so a file that
-    was replaced (e.g. re-downloaded) is parsed again rather than served
-    stale.  Callers must not modify the returned tensor in place.
-    """
-    del mtime_ns, size  # part of the cache key only
-    return read_idx(path)
-
-
-def _read_idx_memo(path: Path) -> torch.Tensor:
-    resolved = path.resolve()
-    st = resolved.stat()
-    return _read_idx_cached(str(resolved), st.st_mtime_ns, st.st_size)
 
 
 # ---------------------------------------------------------------------------
@@ -291,11 +189,8 @@ def _search_locations(name: str, data_dir: str | os.PathLike | None) -> list[tup
 def _download_file(name: str, filename: str, dest_dir: Path, errors: list[str]) -> bool:
     """Download ``filename`` from the first mirror that serves a valid copy.
 
-    The data are streamed into a temporary file in ``dest_dir``, checked (MD5
-    when known, then a full IDX parse) and only then renamed to
-    ``dest_dir/filename``: an interrupted or bad download never leaves a file
-    under the real name, and the rename is atomic, so concurrent processes
-    downloading the same file cannot see a half-written one.
+    The file is checked (MD5 when known, then a full IDX parse) before it
+    takes its name in ``dest_dir`` (:func:`~bayesadmm.data.download.download_checked`).
 
     Returns True on success; on failure appends one message per mirror to
     ``errors`` and returns False.
@@ -303,26 +198,12 @@ def _download_file(name: str, filename: str, dest_dir: Path, errors: list[str]) 
     expected_md5 = CHECKSUMS.get(name, {}).get(filename)
     for mirror in MIRRORS.get(name, ()):
         url = mirror.rstrip("/") + "/" + filename
-        tmp_path: str | None = None
         try:
-            dest_dir.mkdir(parents=True, exist_ok=True)
-            fd, tmp_path = tempfile.mkstemp(dir=dest_dir, prefix=f".{filename}.", suffix=".part")
-            digest = hashlib.md5(usedforsecurity=False)
-            with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT) as resp:
-                while chunk := resp.read(1 << 20):
-                    digest.update(chunk)
-                    out.write(chunk)
-            if expected_md5 is not None and digest.hexdigest() != expected_md5:
-                raise IdxFormatError(f"MD5 checksum mismatch: got {digest.hexdigest()}, expected {expected_md5}")
-            read_idx(tmp_path)  # raises IdxFormatError unless the file parses
-            os.replace(tmp_path, dest_dir / filename)
-            tmp_path = None
+            # read_idx raises IdxFormatError unless the file parses
+            download_checked(url, dest_dir / filename, expected_md5, read_idx, IdxFormatError, DOWNLOAD_TIMEOUT)
             return True
         except (OSError, ValueError) as exc:  # URLError and HTTPError are OSErrors
             errors.append(f"{url}: {exc}")
-        finally:
-            if tmp_path is not None:
-                Path(tmp_path).unlink(missing_ok=True)
     if not MIRRORS.get(name):
         errors.append(f"{filename}: no download mirror configured for {name!r}")
     return False
@@ -396,7 +277,7 @@ def _resolve_split(name: str, split: str, data_dir: str | os.PathLike | None, do
 
 
 # ---------------------------------------------------------------------------
-# Public loading and preprocessing API
+# Public loading API
 # ---------------------------------------------------------------------------
 
 
@@ -458,78 +339,3 @@ def load_image_dataset(
     # clone()/to() give the caller its own copy, so in-place edits (e.g.
     # normalising) cannot corrupt the process-wide cache.
     return images.clone(), labels.to(torch.int64)
-
-
-def downsample(images: torch.Tensor, size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Average-pool square images down to ``size x size``.
-
-    Each output pixel is the mean of a ``k x k`` block of input pixels,
-    ``k = H // size``; values stay on the input scale (0..255 for raw uint8
-    images), and no normalisation is applied.
-
-    Args:
-        images: tensor of shape ``(N, H, H)`` (e.g. ``(N, 28, 28)``), any
-            real dtype.
-        size: output side length; must divide ``H`` (7 or 14 for 28x28).
-        dtype: floating dtype of the result (default float32).
-
-    Returns:
-        Tensor of shape ``(N, size, size)`` and dtype ``dtype``.
-
-    Raises:
-        ValueError: wrong shape, ``size`` not dividing ``H``, or a
-            non-floating ``dtype``.
-    """
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating dtype, got {dtype}")
-    if images.ndim != 3 or images.shape[1] != images.shape[2]:
-        raise ValueError(f"expected images of shape (N, H, H), got {tuple(images.shape)}")
-    side = images.shape[1]
-    if not isinstance(size, int) or size <= 0 or side % size != 0:
-        divisors = [d for d in range(1, side + 1) if side % d == 0]
-        raise ValueError(f"size must be a positive divisor of the image side {side} (one of {divisors}), got {size!r}")
-    k = side // size
-    n = images.shape[0]
-    # Split each axis into (block index, offset within block) and average
-    # over the offsets.  Converting first avoids uint8 overflow in the sum.
-    blocks = images.to(dtype).reshape(n, size, k, size, k)
-    return blocks.mean(dim=(2, 4))
-
-
-def class_pair_split(
-    labels: torch.Tensor,
-    pairs: Iterable[Iterable[int]] = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9)),
-) -> list[torch.Tensor]:
-    """Heterogeneous federated split: client ``k`` gets the classes in ``pairs[k]``.
-
-    This is the split of the illustrative experiments: with the default pairs,
-    five clients each hold all examples of two classes.  Examples whose label
-    is in no pair are left out.  A group may hold any number of classes.
-
-    Args:
-        labels: 1-D integer tensor of class labels.
-        pairs: one group of labels per client; groups must not share labels
-            (so that no example goes to two clients).
-
-    Returns:
-        One int64 tensor per client with the indices (into ``labels``) of its
-        examples, in increasing order.
-
-    Raises:
-        ValueError: ``labels`` not 1-D, or a label in more than one group.
-    """
-    labels = torch.as_tensor(labels)
-    if labels.ndim != 1:
-        raise ValueError(f"labels must be 1-D, got shape {tuple(labels.shape)}")
-    groups = [tuple(int(c) for c in group) for group in pairs]
-    seen: set[int] = set()
-    for group in groups:
-        repeated = seen.intersection(group)
-        if repeated:
-            raise ValueError(f"label(s) {sorted(repeated)} appear in more than one group of {groups}")
-        seen.update(group)
-    # nonzero() returns indices in increasing order.
-    return [
-        torch.isin(labels, torch.tensor(group, dtype=labels.dtype)).nonzero().flatten().to(torch.int64)
-        for group in groups
-    ]

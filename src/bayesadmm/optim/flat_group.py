@@ -13,7 +13,7 @@ from torch.autograd.graph import increment_version
 
 from bayesadmm import rng
 from bayesadmm.optim import kernels
-from bayesadmm.optim.ivon import UpdateTerms
+from bayesadmm.optim.ivon_terms import UpdateTerms
 
 
 def _flatten(tensors: Iterable[Tensor]) -> Tensor:

@@ -1,7 +1,8 @@
 """`IVON`, a `torch.optim.Optimizer` for nn.Modules with the constructor and `sampled_params` protocol of the public
 `ivon-opt` package (0.1.3), built on the functional core of `optim.ivon` (the maths, its fixed points and the
 conventions shared with ivon-opt are in that module's docstring), so that the maths lives in one place. Its groups'
-flat buffers and its own fused kernels are in `optim.flat_group`.
+flat buffers and its own fused kernels are in `optim.flat_group`, the handling of its parameter groups (state,
+checks, checkpoints) in `optim.param_groups`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import cast, overload
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -17,33 +18,18 @@ from torch import Tensor
 from bayesadmm import rng
 from bayesadmm.optim import kernels
 from bayesadmm.optim.flat_group import (
-    _can_share_one_buffer,
     _flat_grads,
     _FlatGroup,
-    _flatten,
     _perturbation_step,
     _update_and_perturb_step_,
     _write,
 )
-from bayesadmm.optim.ivon import (
-    IVONState,
-    UpdateTerms,
-    _check_beta,
-    _check_positive,
-    _kernel_args,
-    _scalar,
-    _vector,
-    check_noise_scale,
-    posterior,
-    sample,
-    update,
-    update_terms,
-)
-
-_Vec = Tensor | Sequence[Tensor] | float | None
+from bayesadmm.optim.ivon import IVONState, _kernel_args, check_noise_scale, posterior, sample, update
+from bayesadmm.optim.ivon_terms import UpdateTerms, _scalar, _vector, update_terms
+from bayesadmm.optim.param_groups import _IVONGroups, _Vec
 
 
-class IVON(torch.optim.Optimizer):
+class IVON(_IVONGroups):
     r"""IVON for nn.Modules with a per-coordinate prior N(m_p, diag(s_p)⁻¹) and dual terms v, u (module docstring).
 
     Usage (the same pattern as the ivon-opt package's):
@@ -148,76 +134,7 @@ class IVON(torch.optim.Optimizer):
         self.set_prior(prior_mean, prior_precision)
         self.set_duals(v, u)
 
-    # -- groups and their state --
-
-    def add_param_group(self, param_group: dict) -> None:
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        params = group["params"]
-        if len({(p.dtype, p.device) for p in params}) != 1:
-            raise ValueError("all parameters of a group must share dtype and device (they form one flat vector)")
-        self._check_hyper(group)
-        p0 = params[0]
-        group["numel"] = sum(p.numel() for p in params)
-        group["hess"] = torch.full((group["numel"],), float(group["hess_init"]), dtype=p0.dtype, device=p0.device)
-        group["momentum"] = torch.zeros_like(group["hess"])
-        group["step"] = 0
-        if self.noise == "counter":
-            # one stream per group; "draws" counts the samples taken from it (one block of `numel` draws each)
-            group["noise_key"], group["draws"] = rng.stream_key(self.generator), 0
-        for key in ("prior_mean", "prior_precision", "v", "u"):
-            group.setdefault(key, None)
-        group["_samples"] = []
-        self._flats.append(_FlatGroup(params) if self._flatten and _can_share_one_buffer(params) else None)
-
-    @staticmethod
-    def _check_hyper(group: dict) -> None:
-        _check_positive("lr", group["lr"])
-        _check_positive("ess", group["ess"])
-        _check_beta("beta1", group["beta1"])
-        _check_beta("beta2", group["beta2"])
-        if not group["hess_init"] >= 0:
-            raise ValueError(f"hess_init must be >= 0, got {group['hess_init']}")
-        wd = group["weight_decay"]
-        if wd is not None and not wd >= 0:
-            raise ValueError(f"weight_decay must be >= 0, got {wd}")
-        if not group["clip_radius"] > 0:
-            raise ValueError(f"clip_radius must be > 0, got {group['clip_radius']}")
-
-    def _delta(self, group: dict) -> Tensor | float:
-        if group["prior_precision"] is not None:
-            return group["prior_precision"] / group["ess"]
-        if group["weight_decay"] is None:
-            raise ValueError("this group has neither a prior precision nor a weight decay")
-        return float(group["weight_decay"])
-
-    def _hyper(self, group: dict) -> dict:
-        """The group's hyperparameters as the functional core's `update` and `update_terms` take them."""
-        keys = ("ess", "beta1", "beta2", "prior_mean", "v", "u", "clip_radius", "debias")
-        return {"lr": self._lr(group), "delta": self._delta(group), **{key: group[key] for key in keys}}
-
-    def _lr(self, group: dict) -> Tensor | float:
-        if not group["rescale_lr"]:
-            return group["lr"]
-        return group["lr"] * (group["hess_init"] + self._delta(group))
-
-    def _live(self, index: int) -> _FlatGroup | None:
-        """Group `index`'s flat buffer, or None where it has none or its parameters stopped viewing it (a .data was
-        replaced): such a group goes on with the copying path for good, which finds the parameters where they are."""
-        flat = self._flats[index] if index < len(self._flats) else None
-        if flat is not None and not flat.intact(self.param_groups[index]["params"]):
-            self._flats[index] = flat = None
-        return flat
-
-    def _mean(self, index: int) -> Tensor:
-        """Group `index`'s parameters as one flat vector: the live buffer where there is one (not to be written),
-        else a copy."""
-        flat = self._live(index)
-        return flat.mean if flat is not None else _flatten(self.param_groups[index]["params"])
-
-    def _state(self, index: int) -> IVONState:
-        g = self.param_groups[index]
-        return IVONState(self._mean(index), g["hess"], g["momentum"], g["step"])
+    # -- the kernel inputs of a group with a flat buffer --
 
     def _terms(self, group: dict, flat: _FlatGroup) -> UpdateTerms:
         """The group's kernel inputs (`update_terms`), rebuilt and validated (h + δ > 0 included) only when something
@@ -245,48 +162,6 @@ class IVON(torch.optim.Optimizer):
     def _ahead_token(group: dict, flat: _FlatGroup) -> tuple:
         """What a perturbation σε drawn ahead depends on: the kernel inputs (δ, ess), h and the block of the stream."""
         return flat.generation, group["hess"]._version, group["draws"], id(group["noise_key"])
-
-    @overload
-    def _split(self, name: str, value: None, allow_scalar: bool = False) -> list[None]: ...
-    @overload
-    def _split(
-        self, name: str, value: Tensor | Sequence[Tensor] | float, allow_scalar: bool = False
-    ) -> list[Tensor]: ...
-    @overload
-    def _split(self, name: str, value: _Vec, allow_scalar: bool = False) -> list[Tensor | None]: ...
-    def _split(self, name: str, value: _Vec, allow_scalar: bool = False) -> Sequence[Tensor | None]:
-        """A flat vector / per-parameter tensors / (optionally) a float over all groups -> one flat tensor per group."""
-        if value is None:
-            return [None] * len(self.param_groups)
-        params = [p for g in self.param_groups for p in g["params"]]
-        p0 = params[0]
-        total = sum(p.numel() for p in params)
-        if not torch.is_tensor(value) and isinstance(value, (int, float)):
-            if not allow_scalar:
-                raise ValueError(f"{name} must be a tensor or a sequence of tensors")
-            flat = torch.full((total,), float(value), dtype=p0.dtype, device=p0.device)
-        elif torch.is_tensor(value):
-            if tuple(value.shape) != (total,):
-                raise ValueError(
-                    f"{name} as a tensor must be flat with {total} entries, got shape {tuple(value.shape)}"
-                )
-            flat = value.detach().to(dtype=p0.dtype, device=p0.device).clone()
-        else:
-            value = list(value)
-            if len(value) != len(params) or any(
-                tuple(x.shape) != tuple(p.shape) for x, p in zip(value, params, strict=True)
-            ):
-                raise ValueError(
-                    f"{name} as a sequence must hold one tensor shaped like each parameter, got shapes "
-                    f"{[tuple(x.shape) for x in value]}"
-                )
-            flat = _flatten(value).to(dtype=p0.dtype, device=p0.device)
-        parts: list[Tensor] = []
-        offset = 0
-        for g in self.param_groups:
-            parts.append(flat[offset : offset + g["numel"]].clone())
-            offset += g["numel"]
-        return parts
 
     def set_prior(self, mean: _Vec = None, precision: _Vec = None) -> None:
         """Set the prior N(m_p, diag(s_p)⁻¹); mean=None is m_p = 0, precision=None is s_p = ess·weight_decay."""
@@ -467,38 +342,6 @@ class IVON(torch.optim.Optimizer):
             g["_samples"] = []
             if reset_momentum:
                 g["momentum"], g["step"] = torch.zeros_like(g["momentum"]), 0
-        self._forget()
-
-    def _forget(self) -> None:
-        for flat in self._flats:
-            if flat is not None:
-                flat.forget()
-
-    # -- checkpoints: the state lives in the param groups --
-
-    def state_dict(self) -> dict:
-        sd = super().state_dict()
-        for g in sd["param_groups"]:
-            g.pop("_samples", None)  # recorded samples belong to an unfinished step
-            # copies: a group with a flat buffer updates h and g in place, and a state dict is a snapshot
-            g["hess"], g["momentum"] = g["hess"].clone(), g["momentum"].clone()
-        return sd
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)  # (copies the groups' tensors: ours to update in place)
-        for g in self.param_groups:
-            p0 = g["params"][0]
-            if self.noise == "counter" and "noise_key" not in g:
-                raise ValueError(
-                    "this state dict is of an IVON with noise='torch'; load it into one with the same "
-                    "noise, or set noise='torch'"
-                )
-            if g["numel"] != sum(p.numel() for p in g["params"]):
-                raise ValueError("loaded state dict does not match the size of the parameters")
-            for key in ("hess", "momentum", "prior_mean", "prior_precision", "v", "u"):
-                if g.get(key) is not None:
-                    g[key] = g[key].to(dtype=p0.dtype, device=p0.device)
-            g["_samples"] = []
         self._forget()
 
 

@@ -1,0 +1,61 @@
+"""The `bayesadmm` command. It parses and dispatches; the work lives in the modules it calls.
+
+One module per subcommand group, each with the subcommand's parser (`add_parser`) and its handler (`command`):
+`run` (run, resume), `sweep`, `tune`, `compare`, `flower` (demo, resume), `precompile`, `paper`. They import the
+library's modules only when their command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from bayesadmm.cli import compare, flower, methods, paper, precompile, run, sweep, tune
+
+DESCRIPTION = "The `bayesadmm` command. It parses and dispatches; the work lives in the modules it calls."
+
+# subcommand -> its handler, which returns the exit code
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": run.command,
+    "resume": run.command,
+    "compare": compare.command,
+    "sweep": sweep.command,
+    "tune": tune.command,
+    "flower": flower.command,
+    "precompile": precompile.command,
+    "paper": paper.command,
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bayesadmm", description=DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", required=True)
+    # in this order in the help
+    parser.set_defaults(run_parser=run.add_parser(commands))
+    flower.add_parser(commands)
+    run.add_resume_parser(commands)
+    sweep.add_parser(commands)
+    tune.add_parser(commands)
+    compare.add_parser(commands)
+    precompile.add_parser(commands)
+    paper.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = _parser()
+    if argv[:1] == ["run"]:
+        # options may come anywhere among the KEY=VALUE overrides, which plain parse_args does not allow
+        args = parser.get_default("run_parser").parse_intermixed_args(argv[1:])
+        args.command = "run"
+    else:
+        args = parser.parse_args(argv)
+    if methods.load(getattr(args, "method_modules", [])):
+        return 2
+    return COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""`bayesadmm compare`: the Table-1-style comparison of finished runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bayesadmm.cli import methods
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    """The `compare` subcommand's parser."""
+    compare = commands.add_parser(
+        "compare",
+        help="Table-1-style comparison of finished runs (accuracy, NLL and ECE "
+        "at the given rounds, and seconds per round)",
+    )
+    compare.add_argument(
+        "sources", nargs="+", type=Path, metavar="RUNS", help="run folders, sweep folders or runs.jsonl files"
+    )
+    compare.add_argument("--rounds", default="10,25,50", help="comma-separated rounds (default 10,25,50)")
+    methods.add_option(compare)
+    compare.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write table.md, table.tex, curves.png and the runs behind them (runs.jsonl) here",
+    )
+    compare.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="KEY=VALUES",
+        help="compare only the runs whose KEY is one of VALUES (a,b,c), e.g. --only method=fedavg,feddyn",
+    )
+    compare.add_argument(
+        "--paper",
+        default=None,
+        metavar="SCENARIO",
+        help="also set accuracy and NLL beside the papers' published numbers for this scenario "
+        "(written to paper.md with --out)",
+    )
+    return compare
+
+
+def table_rounds(text: str) -> list[int]:
+    """--rounds of a table: round numbers >= 1, comma-separated."""
+    try:
+        rounds = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        rounds = []
+    if not rounds or min(rounds) < 1:
+        raise ValueError(f"--rounds takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {text!r}")
+    return rounds
+
+
+def command(args) -> int:
+    from bayesadmm.reports import compare
+
+    try:
+        rounds = table_rounds(args.rounds)
+        only = {}
+        for pair in args.only:
+            key, sep, values = pair.partition("=")
+            if not sep or not key or not values:
+                raise ValueError(f"--only takes KEY=a,b,c, got {pair!r}")
+            only[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+        if args.out is not None:  # before any run is read: a folder that cannot be made is a one-line error
+            try:
+                args.out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                reason = exc.strerror or exc
+                raise ValueError(f"--out {args.out} cannot be created ({reason}); choose another folder") from None
+        print(compare(args.sources, rounds, args.out, paper=args.paper, only=only))
+    except (ValueError, OSError) as exc:  # OSError: a source that cannot be read, or a file of --out not written
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+    if args.out:
+        written = ", ".join(str(args.out / name) for name in ("table.md", "table.tex", "curves.png", "runs.jsonl"))
+        print(f"wrote {written}")
+    return 0

@@ -1,0 +1,91 @@
+"""`bayesadmm sweep`: a resumable grid of runs, then their comparison table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bayesadmm.cli import methods
+from bayesadmm.cli.compare import table_rounds
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    """The `sweep` subcommand's parser."""
+    sweep = commands.add_parser(
+        "sweep",
+        help="run a grid of runs (KEY=a,b,c or KEY=start:stop per axis), resumable, and compare them",
+        description="Runs every combination of the KEY=VALUES axes (a,b,c; or an integer range start:stop[:step]) "
+        "as `bayesadmm run`s in folders under --out, skipping finished ones and resuming interrupted ones, then "
+        "prints the comparison table of the grid. SOURCE: a scenario, several (a,b), a config file, or a sweep file "
+        '({"scenario": ..., "grid": {...}, "set": {...}}).',
+    )
+    sweep.add_argument("source", metavar="SOURCE")
+    sweep.add_argument("axes", nargs="*", metavar="KEY=VALUES")
+    sweep.add_argument("--out", type=Path, required=True, help="the sweep's folder (one subfolder per run)")
+    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time; each gets cores/jobs workers (default 1)")
+    sweep.add_argument("--rounds", default="10,25,50", help="rounds of the final table (default 10,25,50)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress bar")
+    methods.add_option(sweep)
+    return sweep
+
+
+def command(args) -> int:
+    from bayesadmm.engine.loop import Interrupted
+    from bayesadmm.experiments.config import ConfigError
+    from bayesadmm.experiments.sweep import Grid, Sweep, grid, is_sweep_file, points, read_sweep_file, run_dirs
+    from bayesadmm.reports import compare
+
+    try:
+        if args.jobs < 1:
+            raise ConfigError("--jobs must be at least 1")
+        rounds = table_rounds(args.rounds)
+        given = grid(args.axes)  # added to (or replacing) every grid's axes
+        if is_sweep_file(Path(args.source)):
+            grids = [Grid(g.scenarios, {**g.axes, **given}) for g in read_sweep_file(Path(args.source))]
+        else:
+            grids = [Grid([s for s in args.source.split(",") if s], given)]
+        todo = points(grids, args.out)
+    except (ConfigError, ValueError, FileNotFoundError) as exc:
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+    print(f"sweep: {len(todo)} runs in {args.out} ({args.jobs} at a time)")
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=0, unit="round", dynamic_ncols=True)
+
+    def progress(done, total, finished, running) -> None:
+        if bar is None:
+            return
+        bar.total, bar.n = total, done
+        names = ", ".join(p.name for p in running[:2]) + (" ..." if len(running) > 2 else "")
+        bar.set_postfix_str(f"runs {len(finished)}/{len(todo)} done; now: {names or '-'}", refresh=False)
+        bar.refresh()
+
+    sweep = Sweep(todo, jobs=args.jobs, on_progress=progress)
+    try:
+        outcomes = sweep.run()
+    except ConfigError as exc:
+        print(f"bayesadmm: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:
+        print("\nbayesadmm: interrupted; the same command goes on where it stopped", file=sys.stderr)
+        return 128 + (exc.signum if isinstance(exc, Interrupted) else 2)
+    finally:
+        if bar is not None:
+            bar.close()
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome.state] = counts.get(outcome.state, 0) + 1
+        if outcome.state in ("failed", "refused", "diverged"):
+            print(f"{outcome.point.name}: {outcome.state} {outcome.message}".rstrip())
+    print("runs: " + ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    finished = run_dirs(outcomes)
+    if finished:
+        print(compare(finished, rounds, args.out))
+        print(f"wrote {args.out / 'table.md'}, {args.out / 'curves.png'} and {args.out / 'runs.jsonl'}")
+    if counts.get("refused"):
+        return 2
+    return 1 if counts.get("failed") else 0
