@@ -22,6 +22,7 @@ from pathlib import Path
 from bayesadmm import likelihoods
 from bayesadmm.algorithms import spec as method_specs
 from bayesadmm.engine import settings as engine_settings
+from bayesadmm.experiments.values import ConfigError, convert, kinds
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.tracking import TRACKERS, available
 
@@ -103,10 +104,6 @@ TARGETS = {"classification": "classes", "gaussian": "real", "poisson": "counts"}
 TUNING_METRIC = {"classification": "acc", "gaussian": "rmse", "poisson": "nll"}
 
 
-class ConfigError(ValueError):
-    """A configuration the run cannot start from; the message says what is wrong and what is valid."""
-
-
 def presets() -> dict:
     """The built-in scenarios (presets.json: data, split, model and schedule), each with "methods": every registered
     method's settings for it (`MethodSpec.presets`)."""
@@ -185,63 +182,6 @@ def make_likelihood(name: str, params: typing.Mapping[str, object]) -> Likelihoo
         raise ConfigError(f"likelihood {name}: {exc}") from None
 
 
-def _kinds(param: inspect.Parameter, value) -> tuple[type, ...]:
-    """The accepted types, in the order given by the annotation (a string under postponed evaluation), else the
-    default's type: `float | str` accepts a number first and a word otherwise (e.g. FedLap's rho = 0.1 or "size")."""
-    text = param.annotation if isinstance(param.annotation, str) else getattr(param.annotation, "__name__", "")
-    names = {"bool": bool, "int": int, "float": float, "str": str}
-    kinds = tuple(names[part.strip()] for part in str(text).split("|") if part.strip() in names)
-    if kinds:
-        return kinds
-    if param.default is not inspect.Parameter.empty and param.default is not None:
-        return (type(param.default),)
-    return (type(value),) if value is not None else (float,)
-
-
-def _convert_one(key: str, value, kind: type):
-    if isinstance(value, str):
-        if kind is bool:
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        try:
-            number = kind(value)
-        except ValueError:
-            number = _integral(value) if kind is int else None  # "1e3" and "2.0" are integers; "2.5e0" is not
-            if number is None:
-                raise ConfigError(f"{key} must be {kind.__name__}, got {value!r}") from None
-        value = number
-    if kind is float and isinstance(value, float) and math.isnan(value):
-        raise ConfigError(f"{key} must be a number, got nan")
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if kind is int and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"{key} must be {kind.__name__}, got {value!r}")
-    return value
-
-
-def _integral(text: str) -> int | None:
-    try:
-        number = float(text)
-    except ValueError:
-        return None
-    return int(number) if number.is_integer() else None
-
-
-def _convert(key: str, value, kinds: tuple[type, ...]):
-    errors = []
-    for kind in kinds:
-        try:
-            return _convert_one(key, value, kind)
-        except ConfigError as exc:
-            errors.append(str(exc))
-    raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: " + "; or ".join(errors))
-
-
 def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfig, list[str]]:
     """Build the config from a preset name or a JSON config file plus KEY=VALUE overrides.
 
@@ -318,10 +258,10 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
         changed.append(f"{key}={value}")
 
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name != "hparams"}
-    typed = {k: _convert(k, v, (type(defaults[k]),)) for k, v in general.items()}
+    typed = {k: convert(k, v, (type(defaults[k]),)) for k, v in general.items()}
     for key, spec in hparam_specs.items():
         if key in hparams:
-            hparams[key] = _convert(key, hparams[key], _kinds(spec, hparams[key]))
+            hparams[key] = convert(key, hparams[key], kinds(spec, hparams[key]))
     unknown = sorted(set(hparams) - set(hparam_specs))
     if unknown:
         raise ConfigError(
@@ -336,7 +276,7 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
         raise ConfigError(str(exc)) from None
     for key, value in likelihood_params.items():
         if key in likelihood_specs:
-            likelihood_params[key] = _convert(f"likelihood.{key}", value, _kinds(likelihood_specs[key], value))
+            likelihood_params[key] = convert(f"likelihood.{key}", value, kinds(likelihood_specs[key], value))
     config = RunConfig(**typed, hparams=hparams, likelihood_params=likelihood_params)
     config.make_likelihood()  # its settings: known, complete and valid
     _validate(config)
@@ -409,7 +349,7 @@ def load(run_dir: Path) -> RunConfig:
     tables = ("hparams", "likelihood_params")  # tables of settings, typed by what they configure
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name not in tables}
     try:
-        typed = {k: _convert(k, v, (type(defaults[k]),)) for k, v in data.items() if k not in tables}
+        typed = {k: convert(k, v, (type(defaults[k]),)) for k, v in data.items() if k not in tables}
         for name in tables:
             if not isinstance(data.get(name, {}), dict):
                 raise ConfigError(f"{name} must be a table of settings")
