@@ -35,7 +35,6 @@ from bayesadmm.algorithms.base import (
     StackBuffer,
     TrainingInfo,
     seen_clients,
-    update_from,
 )
 from bayesadmm.solvers.adam import AdamProblem, local_adam
 from bayesadmm.trees import register
@@ -139,5 +138,4 @@ def make(
         return state, reply_for(theta, data), TrainingInfo(steps)
 
     local = LocalStep(adam, prepare, finish)
-    client_update = update_from(name, local)
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)

@@ -69,7 +69,6 @@ from bayesadmm.algorithms.base import (
     StackBuffer,
     TrainingInfo,
     seen_clients,
-    update_from,
 )
 from bayesadmm.solvers.adam import AdamProblem, local_adam
 from bayesadmm.trees import register
@@ -130,7 +129,6 @@ def make(
         return ClientState(grad), {"theta": theta}, TrainingInfo(steps)
 
     local = LocalStep(adam, prepare, finish)
-    client_update = update_from(name, local)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         if not replies:
@@ -150,4 +148,4 @@ def make(
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)

@@ -62,7 +62,6 @@ from bayesadmm.algorithms.base import (
     ServerInfo,
     TrainingInfo,
     merge_replies,
-    update_from,
 )
 from bayesadmm.solvers.adam import AdamProblem, local_adam
 from bayesadmm.trees import register
@@ -209,7 +208,6 @@ def make(
         return ClientState(state.client_id, dual, theta), reply, TrainingInfo(steps)
 
     local = LocalStep(solver, prepare, finish)
-    client_update = update_from(name, local)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         check_known(name, sizes, replies)
@@ -222,4 +220,4 @@ def make(
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
