@@ -1,10 +1,10 @@
 """The contract every registered algorithm keeps, checked over the whole registry on a small synthetic problem.
 
 For each registered method (`bayesadmm.algorithms.names()`), with its spec's `example` hyperparameters: no function
-mutates its inputs; the same generator gives the same client update; the order in which replies arrive does not change
-the server state; states survive a checkpoint (the engine's pickle-free format) and the run goes on with the same
-numbers; and the method learns a toy problem. A new method is picked up by registering it; its spec's `example` must
-give its required hyperparameters.
+mutates its inputs; the same generator gives the same client update, which is its `LocalStep`'s prepare,
+solve_problem, finish; the order in which replies arrive does not change the server state; states survive a
+checkpoint (the engine's pickle-free format) and the run goes on with the same numbers; and the method learns a toy
+problem. A new method is picked up by registering it; its spec's `example` must give its required hyperparameters.
 Compiled kernels run eagerly here (`torch.compiler.set_stance("force_eager")`): the compiled and eager maths are
 tested equal in tests/optim/test_kernels.py.
 """
@@ -117,6 +117,14 @@ def test_contract(name, tmp_path):
     assert _same(before, after), f"{name} changed its inputs"
     for k in clients:
         assert _same(updates[k][:2], again[k][:2]), f"{name}: client {k}'s update differs with the same generator"
+
+    # the client update is its local step's prepare, solve_problem, finish (`base.LocalStep`, the one way to define it)
+    assert algorithm.local is not None, f"{name} has no LocalStep"
+    for k in clients:
+        problem = algorithm.local.prepare(states[k], message, clients[k])
+        result = algorithm.local.solver.solve_problem(problem, clients[k], generator_for(0, 2, k))
+        step = algorithm.local.finish(states[k], message, clients[k], problem, result)
+        assert _same(step[:2], updates[k][:2]), f"{name}: client {k}'s update is not its LocalStep's"
 
     # the order in which replies arrive does not matter
     reversed_replies = {k: replies[k] for k in sorted(replies, reverse=True)}

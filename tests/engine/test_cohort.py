@@ -1,6 +1,6 @@
 """Cohort training (`engine.cohort.CohortClients`): a round's clients trained as one batched computation give the
 per-client results (`LocalClients`, i.e. `train_client`) to 1e-10 in float64 and to rounding in float32, for every
-registered method whose client update batches (its `Algorithm.local`), with clients of different sizes, several
+registered method whose local solver batches (`base.batches`: it has `solve_cohort`), with clients of different sizes, several
 epochs, partial participation and cohorts smaller than a round; on the CPU, and on a CUDA device where there is one
 (`scripts/device_check.sh` runs them on a GPU machine)."""
 
@@ -11,11 +11,14 @@ import torch
 from torch import nn
 
 from bayesadmm.algorithms import get, names
+from bayesadmm.algorithms.base import batches
 from bayesadmm.clients import SupervisedData, TensorClients
 from bayesadmm.engine.cohort import CohortClients
 from bayesadmm.engine.workers import LocalClients
 from bayesadmm.federated import algorithm_factory
 from bayesadmm.models import FlatModel
+from bayesadmm.solvers.adam import LocalAdam, LocalAdamProx
+from bayesadmm.solvers.ivon import IVONSolver
 
 SIZES = {0: 24, 1: 13, 2: 5, 3: 24, 4: 17}  # full and partial minibatches, 1 to 3 per epoch
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
@@ -42,8 +45,14 @@ def _algorithm(name: str, model: FlatModel, extra: dict | None = None, rounds: i
     return algorithm_factory(name, dict(get(name).example) | dict(extra or {}), model, SIZES, rounds=rounds)()
 
 
-# the methods whose client update batches (their local solver is Adam or IVON and they expose a LocalStep)
-BATCHED = sorted(name for name in names() if _algorithm(name, FlatModel(_net)).local is not None)
+def _batched() -> list[str]:
+    """The registered methods that the engine batches: those whose local solver has `solve_cohort` (`batches`)."""
+    model, _ = _clients(torch.float64)
+    return sorted(name for name in names() if batches(_algorithm(name, model).local.solver))
+
+
+# (fedavg, fedprox, feddyn, admm, ama, fedlap, ivon-admm, ivon-pvi: each must give its one-at-a-time results)
+BATCHED = _batched()
 
 
 def _flat(tree) -> list[torch.Tensor]:
@@ -76,8 +85,15 @@ def _eager():
         yield
 
 
-def test_the_adam_and_ivon_methods_batch():
-    assert {"fedavg", "fedprox", "feddyn", "admm", "ama", "fedlap", "ivon-admm", "ivon-pvi"} <= set(BATCHED)
+def test_the_methods_that_batch_are_the_adam_and_ivon_ones():
+    """Every method's client update is a LocalStep's, and it batches exactly where its local solver is Adam's (plain or
+    proximal) or IVON's: a solver that gains `solve_cohort` must be added here, with its equality checked below."""
+    model, _ = _clients(torch.float64)
+    for name in names():
+        local = _algorithm(name, model).local
+        assert local is not None, f"{name} has no LocalStep"
+        assert batches(local.solver) == isinstance(local.solver, (LocalAdam, LocalAdamProx, IVONSolver)), name
+    assert BATCHED
 
 
 @pytest.mark.parametrize("name", BATCHED)

@@ -42,7 +42,6 @@ from torch import Tensor
 
 from bayesadmm.algorithms.base import (
     Algorithm,
-    CohortSolver,
     DivergenceError,
     LocalStep,
     Message,
@@ -50,12 +49,11 @@ from bayesadmm.algorithms.base import (
     ServerInfo,
     SolveInfo,
     merge_replies,
-    update_from,
 )
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
-from bayesadmm.solvers.adam import LocalAdamProx, ProxProblem, local_adam
-from bayesadmm.solvers.newton import ProxNewton
+from bayesadmm.solvers.adam import LocalAdamProx, local_adam
+from bayesadmm.solvers.newton import ProxNewton, ProxProblem
 from bayesadmm.trees import register
 
 
@@ -77,7 +75,8 @@ _NEWTON = ProxNewton()
 def make(rho: float, delta: float, solver=_NEWTON, server_rho: float | None = None, name: str = "admm") -> Algorithm:
     """Federated ADMM with client proximal weight ρ, prior precision δ and server proximal weight ρ_s (default ρ).
 
-    δ = 0 (no prior) needs ρ_s > 0. `solver.minimize(loss, v, ρ, θ_g, generator=...)` solves Eq. 5.
+    δ = 0 (no prior) needs ρ_s > 0. `solver.solve_problem(ProxProblem(v, ρ, θ_g), loss, generator)` solves Eq. 5
+    (`ProxNewton`, `LocalAdamProx`).
     """
     server_rho = rho if server_rho is None else server_rho
     if (
@@ -110,13 +109,7 @@ def make(rho: float, delta: float, solver=_NEWTON, server_rho: float | None = No
     def prepare(state: ClientState, message: Message, loss) -> ProxProblem:
         return ProxProblem(state.dual, rho, message["theta"])
 
-    def solve_and_finish(state: ClientState, message: Message, loss, generator: torch.Generator):
-        result = solver.minimize(loss, state.dual, rho, message["theta"], generator=generator)
-        return finish(state, message, loss, None, result)
-
-    # a solver that solves cohorts (`LocalAdamProx`) takes the same problem as one `ProxProblem`
-    local = LocalStep(solver, prepare, finish) if isinstance(solver, CohortSolver) else None
-    client_update = solve_and_finish if local is None else update_from(name, local)
+    local = LocalStep(solver, prepare, finish)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         last = merge_replies(server.replies, replies)
@@ -130,7 +123,7 @@ def make(rho: float, delta: float, solver=_NEWTON, server_rho: float | None = No
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
 
 
 def make_nn(

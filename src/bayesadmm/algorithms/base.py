@@ -14,6 +14,11 @@ scalars (int, float, bool or 0-d tensors) for the logs, read as `info._asdict()`
 `ServerInfo` below, an algorithm's own, or `NoInfo` when there is nothing to report. Functions never mutate their
 inputs, and all randomness comes from the generator passed to `client_update`, so sequential, parallel and
 remote execution give the same answer.
+
+A client update is written one way, as a `LocalStep`: prepare the client's problem, solve it with the local solver
+(`LocalSolver.solve_problem(problem, data, generator)`, the one call shape of every solver), finish; `client_update` is
+derived from it (`update_from`, `Algorithm.from_local`). Batching a cohort of clients is a capability of the solver
+(`CohortSolver.solve_cohort`, tested by `batches`), not of the algorithm.
 """
 
 from __future__ import annotations
@@ -42,43 +47,82 @@ class Algorithm(NamedTuple):
     client_update: Callable[[Any, Message, Any, torch.Generator], tuple[Any, Message, Info]]
     server_update: Callable[[Any, Mapping[int, Message]], tuple[Any, Info]]
     posterior: Callable[[Any], Any]
-    # client_update split around its local solve (`LocalStep`), where the solver can solve many clients' problems as
-    # one batched computation; None where it cannot (a runner then trains the clients one by one)
+    # client_update split around its local solve (`LocalStep`): every algorithm of this package has one and derives
+    # client_update from it (`from_local`); None only in an Algorithm whose client_update is written by hand (a
+    # user's), which the engine then trains one client at a time
     local: LocalStep | None = None
+
+    @classmethod
+    def from_local(
+        cls,
+        name: str,
+        init_server: Callable[[Tensor], Any],
+        init_client: Callable[[Any, int], Any],
+        broadcast: Callable[[Any], Message],
+        local: LocalStep,
+        server_update: Callable[[Any, Mapping[int, Message]], tuple[Any, Info]],
+        posterior: Callable[[Any], Any],
+    ) -> Algorithm:
+        """The algorithm whose client_update is `local`'s prepare, solve, finish (`update_from`)."""
+        return cls(name, init_server, init_client, broadcast, update_from(name, local), server_update, posterior, local)
 
 
 class LocalStep(NamedTuple):
     """A client update split around its local solve, so that a runner can solve a cohort's problems together:
 
         problem = prepare(state, message, data)          the algorithm's own terms of the client's local problem
-        result  = solver.solve_problem(problem, data, generator)   (or `solve_cohort` over many clients at once)
+        result  = solver.solve_problem(problem, data, generator)   (or `solve_cohort` over many clients at once,
+                                                                    where the solver `batches`)
         finish(state, message, data, problem, result)    -> (new state, reply, info), as client_update returns
 
     `client_update` is exactly this composition (`update_from`), so both routes share the algorithm's code."""
 
-    solver: CohortSolver
+    solver: LocalSolver
     prepare: Callable[[Any, Message, Any], Any]
     finish: Callable[[Any, Message, Any, Any, Any], tuple[Any, Message, Info]]
 
 
 @runtime_checkable
-class CohortSolver(Protocol):
-    """A local solver that solves one client's problem (`solve_problem`) or a cohort's (`solve_cohort`: the problems,
+class LocalSolver(Protocol):
+    """What an algorithm's client step calls: `solve_problem(problem, data, generator) -> result`, the one call shape
+    of every local solver. `problem` is a small NamedTuple of the algorithm's terms of the client's problem
+    (`solvers.von.VariationalProblem`, `solvers.newton.ProxProblem`, `solvers.adam.AdamProblem`, ...), `data` the
+    client's data and `generator` the client's torch.Generator, the only source of randomness. Optional:
+    `needs_generator` (True: the solver draws from the generator, and `update_from` refuses None with an error that
+    names the algorithm; default False)."""
+
+    def solve_problem(self, problem: Any, data: Any, generator: torch.Generator) -> Any: ...
+
+
+@runtime_checkable
+class CohortSolver(LocalSolver, Protocol):
+    """A local solver that also solves a cohort's problems as one batched computation (`solve_cohort`: the problems,
     stacked data (`solvers.cohort.StackedClients`) and generators of several clients; results in the same order, each
     as `solve_problem` gives it up to rounding). Optional: `cpu_cohort`, the most clients a cohort holds on a CPU
     where the run leaves the size to the engine (`engine.cohort.automatic_cohort`; 1, the default, where batching
     the clients is not faster there)."""
 
-    def solve_problem(self, problem: Any, data: Any, generator: torch.Generator) -> Any: ...
-
     def solve_cohort(self, problems: Sequence[Any], data: Any, generators: Sequence[torch.Generator]) -> list: ...
+
+
+def batches(solver: Any) -> bool:
+    """Whether `solver` solves cohorts (has `solve_cohort`, the `CohortSolver` capability): the engine batches an
+    algorithm's clients only then. None (an algorithm without a `LocalStep`) does not."""
+    return callable(getattr(solver, "solve_cohort", None))
+
+
+def trains_in_cohorts(algorithm: Algorithm) -> bool:
+    """Whether the engine can train `algorithm`'s clients in batched cohorts: its client step is a `LocalStep` whose
+    solver `batches`."""
+    return algorithm.local is not None and batches(algorithm.local.solver)
 
 
 def update_from(name: str, local: LocalStep) -> Callable[[Any, Message, Any, torch.Generator], tuple]:
     """The client_update that `local` splits: prepare, solve, finish."""
+    needs_generator = bool(getattr(local.solver, "needs_generator", False))
 
     def client_update(state, message: Message, data, generator: torch.Generator):
-        if generator is None:
+        if generator is None and needs_generator:
             raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
         problem = local.prepare(state, message, data)
         return local.finish(state, message, data, problem, local.solver.solve_problem(problem, data, generator))

@@ -35,7 +35,6 @@ from torch import Tensor
 
 from bayesadmm.algorithms.base import (
     Algorithm,
-    CohortSolver,
     DivergenceError,
     LocalStep,
     Message,
@@ -47,7 +46,7 @@ from bayesadmm.algorithms.base import (
 )
 from bayesadmm.families import GaussianFamily, Posterior
 from bayesadmm.families import natural as nat
-from bayesadmm.solvers.ivon import VariationalProblem
+from bayesadmm.solvers.von import VariationalProblem
 from bayesadmm.trees import register
 
 Natural = tuple[Tensor, ...]
@@ -97,7 +96,8 @@ def make(
     dual_step: Callable = natural_dual_step,
     name: str = "bayes-admm",
 ) -> Algorithm:
-    """BayesADMM over `family` with local `solver` (ExactQuadratic, VON, ...).
+    """BayesADMM over `family` with local `solver` (ExactQuadratic, VON, IVONSolver, ...: a `LocalSolver` of the
+    client's `VariationalProblem`, i.e. `solver.solve_problem(problem, loss, generator) -> SolveResult`).
 
     rho: ρ > 0, client proximal weight (the KL term in Eq. 15). delta: prior precision δ.
     gamma: dual step γ (default ρ). server_rho: ρ_s ≥ 0 in the server problem (default ρ).
@@ -131,14 +131,6 @@ def make(
         reply = pack("contribution", client_contribution(result.natural, dual, server_rho))
         return ClientState(dual, result.natural), reply, SolveInfo(result.iterations, result.converged)
 
-    def client_update(state: ClientState, message: Message, loss, generator: torch.Generator):
-        p = prepare(state, message, loss)
-        result = solver.solve(p.family, loss, p.lam_g, p.eta, p.rho, generator, round_=p.round_)
-        return finish(state, message, loss, p, result)
-
-    # a solver that solves cohorts (`IVONSolver`) takes the same problem as one `VariationalProblem`
-    local = LocalStep(solver, prepare, finish) if isinstance(solver, CohortSolver) else None
-
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         last = merge_replies(server.replies, {k: unpack("contribution", r) for k, r in replies.items()})
         lam_g = server_natural(family, delta, server_rho, last)
@@ -149,4 +141,5 @@ def make(
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+    local = LocalStep(solver, prepare, finish)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)

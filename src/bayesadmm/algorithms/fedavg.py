@@ -36,7 +36,6 @@ from bayesadmm.algorithms.base import (
     StackBuffer,
     TrainingInfo,
     seen_clients,
-    update_from,
 )
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
@@ -142,8 +141,7 @@ def make(
         return state, reply_for(theta, data), TrainingInfo(steps)
 
     local = LocalStep(adam, prepare, finish)
-    client_update = update_from(name, local)
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
 
 
 def average_for(weighted: bool, name: str) -> Average:

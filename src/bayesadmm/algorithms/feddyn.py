@@ -70,7 +70,6 @@ from bayesadmm.algorithms.base import (
     StackBuffer,
     TrainingInfo,
     seen_clients,
-    update_from,
 )
 from bayesadmm.algorithms.fedavg import LR_SPACE
 from bayesadmm.algorithms.spec import Context, MethodSpec
@@ -134,7 +133,6 @@ def make(
         return ClientState(grad), {"theta": theta}, TrainingInfo(steps)
 
     local = LocalStep(adam, prepare, finish)
-    client_update = update_from(name, local)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         if not replies:
@@ -154,7 +152,7 @@ def make(
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
 
 
 @dataclass(frozen=True)

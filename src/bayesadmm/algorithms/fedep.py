@@ -32,9 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-import torch
-
-from bayesadmm.algorithms.base import Algorithm, Message, NoInfo, pack, unpack
+from bayesadmm.algorithms.base import Algorithm, LocalStep, Message, NoInfo, pack, unpack
 from bayesadmm.algorithms.ep_common import (
     IDENTITY,
     ServerState,
@@ -48,7 +46,7 @@ from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian, Natural
 from bayesadmm.families import natural as nat
-from bayesadmm.solvers.ep_inference import TiltedInference
+from bayesadmm.solvers.ep_inference import TiltedInference, TiltedProblem, TiltedSolver
 from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
 from bayesadmm.trees import register
 
@@ -96,18 +94,22 @@ def make(
             site = nat.zeros_like(server_state.natural)
         return ClientState(site, client_optimizer.init(site))
 
-    def client_update(
-        state: ClientState, message: Message, data, generator: torch.Generator
+    def prepare(state: ClientState, message: Message, data) -> TiltedProblem:
+        return TiltedProblem(family, nat.sub(unpack("lam", message), state.site))  # (2)
+
+    # (3): the tilted inference is the local solve
+    def finish(
+        state: ClientState, message: Message, data, problem: TiltedProblem, tilted: Natural
     ) -> tuple[ClientState, Message, NoInfo]:
-        lam_g = unpack("lam", message)
-        cavity = nat.sub(lam_g, state.site)  # (2)
-        tilted = inference(family, data, cavity, generator)  # (3)
-        delta = clip_delta(nat.sub(tilted, lam_g), clip_norm)  # (4)
+        delta = clip_delta(nat.sub(tilted, unpack("lam", message)), clip_norm)  # (4)
         step, optimizer = client_optimizer.step(delta, state.optimizer)
         site = nat.add(state.site, nat.scale(step, server.damping))  # (5)
         return ClientState(site, optimizer), pack("delta", delta), NoInfo()
 
-    return Algorithm(name, server.init, init_client, server.broadcast, client_update, server.update, server.posterior)
+    local = LocalStep(TiltedSolver(inference), prepare, finish)
+    return Algorithm.from_local(
+        name, server.init, init_client, server.broadcast, local, server.update, server.posterior
+    )
 
 
 @dataclass(frozen=True)

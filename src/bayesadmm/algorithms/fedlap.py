@@ -62,7 +62,6 @@ from bayesadmm.algorithms.base import (
     ServerInfo,
     TrainingInfo,
     merge_replies,
-    update_from,
 )
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
@@ -211,7 +210,6 @@ def make(
         return ClientState(state.client_id, dual, theta), reply, TrainingInfo(steps)
 
     local = LocalStep(solver, prepare, finish)
-    client_update = update_from(name, local)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         check_known(name, sizes, replies)
@@ -224,7 +222,7 @@ def make(
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
 
 
 def damping_for(rho: float | str, name: str) -> Damping:

@@ -19,12 +19,13 @@ minibatch form).
 
 Curvature H_k (`curvature`, a `solvers.curvature.DiagonalCurvature`): the diagonal GGN of the SUMMED negative
 log-likelihood, with the output Hessian of the clients' likelihood (softmax, Gaussian, Poisson, or a user's), recomputed
-every round at the post-update w_k (the "most recent parameters"; our reading, which fits the
-paper's "additional backward pass through the dataset"): exact (`GGN()`, the default; the method's
-curvature="ggn") or its one-label Monte-Carlo estimate (`MonteCarloFisher()`, curvature="mc-fisher"), drawn with the
-client's generator. `solvers/curvature.py` has the estimators and the data they accept. A likelihood without what
-the estimator reads (`curvature.needs`: the output Hessian for "ggn", target draws for "mc-fisher") is refused when
-the method is built with it (`likelihood`, which the engine supplies), before any training.
+every round at the post-update w_k (the "most recent parameters"; our reading, which fits the paper's "additional
+backward pass through the dataset"): exact (`GGN()`, the default; the method's curvature="ggn") or its one-label
+Monte-Carlo estimate (`MonteCarloFisher()`, curvature="mc-fisher"), drawn with the client's generator. The client's
+local solver is Adam then the curvature, one object (`TrainThenCurvature`), so the client step is prepare, solve, finish
+like every other method's. `solvers/curvature.py` has the estimators and the data they accept. A likelihood without what
+the estimator reads (`curvature.needs`: the output Hessian for "ggn", target draws for "mc-fisher") is refused when the
+method is built with it (`likelihood`, which the engine supplies), before any training.
 
 Fixed point: w_k = w_g = w* with Σ_k ∇ℓ_k(w*) + δw* = 0 (the MAP), V_k = H_k(w*), S_g = S_k = δ + Σ_k H_k(w*).
 
@@ -44,18 +45,26 @@ import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, ServerInfo, TrainingInfo, merge_replies
+from bayesadmm.algorithms.base import (
+    Algorithm,
+    DivergenceError,
+    LocalStep,
+    Message,
+    ServerInfo,
+    TrainingInfo,
+    merge_replies,
+)
 from bayesadmm.algorithms.fedlap import DELTA_CHOICES, PRESET
 from bayesadmm.algorithms.spec import Context, MethodSpec, choice
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian, Posterior
 from bayesadmm.likelihoods import Likelihood, require
-from bayesadmm.solvers.adam import local_adam
+from bayesadmm.solvers.adam import AdamProblem, LocalAdam, local_adam
 from bayesadmm.solvers.curvature import CURVATURES, GGN, DiagonalCurvature
 from bayesadmm.solvers.von import SubproblemError
 from bayesadmm.trees import register
@@ -84,6 +93,29 @@ def cavity_problem(
     linear = (v - V * mean_g) / num_examples
     weight = (precision_g - V) / num_examples
     return linear, weight, mean_g
+
+
+class LaplaceResult(NamedTuple):
+    """A FedLap-Cov client's local solve: the trained mean w_k, its Adam steps and the curvature H_k(w_k)."""
+
+    mean: Tensor
+    steps: int
+    curvature: Tensor
+
+
+@dataclass(frozen=True)
+class TrainThenCurvature:
+    """FedLap-Cov's local solver: `adam` on the client's mean problem (an `AdamProblem`, `cavity_problem`'s terms from
+    w_g), then `curvature` at the trained w_k, both drawing on the client's generator in that order. It does not batch
+    (no `solve_cohort`: the curvature pass is per client)."""
+
+    adam: LocalAdam
+    curvature: DiagonalCurvature
+    needs_generator: ClassVar[bool] = True  # Adam shuffles the minibatches
+
+    def solve_problem(self, problem: AdamProblem, data, generator: torch.Generator) -> LaplaceResult:
+        mean, steps = self.adam.solve_problem(problem, data, generator)
+        return LaplaceResult(mean, steps, self.curvature(data, mean, generator))
 
 
 def _is_real(x) -> bool:
@@ -115,7 +147,7 @@ def make(
     if likelihood is not None:  # (a curvature of one's own without `needs` reads nothing of it)
         needs = getattr(curvature, "needs", ())
         require(likelihood, needs, f"{name} with curvature={getattr(curvature, 'name', type(curvature).__name__)!r}")
-    solver = local_adam(name, lr, epochs, batch_size)
+    solver = TrainThenCurvature(local_adam(name, lr, epochs, batch_size), curvature)
     if not _is_count(num_clients):
         raise ValueError(f"{name}: num_clients must be a positive integer, got {num_clients!r}")
     rho = 1.0 / num_clients if rho is None else rho
@@ -142,24 +174,24 @@ def make(
     def broadcast(server: ServerState) -> Message:
         return {"mean": server.mean, "precision": server.precision}
 
-    def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
-        if generator is None:
-            raise ValueError(f"{name}: client_update needs the client's torch.Generator (it shuffles the minibatches)")
+    def prepare(state: ClientState, message: Message, data) -> AdamProblem:
         mean_g, precision_g = message["mean"], message["precision"]
-        n = data.num_examples
-        linear, weight, center = cavity_problem(state.v, state.V, mean_g, precision_g, n)
+        linear, weight, center = cavity_problem(state.v, state.V, mean_g, precision_g, data.num_examples)
         if not bool((weight > 0).all()):
             raise SubproblemError(
                 f"{name}: the cavity precision S_g − V_k is not positive; the broadcast S_g does "
                 f"not contain this client's V_k"
             )
-        mean, steps = solver.train(data, mean_g, generator, linear=linear, prox_weight=weight, prox_center=center)
-        H = curvature(data, mean, generator)
+        return AdamProblem(mean_g, linear=linear, prox_weight=weight, prox_center=center)
+
+    def finish(state: ClientState, message: Message, data, problem: AdamProblem, result: LaplaceResult):
+        mean_g, precision_g = message["mean"], message["precision"]
+        mean, H = result.mean, result.curvature
         precision = H - state.V + precision_g
         v = state.v + rho * (precision * mean - precision_g * mean_g)
         V = (1.0 - rho) * state.V + rho * H
         reply = {"v": v, "V": V, "mean": mean, "precision": precision}
-        return ClientState(v, V, mean, precision), reply, TrainingInfo(steps)
+        return ClientState(v, V, mean, precision), reply, TrainingInfo(result.steps)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         unknown = sorted(k for k in replies if not 0 <= k < num_clients)
@@ -177,7 +209,8 @@ def make(
         family = DiagonalGaussian(server.mean.shape[0])
         return Posterior(family, family.from_moments(server.mean, server.precision))
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    local = LocalStep(solver, prepare, finish)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
 
 
 @dataclass(frozen=True)

@@ -73,14 +73,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
 from torch import Tensor
 from torch.func import vmap
 
 from bayesadmm import rng
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, PointEstimate, merge_replies
+from bayesadmm.algorithms.base import Algorithm, DivergenceError, LocalStep, Message, PointEstimate, merge_replies
 from bayesadmm.algorithms.fedlap import (
     DELTA_CHOICES,
     Damping,
@@ -96,7 +96,7 @@ from bayesadmm.algorithms.fedlap import PRESET as FEDLAP_PRESET
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.likelihoods import Classification, CurvatureLikelihood, Likelihood, require
-from bayesadmm.solvers.adam import local_adam
+from bayesadmm.solvers.adam import AdamProblem, LocalAdam, local_adam
 from bayesadmm.trees import register
 
 MEMORY_KEYS = ("memory.x", "memory.soft", "memory.tau")
@@ -198,6 +198,49 @@ class WithMemory:
 
     def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
         return self.data.batch_loss(theta, idx) + soft_label_loss(self.model, self.likelihood, theta, self.memory)
+
+
+class FuncProblem(NamedTuple):
+    """A FedLap-Func client's local problem: FedLap's (an `AdamProblem`: linear ṽ_k, proximal weight δ/N_k around
+    w_g, from w_g), the function-space terms its objective carries (`client_function_terms`; None: a FedLap round)
+    and whether to draw its memory after training (its first update)."""
+
+    train: AdamProblem
+    memory: Memory | None
+    select_memory: bool
+
+
+class FuncResult(NamedTuple):
+    """w_k, its Adam steps, and the memory drawn after training ((inputs, τ_i), or None where none was drawn)."""
+
+    theta: Tensor
+    steps: int
+    chosen: tuple[Tensor, Tensor] | None
+
+
+@dataclass(frozen=True)
+class TrainWithMemory:
+    """FedLap-Func's local solver: `adam` on the client's data, through `WithMemory` where the problem carries
+    function-space terms, then (on the first update) `points_per_class` memory points of every class drawn with
+    `select_memory`, both on the client's generator in that order (so the minibatch stream is FedLap's). It does not
+    batch (no `solve_cohort`)."""
+
+    adam: LocalAdam
+    model: Any
+    likelihood: Likelihood
+    points_per_class: int
+    tau_f: float
+    needs_generator: ClassVar[bool] = True  # Adam shuffles the minibatches
+
+    def solve_problem(self, problem: FuncProblem, data, generator: torch.Generator) -> FuncResult:
+        objective = data if problem.memory is None else WithMemory(data, self.model, self.likelihood, problem.memory)
+        theta, steps = self.adam.solve_problem(problem.train, objective, generator)
+        chosen = None
+        if problem.select_memory:
+            strata = memory_strata(self.likelihood, data.y)
+            idx, tau = select_memory(strata, self.points_per_class, self.tau_f, generator)
+            chosen = (data.X[idx], tau.to(theta.dtype))
+        return FuncResult(theta, steps, chosen)
 
 
 def server_memory(replies: Mapping[int, Message]) -> tuple[Tensor, Tensor, Tensor] | None:
@@ -305,7 +348,7 @@ def make(
     if problems:
         raise ValueError(f"{name}: " + "; ".join(problems))
     rhos = damping_of(rho, sizes, name)
-    solver = local_adam(name, lr, epochs, batch_size)
+    solver = TrainWithMemory(local_adam(name, lr, epochs, batch_size), model, likelihood, points_per_class, tau_f)
     total = sum(sizes.values())
 
     def init_server(theta0: Tensor) -> ServerState:
@@ -326,7 +369,7 @@ def make(
             )
         return message
 
-    def client_update(state: ClientState, message: Message, data, generator: torch.Generator):
+    def prepare(state: ClientState, message: Message, data) -> FuncProblem:
         check_client(name, sizes, state.client_id, data)
         own = getattr(data, "likelihood", likelihood)
         if own != likelihood:
@@ -336,22 +379,19 @@ def make(
             )
         n = data.num_examples
         theta_g = message["theta"]
-        memory = client_function_terms(state, message, n)
-        objective = data if memory is None else WithMemory(data, model, likelihood, memory)
-        prox = delta / n
-        theta, steps = solver.train(
-            objective, theta_g, generator, linear=state.dual, prox_weight=prox, prox_center=theta_g
-        )
+        train = AdamProblem(theta_g, linear=state.dual, prox_weight=delta / n, prox_center=theta_g)
+        select = state.memory_x is None and points_per_class > 0
+        return FuncProblem(train, client_function_terms(state, message, n), select)
+
+    def finish(state: ClientState, message: Message, data, problem: FuncProblem, result: FuncResult):
+        theta_g, prox, theta = message["theta"], problem.train.prox_weight, result.theta
         dual = state.dual + rhos[state.client_id] * prox * (theta - theta_g)
-        memory_x, memory_tau = state.memory_x, state.memory_tau
-        if memory_x is None and points_per_class > 0:
-            idx, memory_tau = select_memory(memory_strata(likelihood, data.y), points_per_class, tau_f, generator)
-            memory_x, memory_tau = data.X[idx], memory_tau.to(theta.dtype)
+        memory_x, memory_tau = (state.memory_x, state.memory_tau) if result.chosen is None else result.chosen
         reply, soft = {"dual": dual}, None
-        if memory_x is not None:
+        if memory_x is not None and memory_tau is not None:  # (set together)
             soft = predict(model, predictive, theta, memory_x)
             reply.update({"memory.x": memory_x, "memory.soft": soft, "memory.tau": memory_tau})
-        info = ClientInfo(steps, 0 if memory is None else len(memory.weight))
+        info = ClientInfo(result.steps, 0 if problem.memory is None else len(problem.memory.weight))
         return ClientState(state.client_id, dual, memory_x, memory_tau, soft, theta), reply, info
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
@@ -374,7 +414,8 @@ def make(
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    local = LocalStep(solver, prepare, finish)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from torch import Tensor
 from bayesadmm.algorithms.base import (
     Algorithm,
     DivergenceError,
+    LocalStep,
     Message,
     NoInfo,
     ServerInfo,
@@ -44,7 +45,7 @@ from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian, Natural, Posterior
 from bayesadmm.families import natural as nat
-from bayesadmm.solvers.ep_inference import TiltedInference
+from bayesadmm.solvers.ep_inference import TiltedInference, TiltedProblem, TiltedSolver
 from bayesadmm.trees import register
 
 
@@ -83,12 +84,14 @@ def make(family, inference: TiltedInference, prior_precision: float | None = Non
             start = family.to_moments(server.natural)[0]
         return {**pack("lam", server.natural), "round": torch.tensor(server.round + 1), "start": start}
 
-    def client_update(
-        state: ClientState, message: Message, data, generator: torch.Generator
+    def prepare(state: ClientState, message: Message, data) -> TiltedProblem:
+        # the uniform cavity, and the search starting at the global mean
+        return TiltedProblem(family, nat.zeros_like(unpack("lam", message)), message["start"])
+
+    def finish(
+        state: ClientState, message: Message, data, problem: TiltedProblem, approximation: Natural
     ) -> tuple[ClientState, Message, NoInfo]:
-        uniform = nat.zeros_like(unpack("lam", message))
-        local = inference(family, data, uniform, generator, start=message["start"])
-        return state, pack("local", local), NoInfo()
+        return state, pack("local", approximation), NoInfo()
 
     def server_update(server: ServerState, replies: Mapping[int, Message]) -> tuple[ServerState, ServerInfo]:
         last = merge_replies(server.replies, replies)
@@ -103,7 +106,8 @@ def make(family, inference: TiltedInference, prior_precision: float | None = Non
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    local = LocalStep(TiltedSolver(inference), prepare, finish)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
 
 
 @dataclass(frozen=True)

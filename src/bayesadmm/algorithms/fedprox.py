@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, LocalStep, Message, TrainingInfo, update_from
+from bayesadmm.algorithms.base import Algorithm, LocalStep, Message, TrainingInfo
 from bayesadmm.algorithms.fedavg import (
     LR_SPACE,
     SMALL_BATCH,
@@ -68,8 +68,7 @@ def make(
         return state, reply_for(theta, data), TrainingInfo(steps)
 
     local = LocalStep(adam, prepare, finish)
-    client_update = update_from(name, local)
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior, local)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
 
 
 @dataclass(frozen=True)

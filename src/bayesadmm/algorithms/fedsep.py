@@ -19,15 +19,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-import torch
-
-from bayesadmm.algorithms.base import Algorithm, Message, NoInfo, pack, unpack
+from bayesadmm.algorithms.base import Algorithm, LocalStep, Message, NoInfo, pack, unpack
 from bayesadmm.algorithms.ep_common import IDENTITY, ServerState, clip_delta, damped_server, prior_natural
 from bayesadmm.algorithms.fedep import EXAMPLE, PRESET, Hparams, build_sites
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
+from bayesadmm.families import Natural
 from bayesadmm.families import natural as nat
-from bayesadmm.solvers.ep_inference import TiltedInference
+from bayesadmm.solvers.ep_inference import TiltedInference, TiltedProblem, TiltedSolver
 from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
 from bayesadmm.trees import register
 
@@ -70,17 +69,21 @@ def make(
     def init_client(server_state: ServerState, client_id: int) -> ClientState:
         return ClientState(fraction(client_id))
 
-    def client_update(
-        state: ClientState, message: Message, data, generator: torch.Generator
-    ) -> tuple[ClientState, Message, NoInfo]:
+    def prepare(state: ClientState, message: Message, data) -> TiltedProblem:
         lam_g = unpack("lam", message)
         lam_0 = prior_natural(family, prior_precision, lam_g[0])
-        cavity = nat.sub(lam_g, nat.scale(nat.sub(lam_g, lam_0), state.fraction))
-        tilted = inference(family, data, cavity, generator)
-        delta = clip_delta(nat.sub(tilted, lam_g), clip_norm)
+        return TiltedProblem(family, nat.sub(lam_g, nat.scale(nat.sub(lam_g, lam_0), state.fraction)))
+
+    def finish(
+        state: ClientState, message: Message, data, problem: TiltedProblem, tilted: Natural
+    ) -> tuple[ClientState, Message, NoInfo]:
+        delta = clip_delta(nat.sub(tilted, unpack("lam", message)), clip_norm)
         return state, pack("delta", delta), NoInfo()
 
-    return Algorithm(name, server.init, init_client, server.broadcast, client_update, server.update, server.posterior)
+    local = LocalStep(TiltedSolver(inference), prepare, finish)
+    return Algorithm.from_local(
+        name, server.init, init_client, server.broadcast, local, server.update, server.posterior
+    )
 
 
 def build(hparams: Hparams, context: Context) -> Algorithm:

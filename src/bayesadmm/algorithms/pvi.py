@@ -15,12 +15,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-import torch
 from torch import Tensor
 
-from bayesadmm.algorithms.base import Algorithm, DivergenceError, Message, ServerInfo, SolveInfo, pack, unpack
+from bayesadmm.algorithms.base import (
+    Algorithm,
+    DivergenceError,
+    LocalStep,
+    Message,
+    ServerInfo,
+    SolveInfo,
+    pack,
+    unpack,
+)
 from bayesadmm.families import Posterior
 from bayesadmm.families import natural as nat
+from bayesadmm.solvers.von import VariationalProblem
 from bayesadmm.trees import register
 
 Natural = tuple[Tensor, ...]
@@ -37,7 +46,8 @@ class ClientState(NamedTuple):
 
 
 def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") -> Algorithm:
-    """PVI over `family` with local `solver`; damping ε in (0, 1]. The prior must lie in the family."""
+    """PVI over `family` with local `solver` (as `bayes_admm.make`'s, on the `VariationalProblem` with ρ = 1 and the
+    site as the dual); damping ε in (0, 1]. The prior must lie in the family."""
     if not 0 < damping <= 1:
         raise ValueError(f"PVI damping must be in (0, 1], got {damping}")
     c, prior = family.prior_terms(delta)
@@ -57,10 +67,12 @@ def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") 
     def broadcast(server: ServerState) -> Message:
         return pack("lam", server.natural)
 
-    def client_update(state: ClientState, message: Message, loss, generator: torch.Generator):
-        lam_g = unpack("lam", message)
-        result = solver.solve(family, loss, lam_g, state.site, 1.0, generator)
-        change = nat.scale(nat.sub(result.natural, lam_g), damping)
+    def prepare(state: ClientState, message: Message, loss) -> VariationalProblem:
+        # (36) is Eq. 15 with ρ = 1 and the site as the dual
+        return VariationalProblem(family, unpack("lam", message), state.site, 1.0)
+
+    def finish(state: ClientState, message: Message, loss, problem: VariationalProblem, result):
+        change = nat.scale(nat.sub(result.natural, problem.lam_g), damping)
         return (
             ClientState(nat.add(state.site, change)),
             pack("site_change", change),
@@ -77,4 +89,5 @@ def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") 
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)
 
-    return Algorithm(name, init_server, init_client, broadcast, client_update, server_update, posterior)
+    local = LocalStep(solver, prepare, finish)
+    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)

@@ -6,7 +6,7 @@ each client's local problem (`LocalStep.prepare`, the algorithm's own terms), so
 `solve_cohort` (parameters stacked as rows, one batched gradient per step; `solvers.cohort`), and finishes each client
 (`LocalStep.finish`: its new state, reply and info). Each client draws on its own generator of (seed, round, client)
 exactly what `train_client` draws, in the same order, so the replies are the per-client ones up to the rounding of the
-batched products. An algorithm without a `LocalStep` (its local work does not batch: curvature or MCMC steps) is
+batched products. An algorithm whose local solver does not batch (no `solve_cohort`: curvature or MCMC steps) is
 trained by `LocalClients`; `engine.pool.client_runner` chooses.
 
 Threads: like `LocalClients`, the cohorts run on one torch thread unless told otherwise (`single_thread=False`:
@@ -24,11 +24,11 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
+from bayesadmm.algorithms.base import Algorithm, CohortSolver, LocalStep, Message, info_scalars, trains_in_cohorts
 from bayesadmm.engine.policy import fixed_cohorts, usable_cores
 from bayesadmm.engine.runners import LocalClients, one_thread
 from bayesadmm.engine.simulate import generator_for
@@ -52,15 +52,16 @@ def automatic_cohort(clients: int, workers: int, device: str = "cpu", algorithm:
     does not."""
     if torch.device(device).type != "cpu":
         return max(1, min(DEFAULT_COHORT, math.ceil(clients / max(workers, 1))))
-    if algorithm is None or algorithm.local is None:
+    if algorithm is None or algorithm.local is None or not trains_in_cohorts(algorithm):
         return 1
     limit = int(getattr(algorithm.local.solver, "cpu_cohort", 1))
     return max(1, min(limit, math.ceil(clients / usable_cores())))
 
 
 def cohort_rows(algorithm: Algorithm, clients: Mapping[int, Any], source: Any = None) -> ClientRows | None:
-    """The clients' examples stacked for cohort training, or None where `algorithm` or the clients do not batch."""
-    if algorithm.local is None:
+    """The clients' examples stacked for cohort training, or None where `algorithm` (its local solver: `batches`) or
+    the clients do not batch."""
+    if not trains_in_cohorts(algorithm):
         return None
     return client_rows(clients, source)
 
@@ -81,14 +82,15 @@ class CohortClients(LocalClients):
         cohorts: Sequence[Sequence[int]] | None = None,
     ):
         super().__init__(algorithm, clients, seed)
-        if algorithm.local is None:
-            raise ValueError(f"{algorithm.name}: its client update does not batch (no LocalStep); use LocalClients")
+        if algorithm.local is None or not trains_in_cohorts(algorithm):
+            raise ValueError(f"{algorithm.name}: its local solver does not batch (no solve_cohort); use LocalClients")
         if cohort_size < 1:
             raise ValueError(f"cohort_size must be >= 1, got {cohort_size}")
         rows = rows if rows is not None else client_rows(self.clients)
         if rows is None:
             raise ValueError("cohort training needs supervised clients of one model and likelihood")
-        self.local, self.rows, self.cohort_size = algorithm.local, rows, cohort_size
+        self.local: LocalStep = algorithm.local
+        self.rows, self.cohort_size = rows, cohort_size
         if cohorts is None:
             cohorts = fixed_cohorts({k: int(d.num_examples) for k, d in self.clients.items()}, cohort_size)
         self.cohorts = [list(c) for c in cohorts]
@@ -119,7 +121,7 @@ class CohortClients(LocalClients):
         datas = [self.clients[k] for k in cohort]
         problems = [self.local.prepare(self._states[k], message, d) for k, d in zip(cohort, datas, strict=True)]
         generators = [generator_for(self.seed, round_, k) for k in cohort]
-        results = self.local.solver.solve_cohort(
+        results = cast(CohortSolver, self.local.solver).solve_cohort(  # (it batches: checked in __init__)
             problems, self.rows.cohort(cohort, self.clients, self.workspace), generators
         )
         for k, data, problem, result in zip(cohort, datas, problems, results, strict=True):

@@ -35,7 +35,7 @@ from typing import Any, cast
 
 import torch
 
-from bayesadmm.algorithms.base import Algorithm, Message
+from bayesadmm.algorithms.base import Algorithm, Message, trains_in_cohorts
 from bayesadmm.engine import transport
 from bayesadmm.engine.cohort import CohortClients, cohort_rows
 from bayesadmm.engine.policy import assign, fixed_cohorts
@@ -361,7 +361,7 @@ def client_runner(
     if workers <= 1:
         return local_runner(algorithm, {k: source(k) for k in sorted(source.sizes)}, source, seed, cohort_size)
     # each worker checks that its clients stack (`local_runner`); here only whether the method batches at all
-    return ClientPool(make_algorithm, source, seed, workers, cohort_size if algorithm.local is not None else 0)
+    return ClientPool(make_algorithm, source, seed, workers, cohort_size if trains_in_cohorts(algorithm) else 0)
 
 
 def local_runner(

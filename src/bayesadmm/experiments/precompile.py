@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 import bayesadmm
+from bayesadmm.algorithms.base import trains_in_cohorts
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import method_parameters, presets, resolve
 from bayesadmm.optim import IVON, kernels
@@ -93,7 +94,7 @@ def precompile(
                 config, _ = resolve(scenario, [*overrides, f"cohort={cohort}", f"out={out}"])
                 built = build(config)
                 model, clients = built.federation.model, built.federation.clients
-                if built.algorithm().local is None:
+                if not trains_in_cohorts(built.algorithm()):
                     report(f"precompile: {method}: skipped (trains without a cohort solver)")
                     break
                 run(config, progress=False, built=built)

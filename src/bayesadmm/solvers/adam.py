@@ -27,7 +27,7 @@ from torch import Tensor
 from bayesadmm import rng
 from bayesadmm.checks import all_finite
 from bayesadmm.solvers.cohort_adam import adam_cohort
-from bayesadmm.solvers.newton import PointResult
+from bayesadmm.solvers.newton import PointResult, ProxProblem
 
 if TYPE_CHECKING:
     from bayesadmm.solvers.cohort import StackedClients
@@ -64,6 +64,7 @@ class LocalAdam:
     # clients per cohort where the engine chooses on a CPU: cohorts of 16 and 32 took 0.61-0.64 of the per-client
     # round's time for FedAvg on 10 to 1000 clients (`python benchmarks/cohort.py`, docs/performance.md)
     cpu_cohort: ClassVar[int] = 16
+    needs_generator: ClassVar[bool] = True  # it shuffles the minibatches
 
     def __post_init__(self) -> None:
         problems = [
@@ -180,6 +181,7 @@ class LocalAdamProx:
     epochs: int = 1
     batch_size: int = 32
     cpu_cohort: ClassVar[int] = LocalAdam.cpu_cohort  # (its steps are LocalAdam's)
+    needs_generator: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         local_adam("LocalAdamProx", self.lr, self.epochs, self.batch_size)
@@ -209,11 +211,3 @@ class LocalAdamProx:
         return [
             PointResult(theta, steps, True) for theta, steps in adam_cohort(self.adam, adam_problems, data, generators)
         ]
-
-
-class ProxProblem(NamedTuple):
-    """One client's problem for `LocalAdamProx`: dual v, proximal weight ρ, centre θ_g."""
-
-    v: Tensor
-    rho: float
-    center: Tensor

@@ -21,10 +21,10 @@ from torch import Tensor
 from bayesadmm import rng
 from bayesadmm.optim import ivon, kernels
 from bayesadmm.solvers.cohort import StackedClients, batch_gradients, plan_batches
-from bayesadmm.solvers.von import SolveResult, SubproblemError
+from bayesadmm.solvers.von import SolveResult, SubproblemError, VariationalProblem
 
 if TYPE_CHECKING:
-    from bayesadmm.solvers.ivon import IVONSolver, VariationalProblem
+    from bayesadmm.solvers.ivon import IVONSolver
 
 
 def ivon_cohort(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -40,7 +40,7 @@ from bayesadmm.families import DiagonalGaussian
 from bayesadmm.optim import ivon
 from bayesadmm.solvers.adam import minibatches
 from bayesadmm.solvers.cohort_ivon import ivon_cohort
-from bayesadmm.solvers.von import SolveResult, SubproblemError
+from bayesadmm.solvers.von import SolveResult, SubproblemError, VariationalProblem, VariationalSolver
 
 if TYPE_CHECKING:
     from bayesadmm.solvers.cohort import StackedClients
@@ -126,7 +126,7 @@ class RestartAtQg:
 
 
 @dataclass(frozen=True)
-class IVONSolver:
+class IVONSolver(VariationalSolver):
     lr: float
     epochs: int = 1
     batch_size: int = 32
@@ -143,6 +143,7 @@ class IVONSolver:
     # per-client round's time on one thread (`python benchmarks/cohort.py --method ivon-admm`) and 1.09 of it with
     # two workers on fmnist-heterog10 (`python benchmarks/runners.py --method ivon-admm`; docs/performance.md)
     cpu_cohort: ClassVar[int] = 1
+    needs_generator: ClassVar[bool] = True  # it shuffles the minibatches and draws the weight noise
 
     def __post_init__(self) -> None:
         problems = [
@@ -213,12 +214,6 @@ class IVONSolver:
             )
         return SolveResult(problem.family.from_moments(mean, precision), steps, True)
 
-    def solve_problem(self, problem: VariationalProblem, data, generator: torch.Generator) -> SolveResult:
-        """`solve` on a client's problem (its `VariationalProblem`)."""
-        return self.solve(
-            problem.family, data, problem.lam_g, problem.eta, problem.rho, generator, round_=problem.round_
-        )
-
     def solve_cohort(
         self, problems: Sequence[VariationalProblem], data: StackedClients, generators: Sequence[torch.Generator]
     ) -> list[SolveResult]:
@@ -255,17 +250,6 @@ class IVONSolver:
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
             raise SubproblemError(f"IVON's precision stopped being positive after {steps} steps: {exc}") from exc
         return self.result(problem, data, state, setup, steps)
-
-
-class VariationalProblem(NamedTuple):
-    """One client's problem for a BayesADMM solver (`solve`'s arguments): family, broadcast λ_g, dual η_k, ρ and the
-    round (1-based)."""
-
-    family: Any
-    lam_g: tuple[Tensor, ...]
-    eta: tuple[Tensor, ...]
-    rho: float
-    round_: int
 
 
 class Setup(NamedTuple):

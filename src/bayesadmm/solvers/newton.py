@@ -22,6 +22,15 @@ class PointResult(NamedTuple):
     converged: bool
 
 
+class ProxProblem(NamedTuple):
+    """One client's problem (Eq. 5) for a proximal solver (`ProxNewton`, `solvers.adam.LocalAdamProx`): dual v,
+    proximal weight ρ, centre θ_g."""
+
+    v: Tensor
+    rho: float
+    center: Tensor
+
+
 @dataclass(frozen=True)
 class ProxNewton:
     max_iters: int = 100
@@ -57,3 +66,7 @@ class ProxNewton:
             if size <= self.tol:
                 return PointResult(theta, it, True)
         return PointResult(theta, self.max_iters, False)
+
+    def solve_problem(self, problem: ProxProblem, loss, generator: torch.Generator | None = None) -> PointResult:
+        """`minimize` on a client's problem (its `ProxProblem`), from the centre."""
+        return self.minimize(loss, problem.v, problem.rho, problem.center, generator=generator)

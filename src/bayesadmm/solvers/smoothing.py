@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -28,7 +28,7 @@ from torch import Tensor
 from bayesadmm import rng
 from bayesadmm.families import IsotropicGaussian
 from bayesadmm.solvers.adam import LocalAdam
-from bayesadmm.solvers.von import SolveResult, SubproblemError
+from bayesadmm.solvers.von import SolveResult, SubproblemError, VariationalSolver
 
 
 @dataclass(frozen=True)
@@ -50,11 +50,12 @@ class SmoothedData:
 
 
 @dataclass(frozen=True)
-class GaussianSmoothingAdam:
+class GaussianSmoothingAdam(VariationalSolver):
     lr: float
     epochs: int = 1
     batch_size: int = 32
     mc_samples: int = 1
+    needs_generator: ClassVar[bool] = True  # it shuffles the minibatches and draws the smoothing noise
 
     def __post_init__(self) -> None:
         problems = [

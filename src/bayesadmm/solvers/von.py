@@ -36,7 +36,7 @@ this is Newton's method on the ADMM proximal problem (Eq. 22 with the delta meth
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -56,8 +56,28 @@ class SubproblemError(RuntimeError):
     """The local solver could not produce a valid distribution (e.g. the precision stopped being positive)."""
 
 
+class VariationalProblem(NamedTuple):
+    """One client's problem (Eq. 15) for a BayesADMM solver: family, broadcast λ_g, dual η_k, ρ and the round
+    (1-based; solvers may schedule on it, e.g. IVON's cosine step size)."""
+
+    family: Any
+    lam_g: tuple[Tensor, ...]
+    eta: tuple[Tensor, ...]
+    rho: float
+    round_: int = 1
+
+
+class VariationalSolver:
+    """The local-solver interface (`algorithms.base.LocalSolver`) of a BayesADMM solver: `solve_problem` on a client's
+    `VariationalProblem` is the solver's `solve(family, data, λ_g, η_k, ρ, generator, round_=)`."""
+
+    def solve_problem(self, problem: VariationalProblem, data, generator: torch.Generator | None) -> SolveResult:
+        solve = self.solve  # type: ignore[attr-defined]  # each solver's own
+        return solve(problem.family, data, problem.lam_g, problem.eta, problem.rho, generator, round_=problem.round_)
+
+
 @dataclass(frozen=True)
-class DeltaVON:
+class DeltaVON(VariationalSolver):
     """VON for Eq. 15 with the delta method (E_q[f] ≈ f(m), Laplace): globalised Newton on Φ for the mean, then the
     precision from stationarity (see the module docstring). Iterates until the relative Newton step is below `tol`
     or `max_iters` iterations."""
@@ -110,7 +130,7 @@ class DeltaVON:
 
 
 @dataclass(frozen=True)
-class MonteCarloVON:
+class MonteCarloVON(VariationalSolver):
     """VON for Eq. 15 with Monte-Carlo expectations: `mc_samples` draws from q per iteration and the natural-gradient
     (BLR) step (*) of size `step`, halved when a step would leave the valid precisions (`family.natural_step`).
     The iterates are noisy: the solver runs to `max_iters` unless the relative change happens to fall below `tol`."""
@@ -173,7 +193,7 @@ def _solve_shifted(matrix: Tensor, rhs: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
-class ExactQuadratic:
+class ExactQuadratic(VariationalSolver):
     """Closed-form solution of Eq. 15 for ℓ_k(θ) = ½θᵀAθ − bᵀθ + c (no expectation is approximated), by the family
     (`quadratic_solution`):
 

@@ -1,5 +1,6 @@
 """Tilted inference for FedEP's clients (Guo et al. 2023, Sec. 2.2.2): one object per method, each a
-`TiltedInference` (`tilted.py`) for `algorithms.fedep.make`, `fedsep.make` and `fedpa.make`.
+`TiltedInference` (`tilted.py`) for `algorithms.fedep.make`, `fedsep.make` and `fedpa.make`, whose client steps call
+it through `TiltedSolver` (the local-solver interface, `solve_problem`).
 
     I  ScaledIdentity:  mean = argmin L̄_k by LocalAdam;  Λ̂ = Λ_{−k} + α n_k
     L  Laplace:         mean as I;  Λ̂ = Λ_{−k} + H_k + α n_k, H_k the sampled-target diagonal Fisher
@@ -18,7 +19,14 @@ from bayesadmm.solvers.ep_inference.laplace import Laplace, diagonal_fisher
 from bayesadmm.solvers.ep_inference.ngvi import NGVI
 from bayesadmm.solvers.ep_inference.scaled_identity import ScaledIdentity
 from bayesadmm.solvers.ep_inference.sgmcmc import SGMCMC, clip_and_rescale, sgd_chain, shrunk_moments
-from bayesadmm.solvers.ep_inference.tilted import TiltedInference, cavity_precision, likelihood_needs, tilted_mean
+from bayesadmm.solvers.ep_inference.tilted import (
+    TiltedInference,
+    TiltedProblem,
+    TiltedSolver,
+    cavity_precision,
+    likelihood_needs,
+    tilted_mean,
+)
 
 __all__ = [
     "NGVI",
@@ -28,6 +36,8 @@ __all__ = [
     "Laplace",
     "ScaledIdentity",
     "TiltedInference",
+    "TiltedProblem",
+    "TiltedSolver",
     "cavity_precision",
     "clip_and_rescale",
     "diagonal_fisher",

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -39,6 +40,29 @@ class TiltedInference(Protocol):
     def __call__(
         self, family, data, cavity: Natural, generator: torch.Generator, start: Tensor | None = None
     ) -> Natural: ...
+
+
+class TiltedProblem(NamedTuple):
+    """One client's tilted inference for `TiltedSolver`: the family, the cavity λ_{−k} and where a search starts
+    (None: the cavity mean; see `TiltedInference`)."""
+
+    family: Any
+    cavity: Natural
+    start: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class TiltedSolver:
+    """A `TiltedInference` as the local solver of an EP client step (`algorithms.base.LocalSolver`):
+    `solve_problem(TiltedProblem, data, generator)` is `inference(family, data, cavity, generator[, start=])`, the
+    tilted natural tuple λ̂_k. It does not batch (no `solve_cohort`)."""
+
+    inference: TiltedInference
+
+    def solve_problem(self, problem: TiltedProblem, data, generator: torch.Generator) -> Natural:
+        if problem.start is None:
+            return self.inference(problem.family, data, problem.cavity, generator)
+        return self.inference(problem.family, data, problem.cavity, generator, start=problem.start)
 
 
 def likelihood_needs(inference: TiltedInference) -> tuple[str, ...]:
