@@ -133,7 +133,7 @@ def test_a_users_method_module_runs_by_name_from_python_and_from_the_command_lin
     out = tmp_path / "cli"
     args = ["run", "diabetes-iid5", "method=fedavgm", "rounds=1", "workers=1", f"out={out}", "--quiet"]
     assert main([*args, "--methods", str(EXAMPLE)]) == 0
-    assert json.loads((out / "config.json").read_text())["hparams"] == {"lr": 0.05, "epochs": 2}  # its preset
+    assert json.loads((out / "config.json").read_text())["hparams"] == {"lr": 1e-3, "epochs": 2}  # its preset
     assert str(EXAMPLE.resolve()) in os.environ[spec.ENVIRONMENT].split(os.pathsep)  # a sweep's runs load it too
 
     # a resume whose method is not registered says how to register it
