@@ -80,7 +80,7 @@ def test_build_gives_the_configured_likelihood_to_clients_and_evaluation():
     theta0 = built.federation.theta0
     assert built.federation.model.forward(theta0, built.federation.eval_X[:3].to(theta0.dtype)).shape == (3, 1)
     direct = build(RunConfig(dataset="diabetes", partition="iid", likelihood="gaussian",
-                                     likelihood_params={"noise": 1.0}, model="small-mlp", clients=3))
+                                     likelihood_params={"noise": 1.0}, model="small-mlp", clients=3, method="fedavg"))
     assert direct.federation.likelihood == GaussianRegression(1.0)  # a RunConfig made in Python, not resolved
 
 

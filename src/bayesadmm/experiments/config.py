@@ -188,25 +188,64 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
     Returns the config and a list of human-readable lines saying which values the command line changed.
     """
     table = presets()
+    base = _read_source(source, table)
+    method_table, file_hparams, file_likelihood_params = _file_tables(base, source)
+    pairs = _pairs(overrides)
+    method = str(dict(pairs).get("method", base.get("method", RunConfig.method)))
+    hparam_specs = method_parameters(method)
     if source in table:
-        base = dict(table[source])
-        base["scenario"] = source
-    elif Path(source).is_file():
-        try:
-            base = json.loads(Path(source).read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{source} is not valid JSON: {exc}") from None
-        except OSError as exc:
-            raise ConfigError(f"cannot read {source}: {exc.strerror}") from None
-        if not isinstance(base, dict):
-            raise ConfigError(
-                f"{source} holds a JSON {type(base).__name__}; a config file is one object of KEY: VALUE pairs, "
-                'e.g. {"method": "fedavg", "rounds": 10}'
-            )
-        base.setdefault("scenario", Path(source).stem)
-    else:
-        raise ConfigError(f"{source!r} is neither a scenario ({', '.join(sorted(table))}) nor a config file")
+        method_table = {method: _preset_for(method_spec(method), source, {key for key, _ in pairs})}
+    file_likelihood = str(base.get("likelihood", RunConfig.likelihood))
+    likelihood = str(dict(pairs).get("likelihood", file_likelihood))
+    likelihood_specs = likelihood_parameters(likelihood)
+    # the file's likelihood settings belong to the file's likelihood: another one named here starts from its own
+    likelihood_params = dict(file_likelihood_params) if likelihood == file_likelihood else {}
 
+    general = {}
+    for key, value in base.items():
+        if key not in GENERAL_KEYS:
+            raise ConfigError(f"unknown key {key!r} in {source}; valid: {', '.join(GENERAL_KEYS)}")
+        general[key] = value
+    hparams = {**method_table.get(method, {}), **file_hparams}
+    sorted_into = {"general": general, "hparams": hparams, "likelihood": likelihood_params}
+    changed = _sort_overrides(pairs, sorted_into, method, hparam_specs, likelihood, likelihood_specs)
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name != "hparams"}
+    typed = {k: convert(k, v, (type(defaults[k]),)) for k, v in general.items()}
+    _type_hparams(method, hparams, hparam_specs)
+    for key, value in likelihood_params.items():
+        if key in likelihood_specs:
+            likelihood_params[key] = convert(f"likelihood.{key}", value, kinds(likelihood_specs[key], value))
+    config = RunConfig(**typed, hparams=hparams, likelihood_params=likelihood_params)
+    config.make_likelihood()  # its settings: known, complete and valid
+    _validate(config)
+    return config, changed
+
+
+def _read_source(source: str, table: dict) -> dict:
+    """The settings of a scenario preset (with its name as `scenario`) or of a JSON config file."""
+    if source in table:
+        return {**table[source], "scenario": source}
+    if not Path(source).is_file():
+        raise ConfigError(f"{source!r} is neither a scenario ({', '.join(sorted(table))}) nor a config file")
+    try:
+        base = json.loads(Path(source).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source} is not valid JSON: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read {source}: {exc.strerror}") from None
+    if not isinstance(base, dict):
+        raise ConfigError(
+            f"{source} holds a JSON {type(base).__name__}; a config file is one object of KEY: VALUE pairs, "
+            'e.g. {"method": "fedavg", "rounds": 10}'
+        )
+    base.setdefault("scenario", Path(source).stem)
+    return base
+
+
+def _file_tables(base: dict, source: str) -> tuple[dict, dict, dict]:
+    """The tables a config file may hold besides its general keys, taken out of `base`: "methods" (method name ->
+    hyperparameters), "hparams" and "likelihood_params", each checked to be an object."""
     method_table = base.pop("methods", {})
     file_hparams = base.pop("hparams", {})
     file_likelihood_params = base.pop("likelihood_params", {})
@@ -218,35 +257,37 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
         raise ConfigError(
             f'"likelihood_params" in {source} must be an object of the likelihood\'s settings, e.g. {{"noise": 0.5}}'
         )
+    return method_table, file_hparams, file_likelihood_params
+
+
+def _pairs(overrides: typing.Sequence[str]) -> list[tuple[str, str]]:
     pairs = []
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"overrides are KEY=VALUE, got {item!r}")
         pairs.append((key.strip(), value.strip()))
-    method = str(dict(pairs).get("method", base.get("method", RunConfig.method)))
-    hparam_specs = method_parameters(method)
-    if source in table:
-        method_table = {method: _preset_for(method_spec(method), source, {key for key, _ in pairs})}
-    file_likelihood = str(base.get("likelihood", RunConfig.likelihood))
-    likelihood = str(dict(pairs).get("likelihood", file_likelihood))
-    likelihood_specs = likelihood_parameters(likelihood)
-    # the file's likelihood settings belong to the file's likelihood: another one named here starts from its own
-    likelihood_params = dict(file_likelihood_params) if likelihood == file_likelihood else {}
+    return pairs
 
-    general, changed = {}, []
-    for key, value in base.items():
-        if key not in GENERAL_KEYS:
-            raise ConfigError(f"unknown key {key!r} in {source}; valid: {', '.join(GENERAL_KEYS)}")
-        general[key] = value
-    hparams = {**method_table.get(method, {}), **file_hparams}
+
+def _sort_overrides(
+    pairs: list[tuple[str, str]],
+    into: dict[str, dict],
+    method: str,
+    hparam_specs: typing.Mapping[str, inspect.Parameter],
+    likelihood: str,
+    likelihood_specs: typing.Mapping[str, inspect.Parameter],
+) -> list[str]:
+    """Each KEY=VALUE into the general keys, the method's hyperparameters or the likelihood's settings (`into`'s
+    "general", "hparams", "likelihood"); an unknown key lists the valid ones. Returns the changes as KEY=VALUE."""
+    changed = []
     for key, value in pairs:
         if key in GENERAL_KEYS:
-            general[key] = value
+            into["general"][key] = value
         elif key in hparam_specs:
-            hparams[key] = value
+            into["hparams"][key] = value
         elif key.startswith("likelihood."):
-            likelihood_params[key.removeprefix("likelihood.")] = value
+            into["likelihood"][key.removeprefix("likelihood.")] = value
         elif key in likelihood_specs:
             raise ConfigError(f"unknown key {key!r}: a setting of likelihood {likelihood} is set as likelihood.{key}=")
         else:
@@ -256,9 +297,12 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
                 f"likelihood settings: {', '.join(f'likelihood.{k}' for k in likelihood_specs) or '(none)'}"
             )
         changed.append(f"{key}={value}")
+    return changed
 
-    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name != "hparams"}
-    typed = {k: convert(k, v, (type(defaults[k]),)) for k, v in general.items()}
+
+def _type_hparams(method: str, hparams: dict, hparam_specs: typing.Mapping[str, inspect.Parameter]) -> None:
+    """Convert `hparams` in place to the types the method's spec declares, and check them: none unknown, none
+    missing, and each value valid for the spec's own checks (e.g. a value among its choices)."""
     for key, spec in hparam_specs.items():
         if key in hparams:
             hparams[key] = convert(key, hparams[key], kinds(spec, hparams[key]))
@@ -271,16 +315,9 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
     if missing:
         raise ConfigError(f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE)")
     try:
-        method_spec(method).make_hparams(**hparams)  # the spec's own checks (e.g. a value among its choices)
+        method_spec(method).make_hparams(**hparams)
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-    for key, value in likelihood_params.items():
-        if key in likelihood_specs:
-            likelihood_params[key] = convert(f"likelihood.{key}", value, kinds(likelihood_specs[key], value))
-    config = RunConfig(**typed, hparams=hparams, likelihood_params=likelihood_params)
-    config.make_likelihood()  # its settings: known, complete and valid
-    _validate(config)
-    return config, changed
 
 
 _TARGET_WORDS = {"classes": "class labels", "real": "real-valued targets", "counts": "count targets"}
