@@ -19,6 +19,7 @@ The keywords `cosine_rounds` (the method's `cosine: true` sets it to the run's l
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from bayesadmm.algorithms import bayes_admm
@@ -138,45 +139,45 @@ def make_pvi(
     )
 
 
-@dataclass(frozen=True)
-class Hparams:
-    """IVON-ADMM's hyperparameters (`make`): ρ, γ, δ, IVON's settings, and `cosine`: a cosine learning-rate
-    schedule over the whole run (`cosine_rounds` = the run's rounds); `server_rho`: ρ_s (None: ρ)."""
+@dataclass(frozen=True, kw_only=True)
+class IVONSettings:
+    """IVON's settings as the local solver of IVON-ADMM and IVON-PVI (`make_solver`), and `cosine`: a cosine
+    learning-rate schedule over the whole run (`cosine_rounds` = the run's rounds)."""
+
+    lr: float
+    tau: float = 1.0
+    epochs: int = 1
+    batch_size: int = 32
+    hess_init: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.99999
+    mc_samples: int = 1
+    clip_radius: float = float("inf")
+    cosine: bool = False
+    restart_at_q_g: bool = False
+
+    def solver_keywords(self, context: Context, name: str) -> dict:
+        """The keywords `make` and `make_pvi` take for the solver, the cosine schedule's length from `context`."""
+        keywords = {f.name: getattr(self, f.name) for f in dataclasses.fields(IVONSettings) if f.name != "cosine"}
+        return keywords | {"cosine_rounds": cosine_rounds(self.cosine, context, name)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hparams(IVONSettings):
+    """IVON-ADMM's hyperparameters (`make`): ρ, γ, δ, `server_rho` ρ_s (None: ρ) and IVON's settings."""
 
     rho: float
     gamma: float
     delta: float
-    lr: float
-    tau: float = 1.0
-    epochs: int = 1
-    batch_size: int = 32
-    hess_init: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.99999
-    mc_samples: int = 1
-    clip_radius: float = float("inf")
-    cosine: bool = False
-    restart_at_q_g: bool = False
     server_rho: float | None = None
 
 
-@dataclass(frozen=True)
-class PVIHparams:
-    """IVON-PVI's hyperparameters (`make_pvi`): PVI's `damping`, δ and IVON's settings as IVON-ADMM's."""
+@dataclass(frozen=True, kw_only=True)
+class PVIHparams(IVONSettings):
+    """IVON-PVI's hyperparameters (`make_pvi`): PVI's `damping`, δ and IVON's settings."""
 
     damping: float
     delta: float
-    lr: float
-    tau: float = 1.0
-    epochs: int = 1
-    batch_size: int = 32
-    hess_init: float = 1e-3
-    beta1: float = 0.9
-    beta2: float = 0.99999
-    mc_samples: int = 1
-    clip_radius: float = float("inf")
-    cosine: bool = False
-    restart_at_q_g: bool = False
 
 
 def cosine_rounds(cosine: bool, context: Context, name: str) -> int | None:
@@ -194,37 +195,14 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
         rho=hparams.rho,
         gamma=hparams.gamma,
         delta=hparams.delta,
-        lr=hparams.lr,
-        tau=hparams.tau,
-        epochs=hparams.epochs,
-        batch_size=hparams.batch_size,
-        hess_init=hparams.hess_init,
-        beta1=hparams.beta1,
-        beta2=hparams.beta2,
-        mc_samples=hparams.mc_samples,
-        clip_radius=hparams.clip_radius,
-        cosine_rounds=cosine_rounds(hparams.cosine, context, "ivon-admm"),
-        restart_at_q_g=hparams.restart_at_q_g,
         server_rho=hparams.server_rho,
+        **hparams.solver_keywords(context, "ivon-admm"),
     )
 
 
 def build_pvi(hparams: PVIHparams, context: Context) -> Algorithm:
     return make_pvi(
-        context.dim,
-        damping=hparams.damping,
-        delta=hparams.delta,
-        lr=hparams.lr,
-        tau=hparams.tau,
-        epochs=hparams.epochs,
-        batch_size=hparams.batch_size,
-        hess_init=hparams.hess_init,
-        beta1=hparams.beta1,
-        beta2=hparams.beta2,
-        mc_samples=hparams.mc_samples,
-        clip_radius=hparams.clip_radius,
-        cosine_rounds=cosine_rounds(hparams.cosine, context, "ivon-pvi"),
-        restart_at_q_g=hparams.restart_at_q_g,
+        context.dim, damping=hparams.damping, delta=hparams.delta, **hparams.solver_keywords(context, "ivon-pvi")
     )
 
 
