@@ -149,7 +149,7 @@ def test_ready_algorithm_instance_runs_in_process_but_not_in_workers(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"algorithm": "no-such"}, "unknown algorithm"),
+    ({"algorithm": "no-such"}, "unknown method .no-such.; valid: admm"),
     ({"algorithm": "fedavg", "hparams": {"lr": 0.1, "learning_rate": 1}}, "no hyperparameters learning_rate"),
     ({"rounds": 0}, "rounds must be"),
     ({"participation": 1.5}, "participation"),
