@@ -187,6 +187,23 @@ class TrainWithMemory:
         return FuncResult(theta, steps, chosen)
 
 
+def _check_settings(
+    name: str, delta: float, tau_f: float, points_per_class: int, server_iterations: int, server_lr: float
+) -> None:
+    """`make`'s checks of its numbers: one ValueError naming every problem."""
+    problems = []
+    if not (math.isfinite(delta) and delta > 0):
+        problems.append(f"delta must be > 0, got {delta}")
+    if not (math.isfinite(tau_f) and tau_f >= 0):
+        problems.append(f"tau_f must be >= 0, got {tau_f}")
+    if points_per_class < 0:
+        problems.append(f"points_per_class must be >= 0, got {points_per_class}")
+    if server_iterations < 0 or server_lr <= 0:
+        problems.append(f"need server_iterations >= 0 and server_lr > 0, got {server_iterations}, {server_lr}")
+    if problems:
+        raise ValueError(f"{name}: " + "; ".join(problems))
+
+
 _BY_SIZE = SizeDamping()
 
 
@@ -214,22 +231,15 @@ def make(
     `Classification()`, the default of `SupervisedData`): the server evaluates the function-space terms with them on
     the memories, without the clients' data. The likelihood must give `soft_targets` (refused here otherwise), and a
     client whose data carries another likelihood is refused at its update.
+
+    Its length is the algorithm's pure functions (init, broadcast, prepare, finish, server update, posterior) written
+    as closures over the hyperparameters, in the optax/blackjax style; the checks are in `_check_settings`.
     """
     likelihood = Classification() if likelihood is None else likelihood
     require(likelihood, ("soft_targets",), name)
     predictive = cast(CurvatureLikelihood, likelihood)  # its soft_targets, checked by require
     sizes = client_sizes_of(client_sizes, name)
-    problems = []
-    if not (math.isfinite(delta) and delta > 0):
-        problems.append(f"delta must be > 0, got {delta}")
-    if not (math.isfinite(tau_f) and tau_f >= 0):
-        problems.append(f"tau_f must be >= 0, got {tau_f}")
-    if points_per_class < 0:
-        problems.append(f"points_per_class must be >= 0, got {points_per_class}")
-    if server_iterations < 0 or server_lr <= 0:
-        problems.append(f"need server_iterations >= 0 and server_lr > 0, got {server_iterations}, {server_lr}")
-    if problems:
-        raise ValueError(f"{name}: " + "; ".join(problems))
+    _check_settings(name, delta, tau_f, points_per_class, server_iterations, server_lr)
     rhos = damping_of(rho, sizes, name)
     solver = TrainWithMemory(local_adam(name, lr, epochs, batch_size), model, likelihood, points_per_class, tau_f)
     total = sum(sizes.values())
