@@ -1,4 +1,4 @@
-"""Cost of FedLap-Func's server step: Adam on the memory loss plus the weight-space terms (fedlap_func.minimize_server).
+"""Cost of FedLap-Func's server step (function_space.minimize_server): Adam on the memory loss plus weight-space terms.
 
     python benchmarks/fedlap_server.py [--steps 300] [--repeats 8] [--memory 95] [--threads 1]
 
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from bayesadmm.algorithms.fedlap_func import Memory, minimize_server, soft_label_loss
+from bayesadmm.algorithms.function_space import Memory, minimize_server, soft_label_loss
 from bayesadmm.likelihoods import Classification
 from bayesadmm.models import mlp
 

@@ -141,7 +141,7 @@ def run(
     on_round: Callable[[dict], None] | None = None,
 ) -> Result:
     """Run a federated experiment and return its `Result`: the status, the metrics of every round, the final server
-    state and `result.posterior`, and the run directory.
+    state and `result.posterior`, and the run directory. (Its length is this Args list; the body is about 35 lines.)
 
     Args:
         model: any `torch.nn.Module` (its current parameters are the initial ones; its buffers are carried as
@@ -199,6 +199,35 @@ def run(
         cohort=cohort,
         dtype=dtype or "float32",
     )
+    likelihood = _checked_arguments(hparams, likelihood)
+    flat, theta0 = _flat_model(model)
+    settings = _in_model_dtype(settings, dtype, theta0)
+    source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
+    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
+    make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
+    federation = Federation(
+        flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {})
+    )
+    run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
+    config = _run_config(settings, algorithm, hparams, likelihood, model, flat, source.sizes)
+    if resume:
+        _check_same_run(run_dir, config)
+    return run_federation(
+        federation,
+        settings,
+        run_dir,
+        config=config,
+        resume=resume,
+        progress=progress,
+        title=algorithm if isinstance(algorithm, str) else "",
+        on_round=on_round,
+        overwrite=overwrite,
+    )
+
+
+def _checked_arguments(hparams, likelihood: Likelihood | None) -> Likelihood:
+    """`run`'s checks of `hparams` (a mapping or None) and `likelihood`; returns the likelihood (default
+    `Classification()`)."""
     if hparams is not None and not isinstance(hparams, Mapping):
         raise TypeError(
             f"hparams must be a mapping of name → value, e.g. {{'lr': 0.1}}, got {type(hparams).__name__}; "
@@ -210,21 +239,24 @@ def run(
             f"likelihood must implement bayesadmm.Likelihood (mean_nll, predictive, metrics), "
             f"got {type(likelihood).__name__}"
         )
+    return likelihood
+
+
+def _flat_model(model) -> tuple[FlatModel, Tensor]:
+    """`model` as a FlatModel and the starting parameters: a FlatModel's `initial_params` (from a fresh default
+    generator), or an nn.Module's current parameters, flattened."""
     flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
     theta0 = (
         flat.initial_params(torch.Generator())
         if isinstance(model, FlatModel)
         else flat.flatten(dict(model.named_parameters())).detach().clone()
     )
-    settings = _in_model_dtype(settings, dtype, theta0)
-    source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
-    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
-    make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
-    federation = Federation(
-        flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {})
-    )
-    run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
-    config = {
+    return flat, theta0
+
+
+def _run_config(settings: Settings, algorithm, hparams, likelihood, model, flat: FlatModel, sizes) -> dict:
+    """The run's identity, written to its directory and compared on resume (`_check_same_run`)."""
+    return {
         "settings": {
             k: getattr(settings, k)
             for k in (
@@ -244,21 +276,8 @@ def run(
         "likelihood": repr(likelihood),
         "model": repr(model) if isinstance(model, nn.Module) else repr(flat),
         "parameters": flat.dim,
-        "clients": {str(k): n for k, n in source.sizes.items()},
+        "clients": {str(k): n for k, n in sizes.items()},
     }
-    if resume:
-        _check_same_run(run_dir, config)
-    return run_federation(
-        federation,
-        settings,
-        run_dir,
-        config=config,
-        resume=resume,
-        progress=progress,
-        title=algorithm if isinstance(algorithm, str) else "",
-        on_round=on_round,
-        overwrite=overwrite,
-    )
 
 
 def _in_model_dtype(settings: Settings, dtype: str | None, theta0: Tensor) -> Settings:

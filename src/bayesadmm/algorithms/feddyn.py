@@ -91,6 +91,18 @@ class ClientState(NamedTuple):
     grad: Tensor  # g_k (Acar's ∇L_k(θ_k^{t−1})): all a FedDyn client carries over
 
 
+def _checked(name: str, alpha: float, num_clients: int) -> tuple[float, int]:
+    """`make`'s checks of α and K (one ValueError naming every problem); returns them as a float and an int."""
+    problems = []
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha) or alpha <= 0:
+        problems.append(f"alpha must be a finite number > 0, got {alpha!r}")
+    if isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) or num_clients <= 0:
+        problems.append(f"num_clients must be a positive integer, got {num_clients!r}")
+    if problems:
+        raise ValueError(f"{name}: " + "; ".join(problems))
+    return float(alpha), int(num_clients)
+
+
 def make(
     *,
     alpha: float,
@@ -102,16 +114,12 @@ def make(
     name: str = "feddyn",
 ) -> Algorithm:
     """FedDyn with penalty α > 0 (mean-loss units), K = `num_clients` clients in total and local weight decay wd ≥ 0;
-    the local solve is `epochs` epochs of Adam (learning rate `lr`, minibatches of `batch_size`)."""
+    the local solve is `epochs` epochs of Adam (learning rate `lr`, minibatches of `batch_size`).
+
+    Its length is the algorithm's pure functions written as closures over the hyperparameters, in the optax/blackjax
+    style; the checks are in `_checked`."""
     adam = local_adam(name, lr, epochs, batch_size, weight_decay)
-    problems = []
-    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not math.isfinite(alpha) or alpha <= 0:
-        problems.append(f"alpha must be a finite number > 0, got {alpha!r}")
-    if isinstance(num_clients, bool) or not isinstance(num_clients, numbers.Integral) or num_clients <= 0:
-        problems.append(f"num_clients must be a positive integer, got {num_clients!r}")
-    if problems:
-        raise ValueError(f"{name}: " + "; ".join(problems))
-    alpha, num_clients = float(alpha), int(num_clients)
+    alpha, num_clients = _checked(name, alpha, num_clients)
     stack = StackBuffer()  # the server's, reused every round
 
     def init_server(theta0: Tensor) -> ServerState:

@@ -126,6 +126,21 @@ def _is_count(x) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool) and int(x) >= 1
 
 
+def _checked_rho(name: str, num_clients: int, delta: float, rho: float | None) -> float:
+    """`make`'s checks of K, δ and ρ (one ValueError naming every problem of δ and ρ); returns ρ (default 1/K)."""
+    if not _is_count(num_clients):
+        raise ValueError(f"{name}: num_clients must be a positive integer, got {num_clients!r}")
+    rho = 1.0 / num_clients if rho is None else rho
+    problems = []
+    if not _is_real(delta) or not delta > 0:
+        problems.append(f"delta must be a finite number > 0, got {delta!r}")
+    if not _is_real(rho) or not 0 < rho <= 1:
+        problems.append(f"rho must be a number in (0, 1], got {rho!r}")
+    if problems:
+        raise ValueError(f"{name}: " + "; ".join(problems))
+    return float(rho)
+
+
 _EXACT_GGN = GGN()
 
 
@@ -143,22 +158,16 @@ def make(
 ) -> Algorithm:
     """FedLap-Cov (diagonal) with prior precision δ, damping ρ (default 1/K), local Adam (lr, epochs, batch_size) and
     the curvature estimator `curvature` (`GGN()`, the exact diagonal GGN, or `MonteCarloFisher()`). `likelihood`: the
-    clients', checked for what the estimator reads (None: checked when the curvature is first computed)."""
+    clients', checked for what the estimator reads (None: checked when the curvature is first computed).
+
+    Its length is the algorithm's pure functions (init, broadcast, prepare, finish, server update, posterior) written
+    as closures over the hyperparameters, in the optax/blackjax style; the checks are in `_checked_rho`.
+    """
     if likelihood is not None:  # (a curvature of one's own without `needs` reads nothing of it)
         needs = getattr(curvature, "needs", ())
         require(likelihood, needs, f"{name} with curvature={getattr(curvature, 'name', type(curvature).__name__)!r}")
     solver = TrainThenCurvature(local_adam(name, lr, epochs, batch_size), curvature)
-    if not _is_count(num_clients):
-        raise ValueError(f"{name}: num_clients must be a positive integer, got {num_clients!r}")
-    rho = 1.0 / num_clients if rho is None else rho
-    problems = []
-    if not _is_real(delta) or not delta > 0:
-        problems.append(f"delta must be a finite number > 0, got {delta!r}")
-    if not _is_real(rho) or not 0 < rho <= 1:
-        problems.append(f"rho must be a number in (0, 1], got {rho!r}")
-    if problems:
-        raise ValueError(f"{name}: " + "; ".join(problems))
-    rho = float(rho)
+    rho = _checked_rho(name, num_clients, delta, rho)
 
     def initial_site(theta0: Tensor) -> Tensor:
         return delta * theta0 / num_clients  # v_k⁽⁰⁾, Σ_k v_k⁽⁰⁾ = δθ_0

@@ -66,6 +66,9 @@ self-contained and the server can keep only each client's last reply. Sending th
 restore the paper's count. The inputs are not small: for FMNIST with K = 10, C = 10 and one point per class,
 M·D = 78 400 floats against P = 178 110.
 Compute: clients O((N_k + M)·P·E), the server O(M·P·server_iterations) instead of FedLap's vector sum.
+
+The function-space machinery (the memory, the soft-label loss, the server's Adam) is in `function_space.py`; its
+names are re-exported here, where they were first defined.
 """
 
 from __future__ import annotations
@@ -77,9 +80,7 @@ from typing import Any, ClassVar, NamedTuple, cast
 
 import torch
 from torch import Tensor
-from torch.func import vmap
 
-from bayesadmm import rng
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, LocalStep, Message, PointEstimate, merge_replies
 from bayesadmm.algorithms.fedlap import (
     DELTA_CHOICES,
@@ -93,13 +94,24 @@ from bayesadmm.algorithms.fedlap import (
     site_sum,
 )
 from bayesadmm.algorithms.fedlap import PRESET as FEDLAP_PRESET
+from bayesadmm.algorithms.function_space import MEMORY_KEYS as MEMORY_KEYS
+from bayesadmm.algorithms.function_space import (
+    Memory,
+    WithMemory,
+    client_function_terms,
+    memory_strata,
+    minimize_server,
+    predict,
+    select_memory,
+    server_memory,
+)
+from bayesadmm.algorithms.function_space import per_example_nll as per_example_nll
+from bayesadmm.algorithms.function_space import soft_label_loss as soft_label_loss
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.likelihoods import Classification, CurvatureLikelihood, Likelihood, require
 from bayesadmm.solvers.adam import AdamProblem, LocalAdam, local_adam
 from bayesadmm.trees import register
-
-MEMORY_KEYS = ("memory.x", "memory.soft", "memory.tau")
 
 
 @register
@@ -130,74 +142,6 @@ class ServerInfo(NamedTuple):
     clients: int  # clients whose last reply the server counted
     memory: int  # memory points the server problem fitted (0: FedLap's closed form)
     grad_norm: float  # ‖∇‖ of the server objective where its Adam stopped (0.0 for the closed form)
-
-
-@register
-class Memory(NamedTuple):
-    x: Tensor  # inputs (M, ...)
-    soft: Tensor  # soft targets (M, ...): the likelihood's E[y | f] (class probabilities (M, C) for the softmax)
-    weight: Tensor  # per-point weight (M,), may be negative
-
-
-def per_example_nll(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> Tensor:
-    """(M,): each example's negative log-likelihood, `mean_nll` of a batch of one, vectorised (vmap)."""
-    return vmap(lambda f, y: likelihood.mean_nll(f.unsqueeze(0), y.unsqueeze(0)))(outputs, targets)
-
-
-def soft_label_loss(model, likelihood: Likelihood, theta: Tensor, memory: Memory) -> Tensor:
-    """Σ_i weight_i · ℓ(soft_i, θ) with ℓ(ŷ, θ) = nll(f_θ(x), ŷ), the likelihood's negative log-likelihood at the soft
-    target (softmax: the soft-label cross-entropy −Σ_c ŷ_c log softmax(f_θ(x))_c)."""
-    nll = per_example_nll(likelihood, model.forward(theta, memory.x), memory.soft)
-    return (memory.weight * nll).sum()
-
-
-def predict(model, likelihood: CurvatureLikelihood, theta: Tensor, x: Tensor) -> Tensor:
-    """Soft targets E[y | f_θ(x)] (the likelihood's `soft_targets`), detached."""
-    with torch.no_grad():
-        return likelihood.soft_targets(model.forward(theta, x))
-
-
-def memory_strata(likelihood: Likelihood, y: Tensor) -> Tensor:
-    """(N,) integers the memory is drawn within: the likelihood's classes of the targets where it has classes
-    (`Classification.classes`), else one stratum for all (regression and counts have no classes)."""
-    classes = getattr(likelihood, "classes", None)
-    if classes is None:
-        return torch.zeros(y.shape[0], dtype=torch.long, device=y.device)
-    return classes(y)
-
-
-def select_memory(y: Tensor, points_per_class: int, tau_f: float, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-    """Indices of `points_per_class` random examples of every class present in the labels y (N,) (ascending class
-    order; `memory_strata` gives them), and their weights τ_i = τ_f N_{k,c}/M_{k,c}, with M_{k,c} =
-    min(points_per_class, N_{k,c})."""
-    if points_per_class < 1:
-        raise ValueError(f"points_per_class must be >= 1 to select a memory, got {points_per_class}")
-    indices, taus = [], []
-    for c in torch.unique(y).tolist():
-        members = torch.nonzero(y == c).flatten()
-        picked = members[rng.randperm(len(members), generator, members.device)[:points_per_class]]
-        indices.append(picked)
-        taus.append(torch.full((len(picked),), tau_f * len(members) / len(picked), device=y.device))
-    if not indices:
-        return torch.zeros(0, dtype=torch.long, device=y.device), torch.zeros(0, device=y.device)
-    return torch.cat(indices), torch.cat(taus)
-
-
-@dataclass(frozen=True)
-class WithMemory:
-    """A client's data whose minibatch loss also carries the (already 1/N_k-scaled, signed) memory terms in full."""
-
-    data: Any
-    model: Any
-    likelihood: Likelihood
-    memory: Memory
-
-    @property
-    def num_examples(self) -> int:
-        return self.data.num_examples
-
-    def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
-        return self.data.batch_loss(theta, idx) + soft_label_loss(self.model, self.likelihood, theta, self.memory)
 
 
 class FuncProblem(NamedTuple):
@@ -243,65 +187,21 @@ class TrainWithMemory:
         return FuncResult(theta, steps, chosen)
 
 
-def server_memory(replies: Mapping[int, Message]) -> tuple[Tensor, Tensor, Tensor] | None:
-    """All clients' memories in client-id order: (inputs, client soft labels ŷ_i, τ_i), or None if there are none."""
-    parts = [r for r in replies.values() if "memory.x" in r and r["memory.x"].shape[0] > 0]
-    if not parts:
-        return None
-    x, soft, tau = (torch.cat([r[key] for r in parts]) for key in MEMORY_KEYS)
-    return x, soft, tau
-
-
-def client_function_terms(state: ClientState, message: Message, n: int) -> Memory | None:
-    """Client k's function-space terms divided by N_k: every memory at the global ŷ_{i,g} (+τ_i/N_k) and its own
-    memory at the ŷ_i it last sent (−τ_i/N_k); None when there are none or all weights are 0 (then it is FedLap)."""
-    parts = []
-    if "memory.x" in message:
-        parts.append(Memory(message["memory.x"], message["memory.soft"], message["memory.tau"] / n))
-    if state.memory_x is not None and state.memory_soft is not None and state.memory_tau is not None:
-        parts.append(Memory(state.memory_x, state.memory_soft, -state.memory_tau / n))
-    parts = [p for p in parts if bool((p.weight != 0).any())]
-    if not parts:
-        return None
-    return Memory(*(torch.cat(tensors) for tensors in zip(*parts, strict=True)))
-
-
-def minimize_server(
-    model,
-    likelihood: Likelihood,
-    start: Tensor,
-    dual_sum: Tensor,
-    delta: float,
-    memory: Memory | None,
-    iterations: int,
-    lr: float,
-) -> tuple[Tensor, Tensor]:
-    """Adam on Σ_i τ_i ℓ(ŷ_i, w) − δ(Σ_k v_k)ᵀw + ½δ‖w‖² from `start`; returns (w, final gradient).
-
-    Without memory the minimiser is Σ_k v_k (FedLap's server), which the tests use to check this solver.
-    The weight-space terms' gradient δ(w − Σ_k v_k) is added analytically and Adam is the fused kernel: autograd only
-    sees the memory loss: 1.5x faster per step on the FashionMNIST MLP than autograd through the whole objective with
-    torch.optim.Adam's default (`python benchmarks/fedlap_server.py`).
-    """
-    w = start.detach().clone().requires_grad_(True)
-    optimizer = torch.optim.Adam([w], lr=lr, fused=_fused_adam_supported(w))
-
-    def gradient_at(theta: Tensor) -> Tensor:
-        weight_space = delta * (theta.detach() - dual_sum)
-        if memory is None:
-            return weight_space
-        (memory_grad,) = torch.autograd.grad(soft_label_loss(model, likelihood, theta, memory), theta)
-        return memory_grad.add_(weight_space)
-
-    for _ in range(iterations):
-        w.grad = gradient_at(w)
-        optimizer.step()
-    return w.detach(), gradient_at(w)
-
-
-def _fused_adam_supported(w: Tensor) -> bool:
-    """torch's fused Adam runs on CPU and CUDA floating tensors; elsewhere (e.g. MPS float64) use the default."""
-    return w.device.type in ("cpu", "cuda") and w.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+def _check_settings(
+    name: str, delta: float, tau_f: float, points_per_class: int, server_iterations: int, server_lr: float
+) -> None:
+    """`make`'s checks of its numbers: one ValueError naming every problem."""
+    problems = []
+    if not (math.isfinite(delta) and delta > 0):
+        problems.append(f"delta must be > 0, got {delta}")
+    if not (math.isfinite(tau_f) and tau_f >= 0):
+        problems.append(f"tau_f must be >= 0, got {tau_f}")
+    if points_per_class < 0:
+        problems.append(f"points_per_class must be >= 0, got {points_per_class}")
+    if server_iterations < 0 or server_lr <= 0:
+        problems.append(f"need server_iterations >= 0 and server_lr > 0, got {server_iterations}, {server_lr}")
+    if problems:
+        raise ValueError(f"{name}: " + "; ".join(problems))
 
 
 _BY_SIZE = SizeDamping()
@@ -331,22 +231,15 @@ def make(
     `Classification()`, the default of `SupervisedData`): the server evaluates the function-space terms with them on
     the memories, without the clients' data. The likelihood must give `soft_targets` (refused here otherwise), and a
     client whose data carries another likelihood is refused at its update.
+
+    Its length is the algorithm's pure functions (init, broadcast, prepare, finish, server update, posterior) written
+    as closures over the hyperparameters, in the optax/blackjax style; the checks are in `_check_settings`.
     """
     likelihood = Classification() if likelihood is None else likelihood
     require(likelihood, ("soft_targets",), name)
     predictive = cast(CurvatureLikelihood, likelihood)  # its soft_targets, checked by require
     sizes = client_sizes_of(client_sizes, name)
-    problems = []
-    if not (math.isfinite(delta) and delta > 0):
-        problems.append(f"delta must be > 0, got {delta}")
-    if not (math.isfinite(tau_f) and tau_f >= 0):
-        problems.append(f"tau_f must be >= 0, got {tau_f}")
-    if points_per_class < 0:
-        problems.append(f"points_per_class must be >= 0, got {points_per_class}")
-    if server_iterations < 0 or server_lr <= 0:
-        problems.append(f"need server_iterations >= 0 and server_lr > 0, got {server_iterations}, {server_lr}")
-    if problems:
-        raise ValueError(f"{name}: " + "; ".join(problems))
+    _check_settings(name, delta, tau_f, points_per_class, server_iterations, server_lr)
     rhos = damping_of(rho, sizes, name)
     solver = TrainWithMemory(local_adam(name, lr, epochs, batch_size), model, likelihood, points_per_class, tau_f)
     total = sum(sizes.values())

@@ -48,6 +48,16 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
         OSError: the file cannot be read.
     """
     path = Path(path)
+    raw = _read_bytes(path)
+    shape, dtype, header_len = _parse_header(path, raw)
+    data = np.frombuffer(raw, dtype=dtype, offset=header_len).reshape(shape)
+    # astype() both converts to native byte order (torch has no big-endian
+    # dtypes) and copies out of the read-only bytes buffer.
+    return torch.from_numpy(data.astype(dtype.newbyteorder("="), copy=True))
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped where they start with the gzip magic."""
     with open(path, "rb") as f:
         raw = f.read()
     if raw[:2] == _GZIP_MAGIC:
@@ -56,7 +66,11 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
         except (OSError, EOFError, zlib.error) as exc:
             # BadGzipFile is an OSError; a truncated stream raises EOFError.
             raise IdxFormatError(f"{path}: corrupt gzip data ({exc})") from exc
+    return raw
 
+
+def _parse_header(path: Path, raw: bytes) -> tuple[tuple[int, ...], np.dtype, int]:
+    """The IDX header of `raw`: (shape, big-endian dtype, header length), checked against the data's size."""
     if len(raw) < 4:
         raise IdxFormatError(f"{path}: {len(raw)} bytes is too short for an IDX header")
     if raw[0] != 0 or raw[1] != 0:
@@ -83,11 +97,7 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
             f"{path}: IDX header declares shape {shape} of {dtype.name} "
             f"({expected} data bytes) but the file holds {actual} data bytes"
         )
-
-    data = np.frombuffer(raw, dtype=dtype, offset=header_len).reshape(shape)
-    # astype() both converts to native byte order (torch has no big-endian
-    # dtypes) and copies out of the read-only bytes buffer.
-    return torch.from_numpy(data.astype(dtype.newbyteorder("="), copy=True))
+    return shape, dtype, header_len
 
 
 @functools.lru_cache(maxsize=16)

@@ -12,14 +12,31 @@ from pathlib import Path
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     """(ca.crt, server.pem, server.key): a CA valid for a day and a server certificate for 127.0.0.1, ::1 and
     localhost signed by it. For a demo and tests only: on real machines use your own CA (docs/deploy.md)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+    from cryptography.hazmat.primitives import serialization
 
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)
+
+    ca_key, ca_name, ca = _ca_certificate(start, end)
+    key, cert = _server_certificate(ca_key, ca_name, start, end)
+
+    paths = directory / "ca.crt", directory / "server.pem", directory / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    paths[2].chmod(0o600)
+    return paths
+
+
+def _ca_certificate(start: datetime.datetime, end: datetime.datetime):
+    """(key, name, certificate) of a self-signed demo CA valid from `start` to `end`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bayesadmm demo CA")])
@@ -49,6 +66,15 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    return ca_key, ca_name, ca
+
+
+def _server_certificate(ca_key, ca_name, start: datetime.datetime, end: datetime.datetime):
+    """(key, certificate) for 127.0.0.1, ::1 and localhost, signed by the CA's key, valid from `start` to `end`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
     names = [
@@ -70,15 +96,7 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
-
-    paths = directory / "ca.crt", directory / "server.pem", directory / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    paths[2].chmod(0o600)
-    return paths
+    return key, cert
 
 
 def make_node_key(directory: Path, name: str) -> tuple[Path, Path]:

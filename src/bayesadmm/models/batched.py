@@ -65,6 +65,20 @@ def plan_gradients(
     grads = [g.view(count, *slot.shape) for g, slot in zip(out.split_with_sizes(numels, 1), slots, strict=True)]
     if X.is_floating_point() and X.dtype != thetas.dtype:
         X = X.to(thetas.dtype)
+    h, trail = _forward(plan, params, X, count)
+    if loss_grad is not None:
+        delta = loss_grad(h, *args)
+    else:
+        outputs = h.detach().requires_grad_()
+        with torch.enable_grad():
+            (delta,) = torch.autograd.grad(vmap(loss)(outputs, *args).sum(), outputs)
+    _backward(trail, delta, params, grads, count)
+    return out
+
+
+def _forward(plan: Sequence[tuple], params: list[Tensor], X: Tensor, count: int) -> tuple[Tensor, list[tuple]]:
+    """`plan_gradients`' forward pass of the S = `count` rows: the outputs, and what the backward pass needs of each
+    step (in forward order)."""
     trail: list[tuple] = []  # what the backward pass needs of each step, in forward order
     h = X
     for step in plan:
@@ -82,12 +96,12 @@ def plan_gradients(
             start, end = step[1], step[2]
             trail.append((step, None, h.shape))
             h = h.flatten(start + 1 if start >= 0 else start, end + 1 if end >= 0 else end)
-    if loss_grad is not None:
-        delta = loss_grad(h, *args)
-    else:
-        outputs = h.detach().requires_grad_()
-        with torch.enable_grad():
-            (delta,) = torch.autograd.grad(vmap(loss)(outputs, *args).sum(), outputs)
+    return h, trail
+
+
+def _backward(trail: list[tuple], delta: Tensor, params: list[Tensor], grads: list[Tensor], count: int) -> None:
+    """`plan_gradients`' backward pass from the outputs' gradient `delta`, writing each parameter's gradient into its
+    view in `grads` (down to the first linear step: the inputs need no gradient)."""
     first_linear = next(i for i, (step, _, _) in enumerate(trail) if step[0] == "linear")
     for i in range(len(trail) - 1, first_linear - 1, -1):
         step, saved, shape = trail[i]
@@ -105,4 +119,3 @@ def plan_gradients(
                 delta = step[2](delta, saved)
         else:
             delta = delta.reshape(shape)
-    return out

@@ -161,6 +161,14 @@ def _run(out: Path, rounds: int, pairs: int, seed: int) -> dict:
     write_json(out / "fedep_toy.json", payload)
     _fig4(out / "fedep_toy_fig4.png", payload)
 
+    _print_tables(payload, curves, pairs, rounds)
+    print(f"wrote {out / 'fedep_toy.json'}, {out / 'fedep_toy_fig1.png'} and {out / 'fedep_toy_fig4.png'}")
+    return payload
+
+
+def _print_tables(payload: dict, curves: dict, pairs: int, rounds: int) -> None:
+    """Table 4 (ours beside the paper's) and FedEP's mean error at a few rounds."""
+
     def cell(v):
         return f"{v[0]:.2g} ± {v[1]:.2g}"
 
@@ -177,8 +185,6 @@ def _run(out: Path, rounds: int, pairs: int, seed: int) -> dict:
             [[r, curves["fedep"][0][r - 1], curves["fedep-identity"][0][r - 1]] for r in sorted(set(shown))],
         )
     )
-    print(f"wrote {out / 'fedep_toy.json'}, {out / 'fedep_toy_fig1.png'} and {out / 'fedep_toy_fig4.png'}")
-    return payload
 
 
 def _ellipse(mean, cov, scale=2.0, n=200):

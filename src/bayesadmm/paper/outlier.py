@@ -89,45 +89,12 @@ def run(
     prior = family.initial_natural(zeros, DELTA)
     vb_solution = solver.solve(family, pooled(losses), prior, nat.zeros_like(prior), 1.0).natural
 
-    methods = {
-        "admm": (admm.make(rho=admm_rho, delta=DELTA), map_solution),
-        "bayes-admm": (
-            bayes_admm.make(
-                family, solver, rho=bayes_rho, delta=DELTA, dual_step=precision_scaled_dual_step(bayes_precision_step)
-            ),
-            family.to_moments(vb_solution)[0],
-        ),
-    }
+    methods = _methods(family, solver, admm_rho, bayes_rho, bayes_precision_step, map_solution, vb_solution)
     trace, stopped = {}, {}
     for name, (alg, optimum) in methods.items():
-
-        def observe(r, server, clients, name=name):
-            cavity = None
-            if name == "bayes-admm":  # ADMM's proximal term is ρ‖θ − θ_g‖²/2, positive whatever its duals
-                cavity = cavity_min_eigenvalues(
-                    family, server.natural, [clients[k].dual for k in sorted(clients)], bayes_rho
-                )
-            return server, (clients[0] if r > 0 else None), cavity
-
-        states, message = trace_rounds(alg, losses, zeros, rounds, observe)
+        trace[name], message = _trace_method(name, alg, optimum, family, losses, zeros, rounds, bayes_rho)
         if message:
             stopped[name] = message
-        servers, client1 = [s for s, _, _ in states], [c for _, c, _ in states[1:]]
-        means = [alg.posterior(s).mean for s in servers]
-        trace[name] = {
-            "server_mean": [m.tolist() for m in means],
-            "client1_mean": [
-                (c.theta if name == "admm" else family.to_moments(c.natural)[0]).tolist() for c in client1
-            ],
-            "error": pad([float((m - optimum).norm() / optimum.norm()) for m in means[1:]], rounds),
-            "optimum": optimum.tolist(),
-        }
-        if name == "bayes-admm":
-            trace[name]["server_precision"] = [family.to_moments(s.natural)[1].tolist() for s in servers]
-            trace[name]["client1_precision"] = [family.to_moments(c.natural)[1].tolist() for c in client1]
-            # per round r = 0..rounds and client: the smallest eigenvalue of the cavity precision S_g − V_k/ρ that
-            # round r + 1 solves against
-            trace[name]["cavity_min_eig"] = pad([c for _, _, c in states], rounds + 1)
 
     trace["bayes-admm"]["fixed_point_cavity_min_eig"] = fixed_point_cavity_min_eigenvalues(
         family, vb_solution, losses, bayes_rho
@@ -150,6 +117,60 @@ def run(
     }
     write_json(out / "outlier.json", payload)
     _plot(out / "outlier.png", payload)
+    _print_summary(payload)
+    print(f"wrote {out / 'outlier.json'} and {out / 'outlier.png'}")
+    return payload
+
+
+def _methods(family, solver, admm_rho, bayes_rho, bayes_precision_step, map_solution, vb_solution) -> dict:
+    """ADMM and BayesADMM by name, each with the mean it converges to (the MAP solution; the VB solution's mean)."""
+    return {
+        "admm": (admm.make(rho=admm_rho, delta=DELTA), map_solution),
+        "bayes-admm": (
+            bayes_admm.make(
+                family, solver, rho=bayes_rho, delta=DELTA, dual_step=precision_scaled_dual_step(bayes_precision_step)
+            ),
+            family.to_moments(vb_solution)[0],
+        ),
+    }
+
+
+def _trace_method(
+    name: str, alg, optimum: torch.Tensor, family, losses, zeros: torch.Tensor, rounds: int, bayes_rho: float
+):
+    """Run one method for `rounds` rounds; its trace (server and client-1 means, relative error to `optimum`, and for
+    BayesADMM the precisions and smallest cavity eigenvalues) and the message if it stopped early."""
+
+    def observe(r, server, clients):
+        cavity = None
+        if name == "bayes-admm":  # ADMM's proximal term is ρ‖θ − θ_g‖²/2, positive whatever its duals
+            cavity = cavity_min_eigenvalues(
+                family, server.natural, [clients[k].dual for k in sorted(clients)], bayes_rho
+            )
+        return server, (clients[0] if r > 0 else None), cavity
+
+    states, message = trace_rounds(alg, losses, zeros, rounds, observe)
+    servers, client1 = [s for s, _, _ in states], [c for _, c, _ in states[1:]]
+    means = [alg.posterior(s).mean for s in servers]
+    entry: dict[str, Any] = {
+        "server_mean": [m.tolist() for m in means],
+        "client1_mean": [(c.theta if name == "admm" else family.to_moments(c.natural)[0]).tolist() for c in client1],
+        "error": pad([float((m - optimum).norm() / optimum.norm()) for m in means[1:]], rounds),
+        "optimum": optimum.tolist(),
+    }
+    if name == "bayes-admm":
+        entry["server_precision"] = [family.to_moments(s.natural)[1].tolist() for s in servers]
+        entry["client1_precision"] = [family.to_moments(c.natural)[1].tolist() for c in client1]
+        # per round r = 0..rounds and client: the smallest eigenvalue of the cavity precision S_g − V_k/ρ that
+        # round r + 1 solves against
+        entry["cavity_min_eig"] = pad([c for _, _, c in states], rounds + 1)
+    return entry, message
+
+
+def _print_summary(payload: dict) -> None:
+    """The error of each method and BayesADMM's smallest cavity eigenvalue per round, its cavity at the fixed point,
+    and the rounds to converge."""
+    trace = payload["trace"]
     cavity = trace["bayes-admm"]["cavity_min_eig"]
     print(
         format_table(
@@ -165,8 +186,6 @@ def run(
         + ", ".join(f"{v:.4g}" for v in trace["bayes-admm"]["fixed_point_cavity_min_eig"])
     )
     print(f"rounds to converge (relative error < {TOLERANCE} from then on): {payload['rounds_to_converge']}")
-    print(f"wrote {out / 'outlier.json'} and {out / 'outlier.png'}")
-    return payload
 
 
 def _plot(path: Path, payload: dict) -> None:

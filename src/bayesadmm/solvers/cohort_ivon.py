@@ -33,7 +33,10 @@ def ivon_cohort(
     data: StackedClients,
     generators: Sequence[torch.Generator],
 ) -> list[SolveResult]:
-    """`solver.solve`'s result for each client's problem, in the order of `problems`."""
+    """`solver.solve`'s result for each client's problem, in the order of `problems`.
+
+    The step loop stays in this function: it updates the (K, d) row matrices in place and reads the noise keys and
+    flat views set up just above it, which a helper would take as a dozen arguments."""
     setups = [solver.setup(p, data.clients[i], generators[i]) for i, p in enumerate(problems)]
     plan = plan_batches(data, solver.batch_size, solver.epochs, generators)
     ordered = [setups[i] for i in plan.order]
@@ -89,9 +92,15 @@ def ivon_cohort(
                 )
     except ValueError as exc:  # as `solve`: IVON's precision stopped being positive
         raise SubproblemError(f"IVON's precision stopped being positive in a cohort solve: {exc}") from exc
+    return _results(solver, problems, data, setups, plan.order, plan.steps, (mean, hess, momentum), base)
+
+
+def _results(solver, problems, data, setups, order, steps, rows: tuple[Tensor, Tensor, Tensor], base: int):
+    """Each client's `solver.result`, in the order of `problems`, from its row (slot) of the (K, d) mean, hessian and
+    momentum after its `steps[slot]` steps."""
+    mean, hess, momentum = rows
     results: list[SolveResult | None] = [None] * len(problems)
-    for slot, i in enumerate(plan.order):
-        steps = plan.steps[slot]
-        state = ivon.IVONState(mean[slot].clone(), hess[slot].clone(), momentum[slot].clone(), base + steps)
-        results[i] = solver.result(problems[i], data.clients[i], state, setups[i], steps)
+    for slot, i in enumerate(order):
+        state = ivon.IVONState(mean[slot].clone(), hess[slot].clone(), momentum[slot].clone(), base + steps[slot])
+        results[i] = solver.result(problems[i], data.clients[i], state, setups[i], steps[slot])
     return [r for r in results if r is not None]
