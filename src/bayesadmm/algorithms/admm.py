@@ -50,6 +50,7 @@ from bayesadmm.algorithms.base import (
     SolveInfo,
     merge_replies,
 )
+from bayesadmm.algorithms.fedavg import LR_SPACE
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.solvers.adam import LocalAdamProx, local_adam
@@ -171,27 +172,24 @@ class AMAHparams:
     batch_size: int = 32
 
 
-def build(hparams: Hparams, context: Context) -> Algorithm:
+def _build_nn(hparams: Hparams | AMAHparams, server_rho: float | None, name: str) -> Algorithm:
     return make_nn(
         rho=hparams.rho,
         delta=hparams.delta,
         lr=hparams.lr,
         epochs=hparams.epochs,
         batch_size=hparams.batch_size,
-        server_rho=hparams.server_rho,
+        server_rho=server_rho,
+        name=name,
     )
+
+
+def build(hparams: Hparams, context: Context) -> Algorithm:
+    return _build_nn(hparams, hparams.server_rho, "fedadmm")
 
 
 def build_ama(hparams: AMAHparams, context: Context) -> Algorithm:
-    return make_nn(
-        rho=hparams.rho,
-        delta=hparams.delta,
-        lr=hparams.lr,
-        epochs=hparams.epochs,
-        batch_size=hparams.batch_size,
-        server_rho=0.0,
-        name="ama",
-    )
+    return _build_nn(hparams, 0.0, "ama")
 
 
 # rho chosen from the FedLap paper's grid on FashionMNIST (docs/results); on diabetes-iid5 rho 1, chosen among 1e-2,
@@ -205,7 +203,7 @@ SPEC = register_method(
         build=build,
         summary="federated ADMM",
         presets={"fmnist-heterog10": _FMNIST, "fmnist-homog10": _FMNIST, "diabetes-iid5": {**_FMNIST, "rho": 1.0}},
-        search_space={"lr": {"log": [1e-4, 1e-2]}, "rho": {"log": [0.001, 0.1]}},
+        search_space={**LR_SPACE, "rho": {"log": [0.001, 0.1]}},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "rho": 0.5, "delta": 1.0},
     )
 )

@@ -63,6 +63,7 @@ from bayesadmm.algorithms.base import (
     TrainingInfo,
     merge_replies,
 )
+from bayesadmm.algorithms.fedavg import LR_SPACE
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.solvers.adam import AdamProblem, local_adam
@@ -273,7 +274,7 @@ SPEC = register_method(
         build=build,
         summary="FedLap: a Laplace version of PVI",
         presets={"fmnist-heterog10": PRESET, "fmnist-homog10": PRESET, "diabetes-iid5": PRESET},
-        search_space={"lr": {"log": [1e-4, 1e-2]}, "delta": DELTA_CHOICES},
+        search_space={**LR_SPACE, "delta": DELTA_CHOICES},
         reference={
             "fmnist-heterog10": {
                 "fedlap": {"acc": {"10": 71.3, "25": 74.3, "50": 77.6}, "nll": {"10": 0.75, "25": 0.71, "50": 0.65}}

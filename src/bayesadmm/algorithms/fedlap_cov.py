@@ -59,6 +59,7 @@ from bayesadmm.algorithms.base import (
     TrainingInfo,
     merge_replies,
 )
+from bayesadmm.algorithms.fedavg import LR_SPACE
 from bayesadmm.algorithms.fedlap import DELTA_CHOICES, PRESET
 from bayesadmm.algorithms.spec import Context, MethodSpec, choice
 from bayesadmm.algorithms.spec import register as register_method
@@ -261,7 +262,7 @@ SPEC = register_method(
         build=build,
         summary="FedLap-Cov: FedLap with diagonal covariances",
         presets={"fmnist-heterog10": PRESET, "fmnist-homog10": PRESET, "diabetes-iid5": PRESET},
-        search_space={"lr": {"log": [1e-4, 1e-2]}, "delta": DELTA_CHOICES},
+        search_space={**LR_SPACE, "delta": DELTA_CHOICES},
         # the FedLap paper evaluates it at its mean
         reference={
             "fmnist-heterog10": {

@@ -82,6 +82,7 @@ import torch
 from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, LocalStep, Message, PointEstimate, merge_replies
+from bayesadmm.algorithms.fedavg import LR_SPACE
 from bayesadmm.algorithms.fedlap import (
     DELTA_CHOICES,
     Damping,
@@ -362,7 +363,7 @@ SPEC = register_method(
         summary="FedLap-Func: FedLap with function-space memory points",
         presets={"fmnist-heterog10": _PRESET, "fmnist-homog10": _PRESET, "diabetes-iid5": _PRESET},
         search_space={
-            "lr": {"log": [1e-4, 1e-2]},
+            **LR_SPACE,
             "delta": DELTA_CHOICES,
             "tau_f": {"choices": [1, 0.1, 0.01, 0.001, 0.0001]},
         },
