@@ -51,6 +51,12 @@ class Algorithm(NamedTuple):
     # client_update from it (`from_local`); None only in an Algorithm whose client_update is written by hand (a
     # user's), which the engine then trains one client at a time
     local: LocalStep | None = None
+    # personal(server_state, client_state) -> client k's own posterior (or PointEstimate), as the method defines it
+    # (BayesADMM: q_k); None where the method keeps no client posterior (`bayesadmm.personal` then fine-tunes)
+    personal: Callable[[Any, Any], Any] | None = None
+    # unlearn(server_state, client_id, client_state) -> the server state without client_id's term in the server's
+    # sum; None where the server is no sum of client terms (`bayesadmm.unlearn` then refuses)
+    unlearn: Callable[[Any, int, Any], Any] | None = None
 
     @classmethod
     def from_local(
@@ -62,9 +68,15 @@ class Algorithm(NamedTuple):
         local: LocalStep,
         server_update: Callable[[Any, Mapping[int, Message]], tuple[Any, Info]],
         posterior: Callable[[Any], Any],
+        *,
+        personal: Callable[[Any, Any], Any] | None = None,
+        unlearn: Callable[[Any, int, Any], Any] | None = None,
     ) -> Algorithm:
         """The algorithm whose client_update is `local`'s prepare, solve, finish (`update_from`)."""
-        return cls(name, init_server, init_client, broadcast, update_from(name, local), server_update, posterior, local)
+        client_update = update_from(name, local)
+        return cls(
+            name, init_server, init_client, broadcast, client_update, server_update, posterior, local, personal, unlearn
+        )
 
 
 class LocalStep(NamedTuple):

@@ -59,6 +59,7 @@ class Result:
     algorithm: Algorithm
     run_dir: Path
     message: str = ""
+    model: FlatModel | None = None  # the model the posterior's parameter vector belongs to (its layout)
 
     @property
     def posterior(self) -> Any:

@@ -336,7 +336,8 @@ class Run:
             status = json.loads(read_bytes(self.status_path))["status"] if exists else "stopped"
             message = f"already complete up to round {self.round}: nothing to do"
         round_ = self.round if round_ is None else round_
-        return Result(status, code, round_, self.history, self.server, self.algorithm, self.run_dir, message)
+        history, model = self.history, self.federation.model
+        return Result(status, code, round_, history, self.server, self.algorithm, self.run_dir, message, model)
 
     def close(self) -> None:
         """Close the clients (stop worker processes); the Run keeps its server state and history."""
