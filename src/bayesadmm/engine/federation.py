@@ -4,7 +4,7 @@ own random streams and exit codes."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +65,23 @@ class Result:
     def posterior(self) -> Any:
         """The server's posterior (a Gaussian with `.mean` and `.sample`, or a `PointEstimate`)."""
         return self.algorithm.posterior(self.server)
+
+    def client_states(self, clients: Iterable[int] | None = None) -> dict[int, Any]:
+        """The client states of the run's last checkpoint (client id → state; all clients, or those asked for), read
+        from the run directory without unpickling (`rundir.load_state`). The checkpoint is of round `round` where the
+        run ended normally; after a divergence, of the last checkpointed round (`round`, the last good one)."""
+        from bayesadmm.engine.rundir import RunDirError, load_state
+        from bayesadmm.engine.runners import checkpointed_states
+
+        path = self.run_dir / "checkpoint.pt"
+        checkpoint = load_state(path)
+        if not isinstance(checkpoint, Mapping) or not ("clients" in checkpoint or "shards" in checkpoint):
+            raise RunDirError(f"{path} holds no client states")
+        if "clients" in checkpoint:
+            ids = sorted(checkpoint["clients"])
+        else:
+            ids = sorted(k for shard in checkpoint["shards"] for k in shard["clients"])
+        return checkpointed_states(checkpoint, self.run_dir, ids if clients is None else clients)
 
 
 def participants(ids: list[int], participation: float, seed: int, round_: int) -> list[int]:
