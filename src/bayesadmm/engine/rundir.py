@@ -57,10 +57,14 @@ __all__ = [
     "shard_path",
     "real_folder",
     "SHARDS",
+    "POSTERIOR",
+    "RUN_FILES",
 ]
 
+# the run's posterior, written when it ends (`bayesadmm.Posterior.save`)
+POSTERIOR = "posterior.safetensors"
 # what a run writes; a directory holding any of them holds a run
-RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json")
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json", POSTERIOR)
 LOCK = ".lock"
 SHARDS = "client-states"  # the run directory's folder of checkpoint shards
 # the only shard names the engine writes (`r<round>-w<worker>.pt`), and so the only ones a checkpoint may list
