@@ -209,6 +209,31 @@ def test_load_reads_back_a_run_of_bayesadmm_run(tmp_path):
     assert mine == theirs and all(torch.equal(a, b) for a, b in zip(mine_tensors, their_tensors, strict=True))
 
 
+def test_a_stopped_or_diverged_run_leaves_its_last_good_posterior(tmp_path, monkeypatch):
+    from bayesadmm.engine import run as engine_run
+
+    clients, test = _blobs()
+    stopped = bayesadmm.run(_linear(), clients, test, algorithm="ivon-admm", hparams=IVON_ADMM, rounds=3, stop_at=1,
+                            progress=False, out=tmp_path / "stopped")  # fmt: skip
+    evaluate, calls = engine_run.evaluate, []
+
+    def not_finite_in_round_2(*args, **kwargs):  # the metrics of round 2 are NaN: the run diverges there
+        calls.append(1)
+        metrics = evaluate(*args, **kwargs)
+        return {k: float("nan") for k in metrics} if len(calls) == 2 else metrics
+
+    monkeypatch.setattr(engine_run, "evaluate", not_finite_in_round_2)
+    diverged = bayesadmm.run(_linear(), clients, test, algorithm="ivon-admm", hparams=IVON_ADMM, rounds=3,
+                             progress=False, out=tmp_path / "diverged")  # fmt: skip
+    assert (stopped.status, diverged.status) == ("stopped", "diverged")
+    for result in (stopped, diverged):
+        loaded = bayesadmm.load(result.run_dir, model=_linear())
+        saved = Posterior.load(result.run_dir / "posterior.safetensors")
+        assert loaded.status == result.status and loaded.round == saved.provenance["round"] == 1
+        for q in (loaded.posterior, saved):
+            assert all(torch.equal(a, b) for a, b in zip(result.posterior.natural, q.natural, strict=True))
+
+
 def test_load_says_what_is_missing_or_wrong(tmp_path):
     clients, test = _blobs()
     out = tmp_path / "run"
