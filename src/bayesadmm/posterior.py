@@ -185,7 +185,8 @@ class Posterior:
         """The posterior predictive of inputs `x (N, ...)`: ``likelihood.predictive`` of the model's outputs under
         `samples` draws from the posterior (made once with `generator`, shared by all batches), as `metrics.evaluate`
         computes it. For `Classification()` (the default) the mean of the class probabilities over the draws, shape
-        (N, C). A point estimate, or ``samples=0``, predicts at the mean."""
+        (N, C). A point estimate, or ``samples=0``, predicts at the mean. Computed on the posterior's device (`x` is
+        moved there) in its dtype."""
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
             raise ValueError(f"samples must be a non-negative integer, got {samples!r}")
         flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
@@ -195,6 +196,7 @@ class Posterior:
 
         with torch.inference_mode():
             mean = self.mean
+            x = x.to(mean.device)
             sample = getattr(self, "sample", None)
             if samples == 0 or sample is None:
                 summary, _ = _in_batches(lambda xb: flat.forward(mean, xb)[None], likelihood, x, batch_size, False)
