@@ -12,7 +12,7 @@ config.json, as `bayesadmm resume` rebuilds it, but nothing runs:
   default), which are checked against config.json.
 
 Files are read without following symbolic links (`rundir.read_bytes`); no lock is taken, since checkpoints are renamed
-into place whole.
+into place whole. The server state is loaded onto the CPU, whatever device the run trained on.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def _checkpoint(run_dir: Path) -> dict:
     path = run_dir / "checkpoint.pt"
     if not os.path.lexists(path):
         raise RunDirError(f"{run_dir} has no checkpoint.pt: the run ended before its first checkpoint; run it again")
-    checkpoint = load_state(path)  # checksum verified; a tampered or truncated file is a RunDirError
+    # checksum verified (a tampered or truncated file is a RunDirError); on the CPU, so a GPU run loads anywhere
+    checkpoint = load_state(path, map_location="cpu")
     round_ = checkpoint.get("round") if isinstance(checkpoint, dict) else None
     if isinstance(round_, bool) or not isinstance(round_, int) or round_ < 0 or "server" not in checkpoint:
         raise RunDirError(f"{path} is not a bayesadmm checkpoint (no round and server state); run it again")
