@@ -132,7 +132,7 @@ def _scenario_run(
 def _unregistered(run_dir: Path, method: str) -> str:
     return (
         f"{run_dir} is a run of method {method}, which is not registered here: import the module that registers it "
-        "(bayesadmm.algorithms.register; on the command line --methods FILE) and load again"
+        "(bayesadmm.algorithms.spec.load('its_file.py'); on the command line --methods FILE) and load again"
     )
 
 

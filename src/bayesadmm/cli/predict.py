@@ -10,6 +10,8 @@ import io
 import sys
 from pathlib import Path
 
+from bayesadmm.cli import methods
+
 
 def _data_sets() -> str:
     from bayesadmm.experiments.predict import DATA_SETS
@@ -31,6 +33,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     predict.add_argument("--samples", type=int, default=32, help="posterior draws for the predictive (default 32)")
     predict.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
     predict.add_argument("--out", type=Path, default=None, metavar="FILE.csv", help="write the predictions here")
+    methods.add_option(predict)  # a run of a method of one's own: its module registers it
     predict.add_argument("--debug", action="store_true", help="show the traceback of a failure")
     return predict
 
