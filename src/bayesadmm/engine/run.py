@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,11 @@ def _save_posterior(result: Result) -> None:
     someone who only predicts. A user's algorithm whose posterior is not a Gaussian or a point estimate has none."""
     from bayesadmm.posterior import Posterior
 
-    posterior = result.posterior
+    try:
+        posterior = result.posterior
+    except ValueError as exc:  # a user's algorithm whose posterior is not over the model's parameters
+        warnings.warn(f"the run wrote no {POSTERIOR}: {exc}", stacklevel=2)
+        return
     if isinstance(posterior, Posterior):
         posterior.save(result.run_dir / POSTERIOR)
 
