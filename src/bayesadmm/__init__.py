@@ -3,6 +3,8 @@
 The public API:
 
     bayesadmm.run(model, clients, test, algorithm=..., hparams=..., likelihood=..., rounds=..., ...)  -> Result
+    bayesadmm.load(run_dir, model=..., likelihood=...) -> Result                  a finished run, read back
+    bayesadmm.Posterior: result.posterior, .save(path), Posterior.load(path), .to_module(m), .predict(m, x)
     bayesadmm.Classification(), GaussianRegression(noise), Poisson(), NegLogLikelihood(fn)           likelihoods
     bayesadmm.algorithms.names(), .register(MethodSpec(...)), .make(name, **hparams), bayesadmm.Algorithm   methods
     bayesadmm.ClientData, SupervisedData, DataError                                                  client data
@@ -26,15 +28,22 @@ from bayesadmm.likelihoods import (
     NegLogLikelihood,
     Poisson,
 )
+from bayesadmm.loading import load
 from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
+from bayesadmm.posterior import GaussianPosterior, PointPosterior, Posterior, PosteriorFileError
 from bayesadmm.userdata import DataError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "run",
+    "load",
     "Result",
+    "Posterior",
+    "GaussianPosterior",
+    "PointPosterior",
+    "PosteriorFileError",
     "algorithm_factory",
     "algorithms",
     "trees",

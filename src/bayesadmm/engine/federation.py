@@ -44,6 +44,9 @@ class Federation:
     likelihood: Likelihood
     metrics: Mapping[str, Callable[[Tensor, Tensor], float]] = field(default_factory=dict)
     eval_set: str = "test"  # the metrics' prefix: test_*, or val_* for a held-out part of the training set
+    # a scenario's run: its zoo model (name and keyword arguments), data set, preprocessing and likelihood, as plain
+    # values; recorded in the posterior file so that `bayesadmm predict` can rebuild the model (never code)
+    scenario: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -60,11 +63,29 @@ class Result:
     run_dir: Path
     message: str = ""
     model: FlatModel | None = None  # the model the posterior's parameter vector belongs to (its layout)
+    scenario: Mapping[str, Any] | None = None  # `Federation.scenario` of a scenario's run
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """Where the posterior comes from: method, round, run directory and, for a scenario's run, the scenario."""
+        found = {"method": self.algorithm.name, "round": self.round, "run": str(self.run_dir)}
+        return found | ({"scenario": dict(self.scenario)} if self.scenario else {})
 
     @property
     def posterior(self) -> Any:
-        """The server's posterior (a Gaussian with `.mean` and `.sample`, or a `PointEstimate`)."""
-        return self.algorithm.posterior(self.server)
+        """The server's posterior as a `bayesadmm.Posterior` (a `GaussianPosterior` with `.mean`, `.precision` and
+        `.sample`, or a `PointPosterior`, a `PointEstimate`) with the model's layout: `.save`, `.to_module`,
+        `.predict`. A user's algorithm whose posterior is neither (or a Result without its model) gives the
+        algorithm's own object."""
+        from bayesadmm.posterior import Posterior
+
+        distribution = self.algorithm.posterior(self.server)
+        if self.model is None:
+            return distribution
+        try:
+            return Posterior.of(distribution, self.model, self.provenance)
+        except TypeError:
+            return distribution
 
     def client_states(self, clients: Iterable[int] | None = None) -> dict[int, Any]:
         """The client states of the run's last checkpoint (client id → state; all clients, or those asked for), read

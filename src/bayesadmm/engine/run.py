@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from bayesadmm.engine.policy import default_workers
 from bayesadmm.engine.pool import client_runner
 from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.rundir import (
+    POSTERIOR,
     RunDirError,
     prepare_fresh,
     read_bytes,
@@ -65,6 +67,20 @@ def _final_status(path: Path, state: str, round_: int, message: str) -> None:
         write_json(path, {"status": state, "round": round_, "message": message})
     except OSError:
         pass
+
+
+def _save_posterior(result: Result) -> None:
+    """posterior.safetensors: the run's posterior (the last good state), so that the run directory can be handed to
+    someone who only predicts. A user's algorithm whose posterior is not a Gaussian or a point estimate has none."""
+    from bayesadmm.posterior import Posterior
+
+    try:
+        posterior = result.posterior
+    except ValueError as exc:  # a user's algorithm whose posterior is not over the model's parameters
+        warnings.warn(f"the run wrote no {POSTERIOR}: {exc}", stacklevel=2)
+        return
+    if isinstance(posterior, Posterior):
+        posterior.save(result.run_dir / POSTERIOR)
 
 
 class Run:
@@ -325,9 +341,11 @@ class Run:
             }
         if self.history:
             reports.try_plot_run(self.history, self.run_dir / "curves.png", title=self.title)
-        write_json(self.status_path, status)
         last = self.checkpointed if code != EXIT_OK else status["round"]
-        return self.result(status["status"], code, last, status.get("message", ""))
+        result = self.result(status["status"], code, last, status.get("message", ""))
+        _save_posterior(result)
+        write_json(self.status_path, status)
+        return result
 
     def result(self, status: str | None = None, code: int = EXIT_OK, round_: int | None = None, message: str = ""):
         """The run's `Result`; by default that of a run found already complete (status as status.json has it)."""
@@ -336,8 +354,11 @@ class Run:
             status = json.loads(read_bytes(self.status_path))["status"] if exists else "stopped"
             message = f"already complete up to round {self.round}: nothing to do"
         round_ = self.round if round_ is None else round_
-        history, model = self.history, self.federation.model
-        return Result(status, code, round_, history, self.server, self.algorithm, self.run_dir, message, model)
+        federation = self.federation
+        return Result(
+            status, code, round_, self.history, self.server, self.algorithm, self.run_dir, message,
+            federation.model, federation.scenario,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Close the clients (stop worker processes); the Run keeps its server state and history."""

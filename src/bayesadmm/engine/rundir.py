@@ -57,10 +57,14 @@ __all__ = [
     "shard_path",
     "real_folder",
     "SHARDS",
+    "POSTERIOR",
+    "RUN_FILES",
 ]
 
+# the run's posterior, written when it ends (`bayesadmm.Posterior.save`)
+POSTERIOR = "posterior.safetensors"
 # what a run writes; a directory holding any of them holds a run
-RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json")
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json", POSTERIOR)
 LOCK = ".lock"
 SHARDS = "client-states"  # the run directory's folder of checkpoint shards
 # the only shard names the engine writes (`r<round>-w<worker>.pt`), and so the only ones a checkpoint may list
@@ -245,10 +249,11 @@ def dump_state(tree: Any, f: Any) -> None:
     torch.save(sealed(json.dumps(structure), tensors), f)
 
 
-def read_state(f: Any) -> Any:
+def read_state(f: Any, map_location: str | None = None) -> Any:
     """The tree `dump_state` wrote (nothing but tensors and plain values is ever loaded), its checksum verified; a
-    TreeError or torch's UnpicklingError for anything else."""
-    payload = torch.load(f, weights_only=True)
+    TreeError or torch's UnpicklingError for anything else. `map_location="cpu"` reads a GPU run's tensors on a
+    machine without one."""
+    payload = torch.load(f, weights_only=True, map_location=map_location)
     if isinstance(payload, dict) and payload.get("format") in OLD_STATE_FORMATS:
         raise OldStateError("written by an older bayesadmm, without a checksum")
     if not isinstance(payload, dict) or payload.get("format") != STATE_FORMAT:
@@ -273,12 +278,13 @@ def save_state(path: Path, tree: Any) -> None:
             raise writes.error from None  # an OSError, which _replacing turns into one naming the file
 
 
-def load_state(path: Path) -> Any:
-    """The tree `save_state` wrote to `path`; a RunDirError naming the file if it is not one (or was tampered with)."""
+def load_state(path: Path, map_location: str | None = None) -> Any:
+    """The tree `save_state` wrote to `path`; a RunDirError naming the file if it is not one (or was tampered with).
+    `map_location`: as `read_state`."""
     fd = _open_regular(Path(path))  # a link or a FIFO: refused before it is opened
     try:
         with os.fdopen(fd, "rb") as f:
-            return read_state(f)
+            return read_state(f, map_location)
     except OldStateError:
         raise RunDirError(
             f"{path} was written by an older bayesadmm (no checksum to verify it by); start the run again"

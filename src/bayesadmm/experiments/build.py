@@ -33,6 +33,15 @@ from bayesadmm.models import MODELS, FlatModel, make_model
 # The set-up streams, generator_for(seed, 0, <id>); 10⁹ + 3 and + 4 are the engine's (participants, evaluation).
 SUBSAMPLE, PARTITION, INIT, VALIDATION, TEST_SPLIT = 10**9, 10**9 + 1, 10**9 + 2, 10**9 + 5, 10**9 + 6
 DIABETES_TEST = 0.2  # the diabetes set's test rows, drawn per seed (it comes as one set of 442)
+# dataset -> (numbers per input, classes; 0: the targets are not class labels), what `load_data` gives: a finished
+# run's model is rebuilt from these without reading its data (`scenario_model`)
+DATASET_SHAPES: dict[str, tuple[int, int]] = {
+    "fashion-mnist": (784, 10),
+    "mnist": (784, 10),
+    "cifar10": (3072, 10),
+    "cifar100": (3072, 100),
+    "diabetes": (10, 0),
+}
 
 
 @dataclass(frozen=True)
@@ -153,7 +162,8 @@ def build(config: RunConfig) -> Built:
         config.partition, labels, config.clients, generator_for(config.seed, 0, PARTITION), **options
     )
     outputs = num_classes or 1
-    model = make_model(config.model, **model_arguments(config.model, int(X[0].numel()), outputs))
+    record = scenario_record(config, int(X[0].numel()), outputs)
+    model = make_model(record["model"], **record["model_kwargs"])
     theta0 = model.initial_params(generator_for(config.seed, 0, INIT)).to(dtype)
     _check_fits(config, model, theta0, X[:1])
     # One client-ordered copy of the training set, each client a view of its rows: parallel workers then share
@@ -172,6 +182,7 @@ def build(config: RunConfig) -> Built:
         y_test.to(config.device),
         likelihood,
         eval_set="val" if config.validation > 0 else "test",
+        scenario=record,
     )
     return Built(federation, settings_of(config), parts, y, num_classes, outputs)
 
@@ -182,6 +193,27 @@ def model_arguments(name: str, in_features: int, outputs: int) -> dict[str, int]
     if "in_features" in inspect.signature(MODELS[name]).parameters:
         arguments["in_features"] = in_features
     return arguments
+
+
+def scenario_record(config: RunConfig, in_features: int, outputs: int) -> dict:
+    """What a scenario's posterior file records of its run (plain values, never code): the zoo model's name and
+    keyword arguments, the data set and its preprocessing, the likelihood and its settings."""
+    return {
+        "name": config.scenario,
+        "model": config.model,
+        "model_kwargs": model_arguments(config.model, in_features, outputs),
+        "dataset": config.dataset,
+        "preprocessing": config.preprocessing,
+        "likelihood": config.likelihood,
+        "likelihood_params": dict(config.likelihood_params),
+    }
+
+
+def scenario_model(config: RunConfig) -> tuple[FlatModel, dict]:
+    """The run's model and `scenario_record`, from the config alone (`DATASET_SHAPES`; no data is read)."""
+    in_features, num_classes = DATASET_SHAPES[config.dataset]
+    record = scenario_record(config, in_features, num_classes or 1)
+    return make_model(record["model"], **record["model_kwargs"]), record
 
 
 def _check_fits(config: RunConfig, model: FlatModel, theta0: Tensor, example: Tensor) -> None:
@@ -270,6 +302,9 @@ __all__ = [
     "Data",
     "load_data",
     "model_arguments",
+    "scenario_model",
+    "scenario_record",
+    "DATASET_SHAPES",
     "settings_of",
     "make_algorithm_factory",
     "SUBSAMPLE",

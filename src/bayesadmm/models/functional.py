@@ -144,6 +144,11 @@ class FlatModel:
         plan = None if self.buffers else _sequential_plan(module, [slot.name for slot in slots])
         object.__setattr__(self, "_plan", plan)
 
+    @property
+    def layout(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The flat vector's layout: ``(name_j, shape_j)`` in ``named_parameters()`` order (what ``unflatten`` uses)."""
+        return tuple((slot.name, tuple(slot.shape)) for slot in self._slots)
+
     def initial_params(self, generator: torch.Generator) -> Tensor:
         """The flat parameters of a freshly built module with PyTorch's default initialisation.
 
