@@ -22,8 +22,9 @@ from bayesadmm.solvers.von import SubproblemError
 __all__ = ["Federation", "Result", "participants", "PARTICIPANTS", "EVALUATION", "BREAKDOWNS", "EXIT_OK",
            "EXIT_FAILED", "EXIT_DIVERGED"]  # fmt: skip
 
-# The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5 are the config layer's set-up
-# streams (subsample, partition, initial weights, validation split).
+# The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5, 6 are the config layer's set-up
+# streams (subsample, partition, initial weights, validation split, test rows), 10⁹ + 7, 8, 9 the personal split,
+# fine-tuning and personal evaluation (`engine.personal`).
 PARTICIPANTS, EVALUATION = 10**9 + 3, 10**9 + 4
 BREAKDOWNS = (DivergenceError, SubproblemError, FloatingPointError)
 EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
@@ -44,6 +45,8 @@ class Federation:
     likelihood: Likelihood
     metrics: Mapping[str, Callable[[Tensor, Tensor], float]] = field(default_factory=dict)
     eval_set: str = "test"  # the metrics' prefix: test_*, or val_* for a held-out part of the training set
+    # each client's personal test split and how it is evaluated (`engine.personal.Personalisation`); None: not at all
+    personal: Any = None
 
 
 @dataclass
@@ -65,6 +68,19 @@ class Result:
     def posterior(self) -> Any:
         """The server's posterior (a Gaussian with `.mean` and `.sample`, or a `PointEstimate`)."""
         return self.algorithm.posterior(self.server)
+
+    def personal(self, client: int, data: Any = None, seed: int = 0, finetune: Any = None) -> Any:
+        """Client `client`'s personal posterior at the end of the run: the method's own (`Algorithm.personal` of the
+        server and the client's checkpointed state: BayesADMM's q_k, FedLap-Cov's local Laplace posterior, FedEP's
+        tilted distribution, ...), or, for a method without one, a `PointEstimate` fine-tuned from the global mean on
+        `data` (the client's training data) with `finetune` (`engine.personal.FineTune`) and the generator of
+        (seed, round, FINETUNE, client): pass the run's seed for the engine's numbers."""
+        from bayesadmm.engine.personal import FINETUNE, FineTune, personal_posterior, stream
+
+        hooked = self.algorithm.personal is not None
+        state = self.client_states([client])[client] if hooked else None
+        generator = None if hooked else stream(seed, self.round, FINETUNE, client)
+        return personal_posterior(self.algorithm, self.server, state, data, generator, finetune or FineTune())
 
     def client_states(self, clients: Iterable[int] | None = None) -> dict[int, Any]:
         """The client states of the run's last checkpoint (client id → state; all clients, or those asked for), read
