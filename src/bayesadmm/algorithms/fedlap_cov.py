@@ -220,7 +220,9 @@ def make(
 
     def personal(server: ServerState, state: ClientState) -> Posterior:
         # the local Laplace posterior N(w_k, diag(S_k)⁻¹) of the client's last solve; q_g before its first
-        return posterior(server) if state.mean is None else _gaussian(state.mean, state.precision)
+        if state.mean is None or state.precision is None:
+            return posterior(server)
+        return _gaussian(state.mean, state.precision)
 
     local = LocalStep(solver, prepare, finish)
     return Algorithm.from_local(

@@ -160,23 +160,20 @@ def evaluate_personal(
     return results
 
 
-def headline(metrics: Mapping[str, float], name: str) -> float | None:
-    """A model's number for metric `name`: the predictive's (`ens_name`) where it was measured, else the mean's."""
-    value = metrics.get(f"ens_{name}", metrics.get(name))
-    return None if value is None else float(value)
-
-
 def summarise(per_client: Mapping[int, Mapping[str, Any]]) -> dict[str, float]:
-    """`{global,personal}_{metric}_{mean,worst}` over the clients for each metric of `SUMMARISED` measured (the
-    predictive's where there is one, `headline`); worst is the lowest accuracy, the highest NLL, ECE, ..."""
+    """`{global,personal}_{metric}_{mean,worst}` over the clients for each metric of `SUMMARISED` measured at the
+    models' means, and `ens_...` likewise for the predictive where every client's model has one (as metrics.jsonl
+    names `test_acc` and `ens_test_acc`); worst is the lowest accuracy, the highest NLL, ECE, ..."""
     line: dict[str, float] = {}
-    for model in ("global", "personal"):
-        for metric, best in SUMMARISED.items():
-            values = [v for c in per_client.values() if (v := headline(c[model], metric)) is not None]
-            if values and all(math.isfinite(v) for v in values):
+    for prefix in ("", "ens_"):
+        for model in ("global", "personal"):
+            for metric, best in SUMMARISED.items():
+                values = [c[model].get(prefix + metric) for c in per_client.values()]
+                if not values or any(v is None or not math.isfinite(v) for v in values):
+                    continue
                 worst = min if best is max else max
-                line[f"{model}_{metric}_mean"] = statistics.fmean(values)
-                line[f"{model}_{metric}_worst"] = worst(values)
+                line[f"{prefix}{model}_{metric}_mean"] = statistics.fmean(values)
+                line[f"{prefix}{model}_{metric}_worst"] = worst(values)
     return line
 
 
