@@ -126,6 +126,7 @@ def personal_report(
         return None
     markdown = _markdown_table(*personal_rows(runs))
     if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "personal.md").write_text(markdown + "\n")
         plot_personal(runs, Path(out_dir) / "personal.png")
     return markdown
