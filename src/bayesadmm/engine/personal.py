@@ -29,7 +29,7 @@ from bayesadmm.solvers.adam import LocalAdam
 
 __all__ = [
     "PERSONAL_SPLIT", "FINETUNE", "PERSONAL_EVALUATION", "FineTune", "Personalisation", "held_out", "split_personal",
-    "stream", "personal_posterior", "evaluate_personal", "summarise", "SUMMARISED",
+    "stream", "personal_posterior", "evaluate_personal", "summarise", "SUMMARISED", "personal",
 ]  # fmt: skip
 
 PERSONAL_SPLIT, FINETUNE, PERSONAL_EVALUATION = 10**9 + 7, 10**9 + 8, 10**9 + 9
@@ -201,3 +201,9 @@ def personal_record(round_: int, per_client: Mapping[int, Mapping[str, Any]]) ->
     """A line of personal.jsonl: the round and every evaluated client's metrics (client ids as strings, as JSON keys
     are)."""
     return {"round": round_, "clients": {str(k): dict(v) for k, v in sorted(per_client.items())}}
+
+
+def personal(result: Any, client: int, data: Any = None, seed: int = 0, finetune: FineTune | None = None) -> Any:
+    """Client `client`'s personal posterior of a finished run: `Result.personal` (the method's own, or a model
+    fine-tuned on `data` where it keeps none)."""
+    return result.personal(client, data, seed, finetune)
