@@ -192,3 +192,11 @@ def test_compare_makes_the_personalised_table(tmp_path):
     assert [row.split(" | ")[0] for row in rows] == ["| fedavg (m_g)", "| ivon-admm (m_g)", "| ivon-admm (predictive)"]
     assert all(" → " in cell for row in rows for cell in row.strip("| ").split(" | ")[3:])
     assert (tmp_path / "out/personal.md").exists() and (tmp_path / "out/personal.png").stat().st_size > 0
+
+
+def test_a_resumed_run_writes_the_personal_lines_of_an_uninterrupted_one(tmp_path):
+    whole = _run("fedavg", tmp_path, "whole", personal_split=0.2, personal_every=1)
+    _run("fedavg", tmp_path, "parts", personal_split=0.2, personal_every=1, stop_at=1)
+    resumed = _run("fedavg", tmp_path, "parts", personal_split=0.2, personal_every=1, resume=True)
+    assert _lines(tmp_path / "parts/personal.jsonl") == _lines(tmp_path / "whole/personal.jsonl")
+    assert resumed.history[-1]["personal_acc_mean"] == whole.history[-1]["personal_acc_mean"]
