@@ -200,3 +200,17 @@ def test_a_resumed_run_writes_the_personal_lines_of_an_uninterrupted_one(tmp_pat
     resumed = _run("fedavg", tmp_path, "parts", personal_split=0.2, personal_every=1, resume=True)
     assert _lines(tmp_path / "parts/personal.jsonl") == _lines(tmp_path / "whole/personal.jsonl")
     assert resumed.history[-1]["personal_acc_mean"] == whole.history[-1]["personal_acc_mean"]
+
+
+@pytest.mark.parametrize("method, lr, batch", [("fedavg", 0.05, 8), ("fedlap-func", 0.05, 8), ("fedpa", 1e-3, 32)])
+def test_fine_tuning_takes_the_methods_own_adam_settings_or_the_defaults(method, lr, batch):
+    from bayesadmm.algorithms.spec import Context, get
+
+    flat = bayesadmm.FlatModel.from_module(nn.Linear(4, 3))
+    spec = get(method)
+    algorithm = spec.factory(spec.make_hparams(**spec.example), Context(flat.dim, flat, {0: 9, 1: 9}, None, 3))()
+    solver = bayesadmm.FineTune(2).solver(algorithm)
+    assert (solver.lr, solver.batch_size, solver.epochs) == (lr, batch, 2)
+    assert bayesadmm.FineTune(2, lr=0.1, batch_size=4).solver(algorithm).lr == 0.1
+    with pytest.raises(ValueError, match="finetune_epochs"):
+        bayesadmm.FineTune(0)

@@ -25,7 +25,7 @@ from bayesadmm.algorithms.base import Algorithm, PointEstimate
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
-from bayesadmm.solvers.adam import LocalAdam
+from bayesadmm.solvers.adam import LocalAdam, LocalAdamProx
 
 __all__ = [
     "PERSONAL_SPLIT", "FINETUNE", "PERSONAL_EVALUATION", "FineTune", "Personalisation", "held_out", "split_personal",
@@ -41,7 +41,7 @@ SUMMARISED = {"acc": max, "nll": min, "ece": min, "brier": min, "rmse": min, "ca
 class FineTune:
     """The baseline personal model of a method without client posteriors: `epochs` of Adam from the global mean on
     the client's training data. `lr` and `batch_size` None: the method's own local Adam's where it has one (FedAvg,
-    FedProx, FedDyn, ADMM with Adam, the FedLap methods), else 1e-3 and 32."""
+    FedProx, FedDyn, ADMM with Adam, the FedLap methods, FedSEP), else 1e-3 and 32 (FedPA's SG-MCMC is no Adam)."""
 
     epochs: int = 3
     lr: float | None = None
@@ -54,7 +54,10 @@ class FineTune:
     def solver(self, algorithm: Algorithm) -> LocalAdam:
         """The Adam run: this object's lr and batch size, else those of the method's local solver, else defaults."""
         local = algorithm.local.solver if algorithm.local is not None else None
-        local = getattr(local, "adam", local)  # a solver that wraps its Adam run (FedLap-Cov's)
+        for _ in range(3):  # into solvers that wrap their Adam run (FedLap-Func's `adam`, FedSEP's inference's)
+            if local is None or isinstance(local, (LocalAdam, LocalAdamProx)):
+                break
+            local = next((getattr(local, a) for a in ("adam", "inference", "solver") if hasattr(local, a)), None)
         lr = self.lr if self.lr is not None else getattr(local, "lr", 1e-3)
         batch_size = self.batch_size if self.batch_size is not None else getattr(local, "batch_size", 32)
         return LocalAdam(lr=float(lr), epochs=self.epochs, batch_size=int(batch_size))
