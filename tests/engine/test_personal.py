@@ -214,3 +214,27 @@ def test_fine_tuning_takes_the_methods_own_adam_settings_or_the_defaults(method,
     assert bayesadmm.FineTune(2, lr=0.1, batch_size=4).solver(algorithm).lr == 0.1
     with pytest.raises(ValueError, match="finetune_epochs"):
         bayesadmm.FineTune(0)
+
+
+def test_fedeps_personal_posterior_is_the_tilted_distribution_of_its_last_inference():
+    """Gaussian sites p_k = N(m_k, P_k⁻¹), exact tilted inference, damping ½, prior N(0, 2⁻¹I): the sites after
+    round 1 are ½(P_k m_k, P_k), so in round 2 client k's tilted p_k q_{−k} has precision
+    2I + ½Σ_j P_j + ½P_k and precision-mean ½Σ_j P_j m_j + ½P_k m_k."""
+    from bayesadmm.algorithms import fedep
+    from bayesadmm.solvers.ep_inference import ExactGaussian, GaussianLikelihood
+
+    g = torch.Generator().manual_seed(5)
+    clients = []
+    for _ in range(3):
+        root = torch.randn(3, 3, generator=g, dtype=torch.float64)
+        clients.append(GaussianLikelihood(torch.randn(3, generator=g, dtype=torch.float64),
+                                          torch.linalg.inv(root @ root.T + torch.eye(3, dtype=torch.float64))))
+    algorithm = fedep.make(FullGaussian(3), ExactGaussian(), damping=0.5, prior_precision=2.0)
+    server, states = run_rounds(algorithm, clients, torch.zeros(3, dtype=torch.float64), rounds=2)
+    P = [torch.linalg.inv(c.covariance) for c in clients]
+    for k, client in enumerate(clients):
+        precision = 2.0 * torch.eye(3, dtype=torch.float64) + 0.5 * sum(P) + 0.5 * P[k]
+        h = 0.5 * sum(p @ c.mean for p, c in zip(P, clients, strict=True)) + 0.5 * P[k] @ client.mean
+        q_k = algorithm.personal(server, states[k])
+        torch.testing.assert_close(q_k.precision, precision, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(q_k.mean, torch.linalg.solve(precision, h), rtol=1e-10, atol=1e-10)
