@@ -4,7 +4,8 @@
 
 Each table folder holds the runs behind it as one runs.jsonl (written by `bayesadmm compare --out`); `compare` is
 run on it again with the table's rounds (and the papers' numbers for the test-set tables), rewriting table.md,
-paper.md and curves.png. Then every block of the pages in docs/results (README.md, diabetes.md) of the form
+paper.md and curves.png (and personal.md, for runs with a personal split). Then every block of the pages in
+docs/results (README.md, diabetes.md, personal.md) of the form
 
     <!-- include: fmnist-heterog10/paper.md -->
     ...anything...
@@ -19,12 +20,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from bayesadmm.personal_reports import personal_report
 from bayesadmm.reports import compare
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 SCENARIOS = ("fmnist-heterog10", "fmnist-homog10", "fmnist-heterog100")
 # the selections on the validation split end early (stop_at): their tables stop there
 SELECTION_ROUNDS = {"select-ivon-lr": [5, 10], "select-fedlap-func-tau": [5, 10], "select-fedlap-func": [10, 25]}
+# the personalised runs are 20 rounds long (docs/results/personal.md)
+SHORT_ROUNDS = {**SELECTION_ROUNDS, "personal": [10, 20]}
 BLOCK = re.compile(r"(<!-- include: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end include -->)", re.DOTALL)
 
 
@@ -33,15 +37,16 @@ def tables(root: Path = RESULTS) -> list[tuple[Path, list[int], str | None]]:
     found = []
     for runs in sorted(root.glob("**/runs.jsonl")):
         folder = runs.parent
-        selection = SELECTION_ROUNDS.get(folder.parent.name)
-        paper = folder.name if folder.name in SCENARIOS and not selection else None
-        found.append((runs, selection or [10, 25, 50], paper))
+        short = SHORT_ROUNDS.get(folder.parent.name)
+        paper = folder.name if folder.name in SCENARIOS and not short else None
+        found.append((runs, short or [10, 25, 50], paper))
     return found
 
 
 def rebuild_tables(root: Path = RESULTS) -> int:
     for runs, rounds, paper in tables(root):
         compare([runs], rounds, out_dir=runs.parent, paper=paper)
+        personal_report([runs], out_dir=runs.parent)  # personal.md where the runs evaluated personal models
     return len(tables(root))
 
 

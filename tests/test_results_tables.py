@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bayesadmm.personal_reports import personal_report
 from bayesadmm.reports import compare
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "results_tables.py"
@@ -31,7 +32,9 @@ def test_the_kept_tables_are_what_compare_makes_of_the_kept_runs():
         if paper:
             written += "\n\n" + (runs.parent / "paper.md").read_text().rstrip("\n")
         assert compare([runs], rounds, paper=paper) == written, runs
-    assert [page.name for page in script.pages()] == ["README.md", "diabetes.md"]
+        if (runs.parent / "personal.md").exists():
+            assert personal_report([runs]) == (runs.parent / "personal.md").read_text().rstrip("\n"), runs
+    assert [page.name for page in script.pages()] == ["README.md", "diabetes.md", "personal.md"]
     for page in script.pages():
         for match in script.BLOCK.finditer(page.read_text()):  # the pages quote those files as they are
             quoted = (page.parent / match.group("path")).read_text()

@@ -5,6 +5,7 @@ The public API:
     bayesadmm.run(model, clients, test, algorithm=..., hparams=..., likelihood=..., rounds=..., ...)  -> Result
     bayesadmm.load(run_dir, model=..., likelihood=...) -> Result                  a finished run, read back
     bayesadmm.Posterior: result.posterior, .save(path), Posterior.load(path), .to_module(m), .predict(m, x)
+    bayesadmm.personal(result, k), evaluate_personal(...), FineTune(epochs)    client k's personal posterior, scored
     bayesadmm.Classification(), GaussianRegression(noise), Poisson(), NegLogLikelihood(fn)           likelihoods
     bayesadmm.algorithms.names(), .register(MethodSpec(...)), .make(name, **hparams), bayesadmm.Algorithm   methods
     bayesadmm.ClientData, SupervisedData, DataError                                                  client data
@@ -18,6 +19,7 @@ from bayesadmm import algorithms, trees
 from bayesadmm.algorithms import Algorithm, DivergenceError, PointEstimate
 from bayesadmm.clients import ClientData, SupervisedData, TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.engine.personal import FineTune, evaluate_personal, personal
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.federated import algorithm_factory, run
 from bayesadmm.likelihoods import (
@@ -66,4 +68,7 @@ __all__ = [
     "run_federation",
     "generator_for",
     "evaluate",
+    "personal",
+    "evaluate_personal",
+    "FineTune",
 ]

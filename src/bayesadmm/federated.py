@@ -29,7 +29,9 @@ from bayesadmm.algorithms import Algorithm
 from bayesadmm.algorithms.spec import Context, MethodSpec, get
 from bayesadmm.clients import ClientData, ClientObjects, TensorClients, client_ids
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.engine.personal import PERSONAL_SPLIT, FineTune, Personalisation, split_personal
 from bayesadmm.engine.settings import dtype_name
+from bayesadmm.engine.simulate import generator_for
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.userdata import as_tensors, check_client_objects, check_data
@@ -139,6 +141,9 @@ def run(
     overwrite: bool = False,
     progress: bool = True,
     on_round: Callable[[dict], None] | None = None,
+    personal_split: float = 0.0,
+    personal_every: int = 0,
+    finetune_epochs: int = 3,
 ) -> Result:
     """Run a federated experiment and return its `Result`: the status, the metrics of every round, the final server
     state and `result.posterior`, and the run directory. (Its length is this Args list; the body is about 35 lines.)
@@ -186,6 +191,11 @@ def run(
             `RunDirError`, as does a second process writing the same directory.
         progress: show a progress bar.
         on_round: called with each round's metrics line (a dict).
+        personal_split: hold out this fraction of every client's data as its own test split (seeded, stream
+            `engine.personal.PERSONAL_SPLIT`; 0: none, the run as without it) and evaluate on it, after the last
+            round and every `personal_every` rounds, the global and each client's personal model (personal.jsonl,
+            and `personal_*`/`global_*` means and worst clients in the metrics); `finetune_epochs`: the local Adam
+            epochs of the personal model of methods that keep no client posterior (docs/guides/posterior.md).
     """
     settings = Settings(
         rounds=rounds,
@@ -202,14 +212,20 @@ def run(
     likelihood = _checked_arguments(hparams, likelihood)
     flat, theta0 = _flat_model(model)
     settings = _in_model_dtype(settings, dtype, theta0)
+    finetune = FineTune(finetune_epochs)
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
+    source, tests = _personal_split(source, personal_split, seed, device)
     make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
+    personal = Personalisation(tests, personal_every, finetune) if tests is not None else None
     federation = Federation(
-        flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {})
-    )
+        flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {}),
+        personal=personal,
+    )  # fmt: skip
     run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
     config = _run_config(settings, algorithm, hparams, likelihood, model, flat, source.sizes)
+    if personal is not None:  # only then: the files of other runs stay as they were
+        config["personal"] = {"split": personal_split, "every": personal_every, "finetune_epochs": finetune_epochs}
     if resume:
         _check_same_run(run_dir, config)
     return run_federation(
@@ -223,6 +239,22 @@ def run(
         on_round=on_round,
         overwrite=overwrite,
     )
+
+
+def _personal_split(source, fraction: float, seed: int, device: str) -> tuple[Any, dict | None]:
+    """The clients without their personal test rows and those rows by client (on `device`), drawn from the stream
+    (seed, 0, PERSONAL_SPLIT); for fraction 0 the source as it is and None (`split_personal` checks the others)."""
+    if isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and fraction == 0:
+        return source, None
+    if not isinstance(source, TensorClients):
+        raise ValueError(
+            "personal_split needs the clients' examples: give them as (X, y) pairs or Datasets, not ClientData objects"
+        )
+    rows = {k: torch.arange(a, b) for k, (a, b) in source.slices.items()}
+    train, test = split_personal(rows, fraction, generator_for(seed, 0, PERSONAL_SPLIT))
+    parts = {k: (source.X[train[k]], source.y[train[k]]) for k in train}
+    tests = {k: (source.X[test[k]].to(device), source.y[test[k]].to(device)) for k in test}
+    return TensorClients.from_parts(source.model, parts, source.likelihood, device), tests
 
 
 def _checked_arguments(hparams, likelihood: Likelihood | None) -> Likelihood:

@@ -141,5 +141,11 @@ def make(
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)
 
+    def personal(server: ServerState, state: ClientState) -> Posterior:
+        # q_k = family(λ_k) of the client's last local solve (Eq. 15); q_g before its first
+        return posterior(server) if state.natural is None else Posterior(family, state.natural)
+
     local = LocalStep(solver, prepare, finish)
-    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
+    return Algorithm.from_local(
+        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal
+    )

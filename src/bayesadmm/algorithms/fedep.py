@@ -44,7 +44,7 @@ from bayesadmm.algorithms.ep_common import (
 )
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
-from bayesadmm.families import DiagonalGaussian, Natural
+from bayesadmm.families import DiagonalGaussian, Natural, Posterior
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ep_inference import TiltedInference, TiltedProblem, TiltedSolver
 from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
@@ -55,6 +55,7 @@ from bayesadmm.trees import register
 class ClientState(NamedTuple):
     site: Natural  # λ_k
     optimizer: Any  # ClientOptim state
+    tilted: Natural | None = None  # λ̂_k of the last tilted inference (3): the client's personal posterior
 
 
 def make(
@@ -104,11 +105,16 @@ def make(
         delta = clip_delta(nat.sub(tilted, unpack("lam", message)), clip_norm)  # (4)
         step, optimizer = client_optimizer.step(delta, state.optimizer)
         site = nat.add(state.site, nat.scale(step, server.damping))  # (5)
-        return ClientState(site, optimizer), pack("delta", delta), NoInfo()
+        return ClientState(site, optimizer, tilted), pack("delta", delta), NoInfo()
+
+    def personal(server_state: ServerState, state: ClientState) -> Posterior:
+        # q̂_k ≈ proj[p_k q_{−k}]: the cavity (q_g without the client's site) times the client's own likelihood, as
+        # the client's last tilted inference (3) found it; q_g before its first
+        return server.posterior(server_state) if state.tilted is None else Posterior(family, state.tilted)
 
     local = LocalStep(TiltedSolver(inference), prepare, finish)
     return Algorithm.from_local(
-        name, server.init, init_client, server.broadcast, local, server.update, server.posterior
+        name, server.init, init_client, server.broadcast, local, server.update, server.posterior, personal=personal
     )
 
 

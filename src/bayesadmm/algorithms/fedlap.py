@@ -223,7 +223,13 @@ def make(
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
-    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
+    def personal(server: ServerState, state: ClientState) -> PointEstimate:
+        # the mean w_k of the client's last local Laplace solve (its covariance is the prior's, like q_g's)
+        return posterior(server) if state.theta is None else PointEstimate(state.theta)
+
+    return Algorithm.from_local(
+        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal
+    )
 
 
 def damping_for(rho: float | str, name: str) -> Damping:

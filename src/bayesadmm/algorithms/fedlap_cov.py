@@ -216,11 +216,24 @@ def make(
         return ServerState(v_sum / precision, precision, server.theta0, last), ServerInfo(len(last))
 
     def posterior(server: ServerState) -> Posterior:
-        family = DiagonalGaussian(server.mean.shape[0])
-        return Posterior(family, family.from_moments(server.mean, server.precision))
+        return _gaussian(server.mean, server.precision)
+
+    def personal(server: ServerState, state: ClientState) -> Posterior:
+        # the local Laplace posterior N(w_k, diag(S_k)⁻¹) of the client's last solve; q_g before its first
+        if state.mean is None or state.precision is None:
+            return posterior(server)
+        return _gaussian(state.mean, state.precision)
 
     local = LocalStep(solver, prepare, finish)
-    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
+    return Algorithm.from_local(
+        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal
+    )
+
+
+def _gaussian(mean: Tensor, precision: Tensor) -> Posterior:
+    """N(mean, diag(precision)⁻¹) as a Posterior of the diagonal family."""
+    family = DiagonalGaussian(mean.shape[0])
+    return Posterior(family, family.from_moments(mean, precision))
 
 
 @dataclass(frozen=True)

@@ -308,8 +308,14 @@ def make(
     def posterior(server: ServerState) -> PointEstimate:
         return PointEstimate(server.theta)
 
+    def personal(server: ServerState, state: ClientState) -> PointEstimate:
+        # the local mean w_k of the last training, as FedLap's (the covariance is the prior's)
+        return posterior(server) if state.theta is None else PointEstimate(state.theta)
+
     local = LocalStep(solver, prepare, finish)
-    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
+    return Algorithm.from_local(
+        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal
+    )
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ class ServerState(NamedTuple):
 @register
 class ClientState(NamedTuple):
     site: Natural  # η_k
+    natural: Natural | None = None  # λ_k, the local q_k of the last solve (36): the client's personal posterior
 
 
 def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") -> Algorithm:
@@ -74,7 +75,7 @@ def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") 
     def finish(state: ClientState, message: Message, loss, problem: VariationalProblem, result):
         change = nat.scale(nat.sub(result.natural, problem.lam_g), damping)
         return (
-            ClientState(nat.add(state.site, change)),
+            ClientState(nat.add(state.site, change), result.natural),
             pack("site_change", change),
             SolveInfo(result.iterations, result.converged),
         )
@@ -89,5 +90,11 @@ def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") 
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)
 
+    def personal(server: ServerState, state: ClientState) -> Posterior:
+        # the local q_k of (36); q_g before the client's first solve
+        return posterior(server) if state.natural is None else Posterior(family, state.natural)
+
     local = LocalStep(solver, prepare, finish)
-    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
+    return Algorithm.from_local(
+        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal
+    )

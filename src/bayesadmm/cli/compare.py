@@ -56,6 +56,7 @@ def table_rounds(text: str) -> list[int]:
 
 
 def command(args) -> int:
+    from bayesadmm.personal_reports import personal_report
     from bayesadmm.reports import compare
 
     try:
@@ -73,10 +74,15 @@ def command(args) -> int:
                 reason = exc.strerror or exc
                 raise ValueError(f"--out {args.out} cannot be created ({reason}); choose another folder") from None
         print(compare(args.sources, rounds, args.out, paper=args.paper, only=only))
+        personal = personal_report(args.sources, args.out, only)  # runs with a personal split: global vs personal
+        if personal is not None:
+            print(f"\npersonalised (each client's own test split):\n\n{personal}")
     except (ValueError, OSError) as exc:  # OSError: a source that cannot be read, or a file of --out not written
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
     if args.out:
-        written = ", ".join(str(args.out / name) for name in ("table.md", "table.tex", "curves.png", "runs.jsonl"))
+        names = ["table.md", "table.tex", "curves.png", "runs.jsonl"]
+        names += [name for name in ("personal.md", "personal.png") if (args.out / name).exists()]
+        written = ", ".join(str(args.out / name) for name in names)
         print(f"wrote {written}")
     return 0

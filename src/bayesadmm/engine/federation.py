@@ -22,8 +22,9 @@ from bayesadmm.solvers.von import SubproblemError
 __all__ = ["Federation", "Result", "participants", "PARTICIPANTS", "EVALUATION", "BREAKDOWNS", "EXIT_OK",
            "EXIT_FAILED", "EXIT_DIVERGED"]  # fmt: skip
 
-# The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5 are the config layer's set-up
-# streams (subsample, partition, initial weights, validation split).
+# The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5, 6 are the config layer's set-up
+# streams (subsample, partition, initial weights, validation split, test rows), 10⁹ + 7, 8, 9 the personal split,
+# fine-tuning and personal evaluation (`engine.personal`).
 PARTICIPANTS, EVALUATION = 10**9 + 3, 10**9 + 4
 BREAKDOWNS = (DivergenceError, SubproblemError, FloatingPointError)
 EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
@@ -47,6 +48,8 @@ class Federation:
     # a scenario's run: its zoo model (name and keyword arguments), data set, preprocessing and likelihood, as plain
     # values; recorded in the posterior file so that `bayesadmm predict` can rebuild the model (never code)
     scenario: Mapping[str, Any] | None = None
+    # each client's personal test split and how it is evaluated (`engine.personal.Personalisation`); None: not at all
+    personal: Any = None
 
 
 @dataclass
@@ -77,13 +80,32 @@ class Result:
         `.sample`, or a `PointPosterior`, a `PointEstimate`) with the model's layout: `.save`, `.to_module`,
         `.predict`. A user's algorithm whose posterior is neither (or a Result without its model) gives the
         algorithm's own object."""
+        return self._product(self.algorithm.posterior(self.server), {})
+
+    def personal(self, client: int, data: Any = None, seed: int = 0, finetune: Any = None) -> Any:
+        """Client `client`'s personal posterior at the end of the run: the method's own (`Algorithm.personal` of the
+        server and the client's checkpointed state: BayesADMM's q_k, FedLap-Cov's local Laplace posterior, FedEP's
+        tilted distribution, ...), or, for a method without one, a `PointEstimate` fine-tuned from the global mean on
+        `data` (the client's training data) with `finetune` (`engine.personal.FineTune`) and the generator of
+        (seed, round, FINETUNE, client): pass the run's seed for the engine's numbers. A `bayesadmm.Posterior` (with
+        the model's layout, so `.save`, `.to_module`, `.predict`) whose provenance names the client."""
+        from bayesadmm.engine.personal import FINETUNE, FineTune, personal_posterior, stream
+
+        hooked = self.algorithm.personal is not None
+        state = self.client_states([client])[client] if hooked else None
+        generator = None if hooked else stream(seed, self.round, FINETUNE, client)
+        distribution = personal_posterior(self.algorithm, self.server, state, data, generator, finetune or FineTune())
+        return self._product(distribution, {"client": client})
+
+    def _product(self, distribution: Any, extra: Mapping[str, Any]) -> Any:
+        """`distribution` as a `bayesadmm.Posterior` with the model's layout and this run's provenance (plus
+        `extra`); a user's algorithm's own posterior type, or a Result without its model, as it is."""
         from bayesadmm.posterior import Posterior
 
-        distribution = self.algorithm.posterior(self.server)
         if self.model is None:
             return distribution
         try:
-            return Posterior.of(distribution, self.model, self.provenance)
+            return Posterior.of(distribution, self.model, self.provenance | dict(extra))
         except TypeError:
             return distribution
 

@@ -17,6 +17,7 @@ import torch
 from bayesadmm import reports
 from bayesadmm.algorithms.base import info_scalars
 from bayesadmm.clients import fingerprint
+from bayesadmm.engine import personal
 from bayesadmm.engine.cohort import automatic_cohort
 from bayesadmm.engine.federation import (
     BREAKDOWNS,
@@ -193,6 +194,9 @@ class Run:
         self.history = _read_metrics(self.metrics_path, start)
         # drop rounds after the checkpoint (a kill here leaves the old file whole: the next resume drops them again)
         write_bytes(self.metrics_path, "".join(json.dumps(line) + "\n" for line in self.history).encode())
+        if self.federation.personal is not None or (self.run_dir / "personal.jsonl").exists():
+            kept = _read_metrics(self.run_dir / "personal.jsonl", start)  # personal.jsonl likewise
+            write_bytes(self.run_dir / "personal.jsonl", "".join(json.dumps(line) + "\n" for line in kept).encode())
         self._bar = progress_bar(settings.last_round, start, self.progress, self.title)
 
     def open(self) -> None:
@@ -254,6 +258,8 @@ class Run:
         if not all(math.isfinite(v) for v in results.values()):
             self._diverged(round_, f"non-finite {federation.eval_set} metrics {results}")
             return None
+        if federation.personal is not None and federation.personal.due(round_, settings.last_round):
+            line.update(self._personal(new_server, round_))
         self.server, self.round = new_server, round_
         line.update({f"server_{k}": v for k, v in info_scalars(server_info).items()})
         line.update(mean_client_info(self.clients.last_info))
@@ -272,6 +278,20 @@ class Run:
             generator=generator_for(self.settings.seed, round_, EVALUATION),
             extra=federation.metrics,
         )
+
+    def _personal(self, server: Any, round_: int) -> dict[str, float]:
+        """Every client's global and personal metrics on its own test split, appended to personal.jsonl; their
+        mean and worst client, and the seconds it took, for the round's metrics line."""
+        assert self.clients is not None
+        began = time.perf_counter()
+        states = self.clients.states() if self.algorithm.personal is not None else {}
+        states = states or {k: None for k in self.ids}
+        settings = self.settings
+        per_client = personal.evaluate_round(
+            self.federation, self.algorithm, server, states, settings.seed, settings.eval_samples, round_
+        )
+        append_line(self.run_dir / "personal.jsonl", personal.personal_record(round_, per_client))
+        return {**personal.summarise(per_client), "personal_seconds": time.perf_counter() - began}
 
     def _record(self, line: dict) -> None:
         """The metrics line, the checkpoint where due, the status, the bar and `on_round`, in this order."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -22,6 +22,7 @@ from bayesadmm import tracking
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.clients import TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.engine.personal import PERSONAL_SPLIT, FineTune, Personalisation, split_personal
 from bayesadmm.engine.settings import DTYPES
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
@@ -30,7 +31,8 @@ from bayesadmm.federated import algorithm_factory
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import MODELS, FlatModel, make_model
 
-# The set-up streams, generator_for(seed, 0, <id>); 10⁹ + 3 and + 4 are the engine's (participants, evaluation).
+# The set-up streams, generator_for(seed, 0, <id>); 10⁹ + 3 and + 4 are the engine's (participants, evaluation), and
+# 10⁹ + 7 (`engine.personal.PERSONAL_SPLIT`) the personal test split's.
 SUBSAMPLE, PARTITION, INIT, VALIDATION, TEST_SPLIT = 10**9, 10**9 + 1, 10**9 + 2, 10**9 + 5, 10**9 + 6
 DIABETES_TEST = 0.2  # the diabetes set's test rows, drawn per seed (it comes as one set of 442)
 # dataset -> (numbers per input, classes; 0: the targets are not class labels), what `load_data` gives: a finished
@@ -54,6 +56,7 @@ class Built:
     train_labels: Tensor  # the training targets (class labels, or real numbers or counts for regression)
     num_classes: int  # 0 where the targets are not class labels
     outputs: int  # the model's outputs: one per class, or 1 for a regression target
+    personal_tests: list[Tensor] = field(default_factory=list)  # client k's personal test rows (personal_split > 0)
 
     def algorithm(self) -> Algorithm:
         return self.federation.make_algorithm()
@@ -161,6 +164,7 @@ def build(config: RunConfig) -> Built:
     parts = make_partition(
         config.partition, labels, config.clients, generator_for(config.seed, 0, PARTITION), **options
     )
+    parts, tests = _personal_split(config, parts)
     outputs = num_classes or 1
     record = scenario_record(config, int(X[0].numel()), outputs)
     model = make_model(record["model"], **record["model_kwargs"])
@@ -183,8 +187,27 @@ def build(config: RunConfig) -> Built:
         likelihood,
         eval_set="val" if config.validation > 0 else "test",
         scenario=record,
+        personal=_personalisation(config, X, y, tests),
     )
-    return Built(federation, settings_of(config), parts, y, num_classes, outputs)
+    return Built(federation, settings_of(config), parts, y, num_classes, outputs, tests)
+
+
+def _personal_split(config: RunConfig, parts: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
+    """Each client's rows split into its training rows and its personal test rows (`personal_split` of them, drawn
+    from their own stream, so that every other random choice stays as without it); none where it is 0."""
+    if not config.personal_split:
+        return parts, []
+    generator = generator_for(config.seed, 0, PERSONAL_SPLIT)
+    train, test = split_personal(dict(enumerate(parts)), config.personal_split, generator)
+    return [train[k] for k in range(len(parts))], [test[k] for k in range(len(parts))]
+
+
+def _personalisation(config: RunConfig, X: Tensor, y: Tensor, tests: list[Tensor]) -> Personalisation | None:
+    """What the engine evaluates per client (`engine.personal`), or None without a personal split."""
+    if not tests:
+        return None
+    by_client = {k: (X[idx].to(config.device), y[idx].to(config.device)) for k, idx in enumerate(tests)}
+    return Personalisation(by_client, config.personal_every, FineTune(config.finetune_epochs))
 
 
 def model_arguments(name: str, in_features: int, outputs: int) -> dict[str, int]:
@@ -280,7 +303,10 @@ def _write_split(config: RunConfig, built: Built) -> None:
     from bayesadmm.data.partitions import plot_label_distribution
     from bayesadmm.engine.loop import write_json
 
-    write_json(config.run_dir() / "partition.json", {"clients": [idx.tolist() for idx in built.parts]})
+    split = {"clients": [idx.tolist() for idx in built.parts]}
+    if built.personal_tests:  # each client's personal test rows, only where there are
+        split["personal_test"] = [idx.tolist() for idx in built.personal_tests]
+    write_json(config.run_dir() / "partition.json", split)
     if not built.num_classes:
         return
     try:

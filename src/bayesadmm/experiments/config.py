@@ -49,12 +49,14 @@ class RunConfig:
     participation: float = 1.0  # fraction of clients per round
     eval_samples: int = 32  # posterior-predictive samples
     device: str = "cpu"
-    workers: int = 0  # client updates in parallel processes (0: one per core on the CPU, 1 on a
-    # GPU; results identical for any number)
+    workers: int = 0  # client updates in parallel processes (0: one per core on a CPU, 1 on a GPU; same results)
     checkpoint_every: int = 1  # write checkpoint.pt every this many rounds (and after the last)
     cohort: int = 0  # train a round's clients this many at a time as one batched computation (0: automatic: on
     # a CPU up to 16 for Adam, 1 for IVON; each worker's clients on a GPU; 1: one at a time; engine.cohort)
     dtype: str = "float32"  # the precision the run computes in: float32 or float64
+    personal_split: float = 0.0  # > 0: hold out this fraction of every client's data as its own test split
+    personal_every: int = 0  # evaluate the personal models every N rounds too (0: after the last round only)
+    finetune_epochs: int = 3  # local Adam epochs of the personal model of methods without client posteriors
     data_dir: str = ""
     out: str = ""  # run directory (default runs/<scenario>-<method>-s<seed>)
     log: str = ""  # also send each round's metrics to: tensorboard, mlflow or both ("tensorboard,mlflow")
@@ -74,6 +76,9 @@ class RunConfig:
         data = dataclasses.asdict(self)
         if data["dtype"] == "float32":
             del data["dtype"]
+        if not data["personal_split"]:  # likewise the personalisation's keys, where it is off
+            for key in ("personal_split", "personal_every", "finetune_epochs"):
+                del data[key]
         return data
 
     def make_likelihood(self) -> Likelihood:
@@ -244,8 +249,7 @@ def _read_source(source: str, table: dict) -> dict:
 
 
 def _file_tables(base: dict, source: str) -> tuple[dict, dict, dict]:
-    """The tables a config file may hold besides its general keys, taken out of `base`: "methods" (method name ->
-    hyperparameters), "hparams" and "likelihood_params", each checked to be an object."""
+    """The tables "methods" (name -> hyperparameters), "hparams", "likelihood_params" of `base`, taken out, checked."""
     method_table = base.pop("methods", {})
     file_hparams = base.pop("hparams", {})
     file_likelihood_params = base.pop("likelihood_params", {})
@@ -254,9 +258,7 @@ def _file_tables(base: dict, source: str) -> tuple[dict, dict, dict]:
     if not isinstance(file_hparams, dict):
         raise ConfigError(f'"hparams" in {source} must be an object of hyperparameters, e.g. {{"lr": 0.001}}')
     if not isinstance(file_likelihood_params, dict):
-        raise ConfigError(
-            f'"likelihood_params" in {source} must be an object of the likelihood\'s settings, e.g. {{"noise": 0.5}}'
-        )
+        raise ConfigError(f'"likelihood_params" in {source} must be an object of the likelihood\'s settings')
     return method_table, file_hparams, file_likelihood_params
 
 
@@ -301,16 +303,14 @@ def _sort_overrides(
 
 
 def _type_hparams(method: str, hparams: dict, hparam_specs: typing.Mapping[str, inspect.Parameter]) -> None:
-    """Convert `hparams` in place to the types the method's spec declares, and check them: none unknown, none
-    missing, and each value valid for the spec's own checks (e.g. a value among its choices)."""
+    """Convert `hparams` in place to the spec's types; check none is unknown or missing and each passes the spec."""
     for key, spec in hparam_specs.items():
         if key in hparams:
             hparams[key] = convert(key, hparams[key], kinds(spec, hparams[key]))
     unknown = sorted(set(hparams) - set(hparam_specs))
     if unknown:
-        raise ConfigError(
-            f"{method} has no hyperparameters {', '.join(unknown)}; valid: {', '.join(sorted(hparam_specs))}"
-        )
+        valid = ", ".join(sorted(hparam_specs))
+        raise ConfigError(f"{method} has no hyperparameters {', '.join(unknown)}; valid: {valid}")
     missing = sorted(k for k, p in hparam_specs.items() if p.default is inspect.Parameter.empty and k not in hparams)
     if missing:
         raise ConfigError(f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE)")
@@ -350,8 +350,11 @@ def _validate(config: RunConfig) -> None:
         problems.append(f"preprocessing must be one of {PREPROCESSING}, got {config.preprocessing!r}")
     if not 0 < config.data_fraction <= 1:
         problems.append(f"data_fraction must be in (0, 1], got {config.data_fraction}")
-    if not 0 <= config.validation < 1:
-        problems.append(f"validation must be in [0, 1), got {config.validation}")
+    for key in ("validation", "personal_split"):
+        if not 0 <= getattr(config, key) < 1:
+            problems.append(f"{key} must be in [0, 1), got {getattr(config, key)}")
+    if config.personal_every < 0:
+        problems.append(f"personal_every must be >= 0 (0: after the last round only), got {config.personal_every}")
     for name in config.trackers():
         if name not in TRACKERS:
             problems.append(f"unknown tracker {name!r} in log; valid: {', '.join(TRACKERS)}")
@@ -360,7 +363,7 @@ def _validate(config: RunConfig) -> None:
     # the run's schedule and execution (rounds, seed, participation, device, workers, dtype, ...): the engine's
     # Settings check them, with the same messages for every entry point
     problems.extend(engine_settings.problems({key: getattr(config, key) for key in engine_settings.KEYS}))
-    for key in ("clients", "classes_per_client", "per_class"):
+    for key in ("clients", "classes_per_client", "per_class", "finetune_epochs"):
         if getattr(config, key) < 1:
             problems.append(f"{key} must be >= 1, got {getattr(config, key)}")
     if problems:
@@ -378,8 +381,7 @@ def load(run_dir: Path) -> RunConfig:
         raise ConfigError(f"{path} is missing: {run_dir} is not a run directory of `bayesadmm run`") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} cannot be read ({exc}); is {run_dir} a run's folder?") from None
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    if not isinstance(data, dict) or not set(data) <= fields:
+    if not isinstance(data, dict) or not set(data) <= (fields := {f.name for f in dataclasses.fields(RunConfig)}):
         extra = sorted(set(data) - fields) if isinstance(data, dict) else [type(data).__name__]
         raise ConfigError(f"{path} is not a bayesadmm run configuration (unexpected: {', '.join(extra)})")
     # validated as a new configuration is: an edited config.json must not slip past the checks a command line meets
