@@ -32,8 +32,10 @@ EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
 @dataclass(frozen=True)
 class Federation:
     """What a run trains and how it is scored. `make_algorithm` is a zero-argument callable returning the Algorithm;
-    it and `clients` must pickle for worker processes (module-level functions, `functools.partial`s of them,
-    dataclasses of tensors). `metrics`: extra metric callables `fn(outputs (S, N, ...), targets) -> float`."""
+        it and `clients` must pickle for worker processes (module-level functions, `functools.partial`s of them,
+        dataclasses of tensors). `metrics`: extra metric callables `fn(outputs (S, N, ...), targets) -> float`. `ood_X`:
+    inputs from outside the training distribution; where given, each evaluation also reports the OOD AUROCs and the
+    selective accuracies (`bayesadmm.metrics.evaluate`'s `ood`), and without it nothing of the metrics changes."""
 
     model: FlatModel
     clients: ClientSource
@@ -44,6 +46,7 @@ class Federation:
     likelihood: Likelihood
     metrics: Mapping[str, Callable[[Tensor, Tensor], float]] = field(default_factory=dict)
     eval_set: str = "test"  # the metrics' prefix: test_*, or val_* for a held-out part of the training set
+    ood_X: Tensor | None = None  # out-of-distribution inputs: the uncertainty metrics at each evaluation (classifiers)
 
 
 @dataclass

@@ -16,6 +16,7 @@ import torch
 from bayesadmm import reports
 from bayesadmm.algorithms.base import info_scalars
 from bayesadmm.clients import fingerprint
+from bayesadmm.diagrams import write_reliability
 from bayesadmm.engine.cohort import automatic_cohort
 from bayesadmm.engine.federation import (
     BREAKDOWNS,
@@ -44,7 +45,8 @@ from bayesadmm.engine.rundir import (
 from bayesadmm.engine.runners import ClientRunner, RunnerFactory, check_states, remove_stale_shards
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.metrics import evaluate
+from bayesadmm.likelihoods import Classification
+from bayesadmm.metrics import evaluate, evaluate_uncertainty
 
 __all__ = ["Run"]
 
@@ -255,7 +257,26 @@ class Run:
             samples=self.settings.eval_samples,
             generator=generator_for(self.settings.seed, round_, EVALUATION),
             extra=federation.metrics,
+            ood=federation.ood_X,
         )
+
+    def _write_reliability(self) -> None:
+        """reliability.json and .png of a classifier's last evaluated server, with that evaluation's draws (the same
+        generator), so that their ECEs are the logged ones."""
+        federation = self.federation
+        if not isinstance(federation.likelihood, Classification) or not self.history:
+            return
+        report = evaluate_uncertainty(
+            federation.model,
+            self.algorithm.posterior(self.server),
+            federation.eval_X,
+            federation.eval_y,
+            federation.ood_X,
+            samples=self.settings.eval_samples,
+            generator=generator_for(self.settings.seed, self.round, EVALUATION),
+            bins=federation.likelihood.bins,
+        )
+        write_reliability(self.run_dir, {"round": self.round, "eval_set": federation.eval_set, **report}, self.title)
 
     def _record(self, line: dict) -> None:
         """The metrics line, the checkpoint where due, the status, the bar and `on_round`, in this order."""
@@ -325,6 +346,7 @@ class Run:
             }
         if self.history:
             reports.try_plot_run(self.history, self.run_dir / "curves.png", title=self.title)
+            self._write_reliability()
         write_json(self.status_path, status)
         last = self.checkpointed if code != EXIT_OK else status["round"]
         return self.result(status["status"], code, last, status.get("message", ""))
