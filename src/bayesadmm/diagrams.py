@@ -1,13 +1,14 @@
-"""The reliability diagrams of a classification run: `reliability.json` (the numbers) and `reliability.png` (the
-plot: at the server mean and for the posterior predictive, side by side), written into the run directory at the end
-of every classification run (`write_reliability`) from `bayesadmm.metrics.evaluate_uncertainty`'s report."""
+"""The reports of a classification run's uncertainty: the reliability diagrams, `reliability.json` (the numbers) and
+`reliability.png` (the plot: at the server mean and for the posterior predictive, side by side), written into the run
+directory at the end of every classification run (`write_reliability`) from `bayesadmm.metrics.evaluate_uncertainty`'s
+report; and the uncertainty columns of the comparison table (`with_uncertainty`)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-__all__ = ["plot_reliability", "write_reliability"]
+__all__ = ["plot_reliability", "write_reliability", "UNCERTAINTY_COLUMNS", "with_uncertainty"]
 
 SIDES = {"mean": "at the mean", "predictive": "posterior predictive"}
 
@@ -48,3 +49,23 @@ def write_reliability(run_dir: Path, report: dict, title: str = "") -> None:
         plot_reliability(report, run_dir / "reliability.png", title)
     except Exception as exc:  # noqa: BLE001 — any failure to write or plot (a missing backend, a full disk)
         print(f"warning: could not write the reliability diagram in {run_dir}: {exc}", file=sys.stderr)
+
+
+# The comparison table's uncertainty columns (metric, label, scale) for classification runs that measured them (runs
+# given an OOD set: `bayesadmm.run(ood=...)`, the config key `ood`); PERCENT in reports shows the sel_acc ones as %.
+UNCERTAINTY_COLUMNS = (
+    ("ood_auroc_entropy", "OOD AUROC (entropy)", 1.0),
+    ("ood_auroc_maxprob", "OOD AUROC (max p)", 1.0),
+    ("sel_acc50", "acc. @50 % (%)", 100.0),
+    ("sel_acc80", "acc. @80 % (%)", 100.0),
+    ("sel_acc90", "acc. @90 % (%)", 100.0),
+)
+
+
+def with_uncertainty(metrics: tuple, histories: list[list[dict]], split: str) -> tuple:
+    """`metrics` (a comparison's columns) followed by the `UNCERTAINTY_COLUMNS` that at least one of `histories`
+    measured on `split`, where `metrics` are a classifier's (accuracy first); the others as they are."""
+    if metrics[0][0] != "acc":
+        return metrics
+    measured = [c for c in UNCERTAINTY_COLUMNS if any(f"{split}_{c[0]}" in h[0] for h in histories)]
+    return metrics + tuple(measured)
