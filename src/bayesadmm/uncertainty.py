@@ -51,13 +51,13 @@ def auroc(negatives: Tensor, positives: Tensor) -> float:
         )
     # float64 for the ranks: their sums reach n² and must be exact for sets of 10⁴ examples
     scores = torch.cat([negatives, positives]).to(torch.float64)
-    is_positive = torch.cat([torch.zeros(len(negatives)), torch.ones(len(positives))]).to(torch.float64)
+    n_pos, n_neg = len(positives), len(negatives)
+    is_positive = torch.cat([scores.new_zeros(n_neg), scores.new_ones(n_pos)])
     ordered, order = scores.sort()
     _, group, counts = torch.unique_consecutive(ordered, return_inverse=True, return_counts=True)
-    last = counts.cumsum(0).to(torch.float64)  # the 1-based rank of each tie group's last member
-    ranks = (last - (counts - 1) / 2)[group]  # a tie group's mean rank
-    n_pos, n_neg = len(positives), len(negatives)
-    rank_sum = (ranks * is_positive[order.to(scores.device)]).sum().item()
+    counts = counts.to(torch.float64)
+    ranks = (counts.cumsum(0) - (counts - 1) / 2)[group]  # a tie group's mean rank (1-based; cumsum: its last)
+    rank_sum = (ranks * is_positive[order]).sum().item()
     return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
 
 
