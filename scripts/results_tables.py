@@ -4,7 +4,8 @@
 
 Each table folder holds the runs behind it as one runs.jsonl (written by `bayesadmm compare --out`); `compare` is
 run on it again with the table's rounds (and the papers' numbers for the test-set tables), rewriting table.md,
-paper.md and curves.png. Then every block of the pages in docs/results (README.md, diabetes.md) of the form
+paper.md and curves.png. Then every block of the pages in docs/results (README.md, diabetes.md, uncertainty.md) of
+the form
 
     <!-- include: fmnist-heterog10/paper.md -->
     ...anything...
@@ -25,6 +26,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 SCENARIOS = ("fmnist-heterog10", "fmnist-homog10", "fmnist-heterog100")
 # the selections on the validation split end early (stop_at): their tables stop there
 SELECTION_ROUNDS = {"select-ivon-lr": [5, 10], "select-fedlap-func-tau": [5, 10], "select-fedlap-func": [10, 25]}
+# tables of shortened runs (rounds=20), beside no published numbers
+SHORT_ROUNDS = {"uncertainty": [20]}
 BLOCK = re.compile(r"(<!-- include: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end include -->)", re.DOTALL)
 
 
@@ -33,7 +36,7 @@ def tables(root: Path = RESULTS) -> list[tuple[Path, list[int], str | None]]:
     found = []
     for runs in sorted(root.glob("**/runs.jsonl")):
         folder = runs.parent
-        selection = SELECTION_ROUNDS.get(folder.parent.name)
+        selection = SELECTION_ROUNDS.get(folder.parent.name) or SHORT_ROUNDS.get(folder.parent.name)
         paper = folder.name if folder.name in SCENARIOS and not selection else None
         found.append((runs, selection or [10, 25, 50], paper))
     return found

@@ -31,7 +31,7 @@ def test_the_kept_tables_are_what_compare_makes_of_the_kept_runs():
         if paper:
             written += "\n\n" + (runs.parent / "paper.md").read_text().rstrip("\n")
         assert compare([runs], rounds, paper=paper) == written, runs
-    assert [page.name for page in script.pages()] == ["README.md", "diabetes.md"]
+    assert [page.name for page in script.pages()] == ["README.md", "diabetes.md", "uncertainty.md"]
     for page in script.pages():
         for match in script.BLOCK.finditer(page.read_text()):  # the pages quote those files as they are
             quoted = (page.parent / match.group("path")).read_text()
