@@ -7,12 +7,13 @@ The public API:
     bayesadmm.algorithms.names(), .register(MethodSpec(...)), .make(name, **hparams), bayesadmm.Algorithm   methods
     bayesadmm.ClientData, SupervisedData, DataError                                                  client data
     bayesadmm.FlatModel                                                                              a module as f(θ, x)
+    bayesadmm.evaluate(...), evaluate_uncertainty(model, posterior, X, y, ood), bayesadmm.uncertainty      metrics
     bayesadmm.trees.register(MyState)                                          a state class of one's own, storable
     bayesadmm.optim.IVON                                                                             a torch optimizer
     bayesadmm.Federation, Settings, run_federation                                                   the engine's loop
 """
 
-from bayesadmm import algorithms, trees
+from bayesadmm import algorithms, trees, uncertainty
 from bayesadmm.algorithms import Algorithm, DivergenceError, PointEstimate
 from bayesadmm.clients import ClientData, SupervisedData, TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
@@ -26,7 +27,7 @@ from bayesadmm.likelihoods import (
     NegLogLikelihood,
     Poisson,
 )
-from bayesadmm.metrics import evaluate
+from bayesadmm.metrics import evaluate, evaluate_uncertainty
 from bayesadmm.models import FlatModel
 from bayesadmm.userdata import DataError
 
@@ -57,4 +58,6 @@ __all__ = [
     "run_federation",
     "generator_for",
     "evaluate",
+    "evaluate_uncertainty",
+    "uncertainty",
 ]
