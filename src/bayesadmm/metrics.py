@@ -33,6 +33,10 @@ Custom (``NegLogLikelihood`` of a per-example ``ℓ(f, y) = −log p(y | f)``):
     nll                = −(1/N) Σ_i log (1/S) Σ_s exp(−ℓ(f_si, y_i))
 
 Any further metric is a callable of the raw outputs ``(S, N, ...)`` and the targets (``extra``).
+
+Uncertainty (classification, ``ood=`` out-of-distribution inputs; ``bayesadmm.uncertainty`` defines them): the OOD
+AUROCs of the predictive entropy and of the max probability, and the selective accuracies at 50/80/90 % coverage,
+from the same mean and draws; ``evaluate_uncertainty`` adds the reliability diagrams.
 """
 
 from __future__ import annotations
@@ -193,6 +197,8 @@ def evaluate_uncertainty(
     diagrams' ECE is ``evaluate``'s ``ece`` and ``ens_ece`` bit for bit: a finished run's numbers, given the run's
     evaluation generator of its last round (``bayesadmm.engine.simulate.generator_for(seed, round, EVALUATION)``).
     """
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be a positive integer, got {samples!r}")
     likelihood = Classification(bins)
     if ood is not None:
         check_ood(likelihood, ood, X)
