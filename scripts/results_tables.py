@@ -5,7 +5,7 @@
 Each table folder holds the runs behind it as one runs.jsonl (written by `bayesadmm compare --out`); `compare` is
 run on it again with the table's rounds (and the papers' numbers for the test-set tables), rewriting table.md,
 paper.md and curves.png (and personal.md, for runs with a personal split). Then every block of the pages in
-docs/results (README.md, diabetes.md, personal.md) of the form
+docs/results (README.md, diabetes.md, personal.md, uncertainty.md) of the form
 
     <!-- include: fmnist-heterog10/paper.md -->
     ...anything...
@@ -27,8 +27,8 @@ RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 SCENARIOS = ("fmnist-heterog10", "fmnist-homog10", "fmnist-heterog100")
 # the selections on the validation split end early (stop_at): their tables stop there
 SELECTION_ROUNDS = {"select-ivon-lr": [5, 10], "select-fedlap-func-tau": [5, 10], "select-fedlap-func": [10, 25]}
-# the personalised runs are 20 rounds long (docs/results/personal.md)
-SHORT_ROUNDS = {**SELECTION_ROUNDS, "personal": [10, 20]}
+# tables of shortened runs (rounds=20: docs/results/personal.md, uncertainty.md), beside no published numbers
+SHORT_ROUNDS = {**SELECTION_ROUNDS, "personal": [10, 20], "uncertainty": [20]}
 BLOCK = re.compile(r"(<!-- include: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- end include -->)", re.DOTALL)
 
 

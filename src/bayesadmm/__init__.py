@@ -10,12 +10,13 @@ The public API:
     bayesadmm.algorithms.names(), .register(MethodSpec(...)), .make(name, **hparams), bayesadmm.Algorithm   methods
     bayesadmm.ClientData, SupervisedData, DataError                                                  client data
     bayesadmm.FlatModel                                                                              a module as f(θ, x)
+    bayesadmm.evaluate(...), evaluate_uncertainty(model, posterior, X, y, ood), bayesadmm.uncertainty      metrics
     bayesadmm.trees.register(MyState)                                          a state class of one's own, storable
     bayesadmm.optim.IVON                                                                             a torch optimizer
     bayesadmm.Federation, Settings, run_federation                                                   the engine's loop
 """
 
-from bayesadmm import algorithms, trees
+from bayesadmm import algorithms, trees, uncertainty
 from bayesadmm.algorithms import Algorithm, DivergenceError, PointEstimate
 from bayesadmm.clients import ClientData, SupervisedData, TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
@@ -31,7 +32,7 @@ from bayesadmm.likelihoods import (
     Poisson,
 )
 from bayesadmm.loading import load
-from bayesadmm.metrics import evaluate
+from bayesadmm.metrics import evaluate, evaluate_uncertainty
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior import GaussianPosterior, PointPosterior, Posterior, PosteriorFileError
 from bayesadmm.userdata import DataError
@@ -71,4 +72,6 @@ __all__ = [
     "personal",
     "evaluate_personal",
     "FineTune",
+    "evaluate_uncertainty",
+    "uncertainty",
 ]

@@ -33,8 +33,9 @@ from bayesadmm.engine.personal import PERSONAL_SPLIT, FineTune, Personalisation,
 from bayesadmm.engine.settings import dtype_name
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.likelihoods import Classification, Likelihood
+from bayesadmm.metrics import check_ood
 from bayesadmm.models import FlatModel
-from bayesadmm.userdata import as_tensors, check_client_objects, check_data
+from bayesadmm.userdata import as_tensors, check_client_objects, check_data, check_inputs
 
 __all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
 
@@ -126,6 +127,7 @@ def run(
     hparams: Mapping[str, Any] | None = None,
     likelihood: Likelihood | None = None,
     metrics: Mapping[str, Callable[[Tensor, Tensor], float]] | None = None,
+    ood: Any = None,
     rounds: int = 10,
     seed: int = 0,
     participation: float = 1.0,
@@ -169,6 +171,10 @@ def run(
             inference="laplace" or "ngvi") refuse one without it here, with a `MissingCurvatureError`.
         metrics: extra metrics, name → `fn(outputs (S, N, ...), targets) -> float`, reported as `test_<name>` at
             the mean and `ens_test_<name>` for the predictive.
+        ood: out-of-distribution inputs (a tensor or array, no targets; classification only), checked as the test
+            inputs are. Each evaluation then also reports how well the predictive entropy and the max probability
+            tell them from the test inputs (`test_ood_auroc_entropy`, `test_ood_auroc_maxprob`) and the selective
+            accuracies `test_sel_acc50/80/90` (`bayesadmm.uncertainty`), each with its `ens_` version.
         rounds: communication rounds.
         seed: the seed every generator of (seed, round, client) derives from.
         participation: the fraction of clients drawn each round.
@@ -215,17 +221,20 @@ def run(
     finetune = FineTune(finetune_epochs)
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
     source, tests = _personal_split(source, personal_split, seed, device)
+    X_ood = _ood_inputs(ood, likelihood, flat, theta0, X_test)
     make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
     personal = Personalisation(tests, personal_every, finetune) if tests is not None else None
     federation = Federation(
         flat, source, make, theta0, X_test.to(device), y_test.to(device), likelihood, dict(metrics or {}),
-        personal=personal,
+        personal=personal, ood_X=None if X_ood is None else X_ood.to(device),
     )  # fmt: skip
     run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
     config = _run_config(settings, algorithm, hparams, likelihood, model, flat, source.sizes)
     if personal is not None:  # only then: the files of other runs stay as they were
         config["personal"] = {"split": personal_split, "every": personal_every, "finetune_epochs": finetune_epochs}
+    if X_ood is not None:  # likewise
+        config["ood"] = {"inputs": list(X_ood.shape)}
     if resume:
         _check_same_run(run_dir, config)
     return run_federation(
@@ -272,6 +281,15 @@ def _checked_arguments(hparams, likelihood: Likelihood | None) -> Likelihood:
             f"got {type(likelihood).__name__}"
         )
     return likelihood
+
+
+def _ood_inputs(ood: Any, likelihood: Likelihood, model: FlatModel, theta0: Tensor, X_test: Tensor) -> Tensor | None:
+    """The OOD inputs checked against the likelihood (a classifier's) and as the test inputs are; None if not given."""
+    if ood is None:
+        return None
+    X_ood = check_inputs(model, theta0, ood, X_test)
+    check_ood(likelihood, X_ood, X_test)
+    return X_ood
 
 
 def _flat_model(model) -> tuple[FlatModel, Tensor]:

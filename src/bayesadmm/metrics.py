@@ -33,6 +33,10 @@ Custom (``NegLogLikelihood`` of a per-example ``ℓ(f, y) = −log p(y | f)``):
     nll                = −(1/N) Σ_i log (1/S) Σ_s exp(−ℓ(f_si, y_i))
 
 Any further metric is a callable of the raw outputs ``(S, N, ...)`` and the targets (``extra``).
+
+Uncertainty (classification, ``ood=`` out-of-distribution inputs; ``bayesadmm.uncertainty`` defines them): the OOD
+AUROCs of the predictive entropy and of the max probability, and the selective accuracies at 50/80/90 % coverage,
+from the same mean and draws; ``evaluate_uncertainty`` adds the reliability diagrams.
 """
 
 from __future__ import annotations
@@ -45,8 +49,9 @@ from torch import Tensor
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.likelihoods.classification import classification_metrics
 from bayesadmm.models import FlatModel
+from bayesadmm.uncertainty import reliability_diagram, uncertainty_metrics
 
-__all__ = ["classification_metrics", "evaluate"]
+__all__ = ["classification_metrics", "evaluate", "evaluate_uncertainty", "check_ood"]
 
 _CLASSIFICATION = Classification()  # the default likelihood (frozen, so one shared instance is safe)
 
@@ -62,6 +67,7 @@ def evaluate(
     *,
     likelihood: Likelihood = _CLASSIFICATION,
     extra: Mapping[str, Callable[[Tensor, Tensor], float]] | None = None,
+    ood: Tensor | None = None,
 ) -> dict[str, float]:
     """Metrics of the mean prediction and, for a distribution, of the posterior predictive (keys prefixed ``ens_``).
 
@@ -75,6 +81,11 @@ def evaluate(
     bins), plus, for each ``name, fn`` in ``extra``, ``name = fn(outputs, y)`` with the whole set's outputs at the
     mean, shape ``(1, N, ...)``, and ``ens_name`` with those under the draws, ``(S, N, ...)``; ``fn`` returns a float.
     The outputs are kept in memory only when ``extra`` is given.
+
+    ``ood``: out-of-distribution inputs (classification only), scored with the same mean and draws; adds the
+    uncertainty metrics of ``bayesadmm.uncertainty.uncertainty_metrics`` (``ood_auroc_entropy``,
+    ``ood_auroc_maxprob``, ``sel_acc50``, ``sel_acc80``, ``sel_acc90``, and their ``ens_`` versions). Without it the
+    result is what it is without the argument: the same keys and bits, no draw more.
 
     ``X`` is processed ``batch_size`` examples at a time; the predictive's activations take ``samples`` times the
     memory of the mean's, so lower ``batch_size`` for large models.
@@ -96,20 +107,44 @@ def evaluate(
         if name.startswith("ens_"):
             raise ValueError(f"extra metric {name!r}: the prefix ens_ is reserved for the predictive's metrics")
 
+    if ood is not None:
+        check_ood(likelihood, ood, X)
+
+    result: dict[str, float] = {}
     with torch.inference_mode():
         mean = posterior.mean
-        keep = bool(extra)
-        summary, outputs = _in_batches(lambda xb: model.forward(mean, xb)[None], likelihood, X, batch_size, keep)
-        result = likelihood.metrics(summary, y)
-        _add_extra(result, "", extra, outputs, y)
+        _score(lambda xb: model.forward(mean, xb)[None], likelihood, X, y, batch_size, extra, ood, "", result)
         if hasattr(posterior, "sample"):
             thetas = posterior.sample(samples, generator)
-            summary, outputs = _in_batches(
-                lambda xb: model.forward_batched(thetas, xb), likelihood, X, batch_size, keep
+            _score(
+                lambda xb: model.forward_batched(thetas, xb), likelihood, X, y, batch_size, extra, ood, "ens_", result
             )
-            result |= {f"ens_{k}": v for k, v in likelihood.metrics(summary, y).items()}
-            _add_extra(result, "ens_", extra, outputs, y)
     return result
+
+
+def check_ood(likelihood: Likelihood, ood: Tensor, X: Tensor) -> None:
+    """Refuse OOD inputs that the uncertainty metrics cannot score: a likelihood without class probabilities, or
+    inputs shaped unlike the evaluation set's ``X`` (a ValueError naming the fix)."""
+    if not isinstance(likelihood, Classification):
+        raise ValueError(
+            f"OOD detection and selective prediction score class probabilities, so they need likelihood="
+            f"Classification(), not {likelihood!r}; leave ood unset for this likelihood"
+        )
+    if ood.dim() != X.dim() or ood.shape[1:] != X.shape[1:] or ood.shape[0] == 0:
+        raise ValueError(
+            f"ood must hold N ≥ 1 inputs shaped as the test inputs {tuple(X.shape[1:])}, got {tuple(ood.shape)}"
+        )
+
+
+def _score(outputs_of, likelihood, X, y, batch_size, extra, ood, prefix: str, result: dict[str, float]) -> None:
+    """``result[prefix + name]``: the likelihood's metrics of ``outputs_of`` (``(S, n_b, ...)`` of a batch) on
+    ``(X, y)``, the uncertainty metrics where ``ood`` is given, then the ``extra`` metrics."""
+    summary, outputs = _in_batches(outputs_of, likelihood, X, batch_size, bool(extra))
+    metrics = likelihood.metrics(summary, y)
+    if ood is not None:
+        metrics |= uncertainty_metrics(summary, y, _in_batches(outputs_of, likelihood, ood, batch_size, False)[0])
+    result |= {prefix + k: v for k, v in metrics.items()}
+    _add_extra(result, prefix, extra, outputs, y)
 
 
 def _in_batches(
@@ -139,3 +174,44 @@ def _add_extra(
             result[key] = float(value)
         except (TypeError, ValueError, RuntimeError) as exc:
             raise ValueError(f"extra metric {name!r} must return a float, got {value!r}") from exc
+
+
+def evaluate_uncertainty(
+    model: FlatModel,
+    posterior,
+    X: Tensor,
+    y: Tensor,
+    ood: Tensor | None = None,
+    *,
+    samples: int = 32,
+    generator: torch.Generator | None = None,
+    batch_size: int = 2048,
+    bins: int = 15,
+) -> dict[str, dict]:
+    """The uncertainty evaluation of a classifier's posterior on ``(X, y)`` (and OOD inputs ``ood``):
+    ``{"mean": {"metrics": ..., "reliability": ...}, "predictive": {...}}``, the predictive only for a posterior
+    with ``.sample``. ``metrics`` are ``evaluate``'s (with ``ood``: the OOD AUROCs and selective accuracies; without:
+    the selective accuracies) and ``reliability`` the diagram of ``bayesadmm.uncertainty.reliability_diagram``.
+
+    The probabilities are those ``evaluate`` scores (the same draws from ``generator``, the same batches), so the
+    diagrams' ECE is ``evaluate``'s ``ece`` and ``ens_ece`` bit for bit: a finished run's numbers, given the run's
+    evaluation generator of its last round (``bayesadmm.engine.simulate.generator_for(seed, round, EVALUATION)``).
+    """
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be a positive integer, got {samples!r}")
+    likelihood = Classification(bins)
+    if ood is not None:
+        check_ood(likelihood, ood, X)
+    report: dict[str, dict] = {}
+    with torch.inference_mode():
+        mean = posterior.mean
+        sides = [("mean", lambda xb: model.forward(mean, xb)[None])]
+        if hasattr(posterior, "sample"):
+            thetas = posterior.sample(samples, generator)
+            sides.append(("predictive", lambda xb: model.forward_batched(thetas, xb)))
+        for side, outputs_of in sides:
+            probs = _in_batches(outputs_of, likelihood, X, batch_size, False)[0]
+            probs_ood = None if ood is None else _in_batches(outputs_of, likelihood, ood, batch_size, False)[0]
+            metrics = likelihood.metrics(probs, y) | uncertainty_metrics(probs, y, probs_ood)
+            report[side] = {"metrics": metrics, "reliability": reliability_diagram(probs, y, bins)}
+    return report

@@ -4,7 +4,8 @@ Table entries follow the papers: for each run, the mean of a metric over the las
 (rounds R−2, R−1, R); then mean ± std over the runs (seeds) of a method. Methods with a Gaussian posterior get two
 rows: at the server mean m_g, and for the posterior predictive (`ens_` metrics). The metrics are the likelihood's:
 accuracy, NLL and ECE for classification runs; RMSE, NLL and the coverage of the central 90 % predictive interval
-for Gaussian regression runs (`TABLES`).
+for Gaussian regression runs (`TABLES`); classification runs given an OOD set add the OOD AUROCs and selective
+accuracies (`diagrams.UNCERTAINTY_COLUMNS`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from bayesadmm.diagrams import with_uncertainty
 from bayesadmm.results import RUNS_FILE, gather, write_runs_file
 
 METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))  # plotted
@@ -35,7 +37,7 @@ TABLES: tuple[tuple[tuple[str, str, float], ...], ...] = (
     (("rmse", "RMSE", 1.0), ("nll", "NLL", 1.0), ("coverage90", "90 % coverage (%)", 100.0)),
     (("nll", "NLL", 1.0),),
 )
-PERCENT = ("acc", "coverage90")  # shown with one decimal, in per cent
+PERCENT = ("acc", "coverage90", "sel_acc50", "sel_acc80", "sel_acc90")  # shown with one decimal, in per cent
 
 
 def table_metrics(history: list[dict]) -> tuple[tuple[str, str, float], ...]:
@@ -287,7 +289,8 @@ def _group(runs: Sequence) -> tuple[dict[tuple[str, str], list[list[dict]]], set
         raise ValueError(
             "the runs measured different metrics (e.g. classification and regression runs); compare them separately"
         )
-    return groups, scenarios, sets.pop(), kinds.pop()
+    split = sets.pop()
+    return groups, scenarios, split, with_uncertainty(kinds.pop(), [h for hs in groups.values() for h in hs], split)
 
 
 def _table_rows(
@@ -373,13 +376,8 @@ def _plot_overlay(groups, path: Path, title: str, split: str = "test", metrics=M
         for ax, (metric, label, scale) in zip(axes, metrics, strict=True):
             series = [[scale * h[i][prefix + metric] for h in histories] for i in range(length)]
             mean = [statistics.fmean(s) for s in series]
-            ax.plot(
-                rounds,
-                mean,
-                label=f"{method} ({where})",
-                color=colour[method],
-                linestyle="-" if where == "predictive" else "--",
-            )
+            style = "-" if where == "predictive" else "--"
+            ax.plot(rounds, mean, label=f"{method} ({where})", color=colour[method], linestyle=style)
             if len(histories) > 1:
                 std = [statistics.stdev(s) for s in series]
                 ax.fill_between(

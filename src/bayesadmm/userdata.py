@@ -37,7 +37,7 @@ from bayesadmm.checks import all_finite
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood, NegLogLikelihood
 from bayesadmm.models import FlatModel
 
-__all__ = ["DataError", "as_tensors", "check_data", "check_client_objects", "PER_CLIENT"]
+__all__ = ["DataError", "as_tensors", "check_data", "check_inputs", "check_client_objects", "PER_CLIENT"]
 
 PER_CLIENT = 2  # examples of each client the model and the likelihood are tried on
 CHUNK = 4096  # rows per forward pass of the check, bounding its memory whatever the number of clients
@@ -141,6 +141,26 @@ def check_data(
     _loss_is_finite(likelihood, outputs, heads)
     parts = {k: named[f"client {k}"] for k in clients}
     return parts, named[TEST] if test is not None else None
+
+
+def check_inputs(model: FlatModel, theta: Tensor, X: Any, like: Tensor, who: str = "the OOD set") -> Tensor:
+    """Inputs without targets (`who`, e.g. the out-of-distribution set) checked as the test set's features are:
+    a tensor (or array-like) with the rows of `like` (the test inputs), integer features cast to `like`'s floating
+    dtype, finite, and taken by `model` at `theta`. Returns them as a tensor; a `DataError` naming `who` otherwise."""
+    tensor = _tensor(X)
+    if tensor is None or tensor.dim() == 0 or tensor.shape[0] == 0:
+        got = tuple(tensor.shape) if tensor is not None else type(X).__name__
+        raise DataError(f"{who} must be a tensor or array of N ≥ 1 inputs, got {got}")
+    if tensor.shape[1:] != like.shape[1:]:
+        raise DataError(
+            f"{who} has inputs of shape {tuple(tensor.shape[1:])}, the test set {tuple(like.shape[1:])}; "
+            "give it inputs of the test set's shape (preprocessed as the test set is)"
+        )
+    if like.is_floating_point() and not tensor.is_floating_point():
+        tensor = tensor.to(like.dtype)
+    _finite(who, "features", tensor)
+    _forward_one(model, theta, who, tensor[:PER_CLIENT].to(theta.device), "give it inputs of the test set's dtype")
+    return tensor
 
 
 def check_client_objects(theta: Tensor, clients: Mapping[int, Any]) -> None:

@@ -13,8 +13,8 @@ def add_parser(commands) -> argparse.ArgumentParser:
     """The `compare` subcommand's parser."""
     compare = commands.add_parser(
         "compare",
-        help="Table-1-style comparison of finished runs (accuracy, NLL and ECE "
-        "at the given rounds, and seconds per round)",
+        help="Table-1-style comparison of finished runs (accuracy, NLL and ECE at the given rounds, the OOD "
+        "AUROCs and selective accuracies where the runs measured them, and seconds per round)",
     )
     compare.add_argument(
         "sources", nargs="+", type=Path, metavar="RUNS", help="run folders, sweep folders or runs.jsonl files"

@@ -33,8 +33,10 @@ EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
 @dataclass(frozen=True)
 class Federation:
     """What a run trains and how it is scored. `make_algorithm` is a zero-argument callable returning the Algorithm;
-    it and `clients` must pickle for worker processes (module-level functions, `functools.partial`s of them,
-    dataclasses of tensors). `metrics`: extra metric callables `fn(outputs (S, N, ...), targets) -> float`."""
+        it and `clients` must pickle for worker processes (module-level functions, `functools.partial`s of them,
+        dataclasses of tensors). `metrics`: extra metric callables `fn(outputs (S, N, ...), targets) -> float`. `ood_X`:
+    inputs from outside the training distribution; where given, each evaluation also reports the OOD AUROCs and the
+    selective accuracies (`bayesadmm.metrics.evaluate`'s `ood`), and without it nothing of the metrics changes."""
 
     model: FlatModel
     clients: ClientSource
@@ -50,6 +52,7 @@ class Federation:
     scenario: Mapping[str, Any] | None = None
     # each client's personal test split and how it is evaluated (`engine.personal.Personalisation`); None: not at all
     personal: Any = None
+    ood_X: Tensor | None = None  # out-of-distribution inputs: the uncertainty metrics at each evaluation (classifiers)
 
 
 @dataclass

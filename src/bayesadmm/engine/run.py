@@ -7,7 +7,6 @@ import contextlib
 import json
 import math
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,11 @@ from bayesadmm.engine.federation import (
 from bayesadmm.engine.history import append_line, headline, mean_client_info, metrics_line, on_done, progress_bar
 from bayesadmm.engine.history import read_metrics as _read_metrics
 from bayesadmm.engine.identity import check_same_run
+from bayesadmm.engine.leavings import save_posterior, write_reliability
 from bayesadmm.engine.policy import default_workers
 from bayesadmm.engine.pool import client_runner
 from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.rundir import (
-    POSTERIOR,
     RunDirError,
     prepare_fresh,
     read_bytes,
@@ -68,20 +67,6 @@ def _final_status(path: Path, state: str, round_: int, message: str) -> None:
         write_json(path, {"status": state, "round": round_, "message": message})
     except OSError:
         pass
-
-
-def _save_posterior(result: Result) -> None:
-    """posterior.safetensors: the run's posterior (the last good state), so that the run directory can be handed to
-    someone who only predicts. A user's algorithm whose posterior is not a Gaussian or a point estimate has none."""
-    from bayesadmm.posterior import Posterior
-
-    try:
-        posterior = result.posterior
-    except ValueError as exc:  # a user's algorithm whose posterior is not over the model's parameters
-        warnings.warn(f"the run wrote no {POSTERIOR}: {exc}", stacklevel=2)
-        return
-    if isinstance(posterior, Posterior):
-        posterior.save(result.run_dir / POSTERIOR)
 
 
 class Run:
@@ -277,6 +262,7 @@ class Run:
             samples=self.settings.eval_samples,
             generator=generator_for(self.settings.seed, round_, EVALUATION),
             extra=federation.metrics,
+            ood=federation.ood_X,
         )
 
     def _personal(self, server: Any, round_: int) -> dict[str, float]:
@@ -361,9 +347,11 @@ class Run:
             }
         if self.history:
             reports.try_plot_run(self.history, self.run_dir / "curves.png", title=self.title)
+            posterior = self.algorithm.posterior(self.server)
+            write_reliability(self.run_dir, self.federation, posterior, self.round, self.settings, self.title)
         last = self.checkpointed if code != EXIT_OK else status["round"]
         result = self.result(status["status"], code, last, status.get("message", ""))
-        _save_posterior(result)
+        save_posterior(result)
         write_json(self.status_path, status)
         return result
 

@@ -107,6 +107,22 @@ def load_data(config: RunConfig) -> Data:
     return Data(X.float() * scale, y, X_test.float() * scale, y_test, num_classes)
 
 
+def load_ood_inputs(config: RunConfig) -> Tensor | None:
+    """The configured out-of-distribution inputs (`ood`, `bayesadmm.data.ood`), preprocessed as `load_data`
+    preprocesses the dataset's images (floats, raw or scaled to [0, 1]); None where `ood` is empty."""
+    if not config.ood:
+        return None
+    from bayesadmm.data.mnist_subset import MissingExtraError
+    from bayesadmm.data.ood import load_ood
+
+    try:
+        images = load_ood(config.ood)
+    except MissingExtraError as exc:
+        raise ConfigError(f"ood={config.ood}: {exc}") from None
+    scale = 1.0 if config.preprocessing == "raw" else 1.0 / 255.0
+    return images.float() * scale
+
+
 def settings_of(config: RunConfig) -> Settings:
     """The engine's `Settings` of a config: its keys of the same names (rounds, seed, ..., dtype)."""
     return Settings(**{key: getattr(config, key) for key in SETTINGS_KEYS})
@@ -170,6 +186,7 @@ def build(config: RunConfig) -> Built:
     model = make_model(record["model"], **record["model_kwargs"])
     theta0 = model.initial_params(generator_for(config.seed, 0, INIT)).to(dtype)
     _check_fits(config, model, theta0, X[:1])
+    X_ood = load_ood_inputs(config)
     # One client-ordered copy of the training set, each client a view of its rows: parallel workers then share
     # two tensors instead of two per client, and every execution path sees the same memory layout.
     order = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
@@ -188,6 +205,7 @@ def build(config: RunConfig) -> Built:
         eval_set="val" if config.validation > 0 else "test",
         scenario=record,
         personal=_personalisation(config, X, y, tests),
+        ood_X=None if X_ood is None else X_ood.to(dtype).to(config.device),
     )
     return Built(federation, settings_of(config), parts, y, num_classes, outputs, tests)
 
@@ -327,6 +345,7 @@ __all__ = [
     "run",
     "Data",
     "load_data",
+    "load_ood_inputs",
     "model_arguments",
     "scenario_model",
     "scenario_record",

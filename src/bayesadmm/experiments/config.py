@@ -57,6 +57,7 @@ class RunConfig:
     personal_split: float = 0.0  # > 0: hold out this fraction of every client's data as its own test split
     personal_every: int = 0  # evaluate the personal models every N rounds too (0: after the last round only)
     finetune_epochs: int = 3  # local Adam epochs of the personal model of methods without client posteriors
+    ood: str = ""  # out-of-distribution inputs for the uncertainty metrics: "mnist" (FashionMNIST; bayesadmm.data.ood)
     data_dir: str = ""
     out: str = ""  # run directory (default runs/<scenario>-<method>-s<seed>)
     log: str = ""  # also send each round's metrics to: tensorboard, mlflow or both ("tensorboard,mlflow")
@@ -71,14 +72,14 @@ class RunConfig:
         return [name.strip() for name in self.log.split(",") if name.strip()]
 
     def to_json(self) -> dict:
-        """The config as config.json holds it; `dtype` only where it is not the default float32, so that the files of
-        float32 runs are as they were before the key existed (and such runs resume as before)."""
+        """The config as config.json holds it; `dtype`, `ood` and the personalisation's keys only where set, so that
+        the files of runs without them are as they were before the keys existed (and such runs resume as before)."""
         data = dataclasses.asdict(self)
-        if data["dtype"] == "float32":
-            del data["dtype"]
-        if not data["personal_split"]:  # likewise the personalisation's keys, where it is off
-            for key in ("personal_split", "personal_every", "finetune_epochs"):
+        for key, default in (("dtype", "float32"), ("ood", "")):
+            if data[key] == default:
                 del data[key]
+        for key in ("personal_split", "personal_every", "finetune_epochs") if not data["personal_split"] else ():
+            del data[key]
         return data
 
     def make_likelihood(self) -> Likelihood:
@@ -126,10 +127,8 @@ def method_spec(method: str) -> method_specs.MethodSpec:
     try:
         return method_specs.get(method)
     except ValueError as exc:
-        raise ConfigError(
-            f"{exc} (a method of your own: load its module with --methods path/to/module.py, "
-            "docs/guides/own-algorithm.md)"
-        ) from None
+        own = "a method of your own: load its module with --methods path/to/module.py, docs/guides/own-algorithm.md"
+        raise ConfigError(f"{exc} ({own})") from None
 
 
 def method_parameters(method: str) -> dict[str, inspect.Parameter]:
@@ -324,10 +323,11 @@ _TARGET_WORDS = {"classes": "class labels", "real": "real-valued targets", "coun
 
 
 def _validate(config: RunConfig) -> None:
+    from bayesadmm.data.ood import ood_problems
     from bayesadmm.data.partitions import PARTITIONS
     from bayesadmm.models import MODELS
 
-    problems = []
+    problems = ood_problems(config.ood, config.dataset, config.likelihood)
     for key, valid in (("dataset", tuple(DATASETS)), ("partition", tuple(PARTITIONS)), ("model", tuple(MODELS))):
         if getattr(config, key) not in valid:
             problems.append(f"unknown {key} {getattr(config, key)!r}; valid: {', '.join(valid)}")

@@ -12,6 +12,14 @@ from bayesadmm import rng
 from bayesadmm.likelihoods.base import _check_draws
 
 
+def confidence_bins(confidence: Tensor, bins: int) -> Tensor:
+    """The bin ``b − 1`` (0-based) of each confidence ``c``, with ``B_b = ((b−1)/B, b/B]``: the ECE's bins, shared
+    by the reliability diagram (``bayesadmm.uncertainty``) so that its ECE is the logged one."""
+    # bucketize(right=False) puts c in bin b iff edge_{b−1} < c ≤ edge_b, the half-open bins of the definition.
+    inner_edges = torch.linspace(0.0, 1.0, bins + 1, dtype=confidence.dtype, device=confidence.device)[1:-1]
+    return torch.bucketize(confidence, inner_edges)
+
+
 def classification_metrics(probs: Tensor, y: Tensor, bins: int = 15) -> dict[str, float]:
     """``acc``, ``nll``, ``ece`` (``bins`` equal-width confidence bins, top-1) and ``brier`` of ``probs (N, C)``.
 
@@ -34,9 +42,7 @@ def classification_metrics(probs: Tensor, y: Tensor, bins: int = 15) -> dict[str
     onehot = torch.nn.functional.one_hot(y, probs.shape[1]).to(probs.dtype)
     brier = (probs - onehot).square().sum(dim=1)
 
-    # bucketize(right=False) puts c in bin b iff edge_{b−1} < c ≤ edge_b, the half-open bins of the definition.
-    inner_edges = torch.linspace(0.0, 1.0, bins + 1, dtype=probs.dtype, device=probs.device)[1:-1]
-    bin_index = torch.bucketize(confidence, inner_edges)
+    bin_index = confidence_bins(confidence, bins)
     # |B_b| (acc(B_b) − conf(B_b)) = Σ_{i ∈ B_b} (correct_i − c_i), so one scatter-add gives every bin's gap.
     gap = probs.new_zeros(bins).index_add_(0, bin_index, correct - confidence)
 

@@ -1,0 +1,71 @@
+"""The reports of a classification run's uncertainty: the reliability diagrams, `reliability.json` (the numbers) and
+`reliability.png` (the plot: at the server mean and for the posterior predictive, side by side), written into the run
+directory at the end of every classification run (`write_reliability`) from `bayesadmm.metrics.evaluate_uncertainty`'s
+report; and the uncertainty columns of the comparison table (`with_uncertainty`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+__all__ = ["plot_reliability", "write_reliability", "UNCERTAINTY_COLUMNS", "with_uncertainty"]
+
+SIDES = {"mean": "at the mean", "predictive": "posterior predictive"}
+
+
+def plot_reliability(report: dict, path: Path, title: str = "") -> None:
+    """One panel per side of `report` (mean, predictive): each bin's accuracy as a bar at its confidence range, the
+    bin's mean confidence as a dot and the diagonal of perfect calibration, with the ECE in the panel's title."""
+    from bayesadmm.reports import _matplotlib
+
+    plt = _matplotlib()
+    sides = [side for side in SIDES if side in report]
+    fig, axes = plt.subplots(1, len(sides), figsize=(4.6 * len(sides), 4.4), squeeze=False)
+    for ax, side in zip(axes[0], sides, strict=True):
+        diagram = report[side]["reliability"]
+        edges, width = diagram["edges"], 1.0 / diagram["bins"]
+        filled = [b for b, count in enumerate(diagram["count"]) if count]
+        ax.bar([edges[b] for b in filled], [diagram["accuracy"][b] for b in filled], width=width, align="edge",
+               edgecolor="black", alpha=0.7, label="accuracy")  # fmt: skip
+        ax.plot([diagram["confidence"][b] for b in filled], [diagram["accuracy"][b] for b in filled], "o",
+                color="C1", markersize=3, label="(mean confidence, accuracy)")  # fmt: skip
+        ax.plot([0, 1], [0, 1], "--", color="gray", label="perfectly calibrated")
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
+        ax.set_title(f"{SIDES[side]}: ECE {diagram['ece']:.3f}")
+        ax.legend(loc="upper left", fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reliability(run_dir: Path, report: dict, title: str = "") -> None:
+    """`reliability.json` (the report: each side's metrics and diagram) and `reliability.png` in `run_dir`; a
+    failure is reported on stderr, not raised: a plot is never worth losing a run's status."""
+    from bayesadmm.engine.rundir import write_json
+
+    try:
+        write_json(run_dir / "reliability.json", report)
+        plot_reliability(report, run_dir / "reliability.png", title)
+    except Exception as exc:  # noqa: BLE001 — any failure to write or plot (a missing backend, a full disk)
+        print(f"warning: could not write the reliability diagram in {run_dir}: {exc}", file=sys.stderr)
+
+
+# The comparison table's uncertainty columns (metric, label, scale) for classification runs that measured them (runs
+# given an OOD set: `bayesadmm.run(ood=...)`, the config key `ood`); PERCENT in reports shows the sel_acc ones as %.
+UNCERTAINTY_COLUMNS = (
+    ("ood_auroc_entropy", "OOD AUROC (entropy)", 1.0),
+    ("ood_auroc_maxprob", "OOD AUROC (max p)", 1.0),
+    ("sel_acc50", "acc. @50 % (%)", 100.0),
+    ("sel_acc80", "acc. @80 % (%)", 100.0),
+    ("sel_acc90", "acc. @90 % (%)", 100.0),
+)
+
+
+def with_uncertainty(metrics: tuple, histories: list[list[dict]], split: str) -> tuple:
+    """`metrics` (a comparison's columns) followed by the `UNCERTAINTY_COLUMNS` that at least one of `histories`
+    measured on `split`, where `metrics` are a classifier's (accuracy first); the others as they are."""
+    if metrics[0][0] != "acc":
+        return metrics
+    measured = [c for c in UNCERTAINTY_COLUMNS if any(f"{split}_{c[0]}" in h[0] for h in histories)]
+    return metrics + tuple(measured)
