@@ -3,6 +3,7 @@
 The public API:
 
     bayesadmm.run(model, clients, test, algorithm=..., hparams=..., likelihood=..., rounds=..., ...)  -> Result
+    bayesadmm.unlearn(result_or_run_dir, client_id)                  -> Result without that client's term
     bayesadmm.Classification(), GaussianRegression(noise), Poisson(), NegLogLikelihood(fn)           likelihoods
     bayesadmm.algorithms.names(), .register(MethodSpec(...)), .make(name, **hparams), bayesadmm.Algorithm   methods
     bayesadmm.ClientData, SupervisedData, DataError                                                  client data
@@ -28,12 +29,15 @@ from bayesadmm.likelihoods import (
 )
 from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
+from bayesadmm.unlearning import UnlearningError, unlearn
 from bayesadmm.userdata import DataError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "run",
+    "unlearn",
+    "UnlearningError",
     "Result",
     "algorithm_factory",
     "algorithms",

@@ -86,6 +86,36 @@ def server_natural(family, delta: float, server_rho: float, contributions: Mappi
     return nat.scale(nat.add(b, total), 1.0 / (c + server_rho * len(contributions)))
 
 
+def unlearned_server(family, delta: float, server_rho: float, server: ServerState, client_id: int, dual: Natural):
+    """The server state without client `client_id`, whose dual is η_j (`dual`, from its client state).
+
+    At a fixed point λ_k = λ_g for every k (the dual steps stop), so the server update (module docstring) reads
+    (c + ρ_s K) λ_g = b + Σ_k η_k + ρ_s K λ_g, i.e. c λ_g = b + Σ_k η_k: q_g is the prior times one dual term
+    exp⟨η_k, T(θ)⟩ per client (η_k = −∇_μ L_k, App. C.1). Without client j, with the other duals as they are,
+
+        λ_g' = λ_g − η_j / c        (c = 1 for the diagonal and full families; δ/s for the isotropic one).
+
+    The server's own record of j, η_j + ρ_s λ_j, is not enough: it gives η_j only where λ_j = λ_g exactly, hence the
+    client's state. For a conjugate model in the full family (and the diagonal one where the posterior is diagonal)
+    η_k is the likelihood's natural parameter, independent of q_g, so λ_g' is the exact posterior without j and the
+    other clients are already at the fixed point of the federation without j. Otherwise (isotropic family, non-linear
+    models) η_k is a linearisation at the old q_g and λ_g' an approximation from which training continues. The other
+    clients' records η_k + ρ_s λ_k move with λ_g (λ_k → λ_k + λ_g' − λ_g) so that λ_g' is a fixed point of the server
+    update under partial participation too; their client states are kept (their duals are still theirs)."""
+    if client_id not in server.replies:
+        raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
+    c, _ = family.prior_terms(delta, dtype=server.natural[0].dtype, device=server.natural[0].device)
+    lam_g = nat.add_scaled(server.natural, -1.0 / c, dual)
+    if not family.is_valid(lam_g):
+        raise ValueError(
+            f"removing client {client_id}'s dual leaves no valid Gaussian (its term outweighs the rest of the "
+            "posterior, as can happen far from a fixed point): retrain without the client"
+        )
+    shift = nat.scale(nat.sub(lam_g, server.natural), server_rho)
+    replies = {k: nat.add(r, shift) for k, r in server.replies.items() if k != client_id}
+    return ServerState(lam_g, replies, server.round)
+
+
 def make(
     family: GaussianFamily,
     solver,
@@ -141,5 +171,13 @@ def make(
     def posterior(server: ServerState) -> Posterior:
         return Posterior(family, server.natural)
 
+    def unlearn(server: ServerState, client_id: int, state: ClientState) -> ServerState:
+        return unlearned_server(family, delta, server_rho, server, client_id, state.dual)
+
+    # Only the natural-parameter dual step keeps η_k = −∇_μ L_k (App. C.1), the client's term of the posterior;
+    # BregmanADMM's expectation-parameter step loses it (App. C.2, and it need not reach consensus), so it refuses.
     local = LocalStep(solver, prepare, finish)
-    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
+    return Algorithm.from_local(
+        name, init_server, init_client, broadcast, local, server_update, posterior,
+        unlearn=unlearn if dual_step is natural_dual_step else None,
+    )  # fmt: skip

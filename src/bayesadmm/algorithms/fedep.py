@@ -47,7 +47,7 @@ from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian, Natural
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ep_inference import TiltedInference, TiltedProblem, TiltedSolver
-from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
+from bayesadmm.solvers.natural_optimizers import Identity, NaturalOptimizer
 from bayesadmm.trees import register
 
 
@@ -106,9 +106,25 @@ def make(
         site = nat.add(state.site, nat.scale(step, server.damping))  # (5)
         return ClientState(site, optimizer), pack("delta", delta), NoInfo()
 
+    def unlearn(server_state: ServerState, client_id: int, state: ClientState) -> ServerState:
+        """q_g / q_j: with identity optimizers λ_g = λ_0 + Σ_k λ_k (initial sites included) after every round, so
+        the server without client j is λ_g − λ_j, the EP state of the other clients with their sites as they are
+        (exact for a conjugate model with exact tilted inference once the sites have converged)."""
+        if not (isinstance(server_optimizer, Identity) and isinstance(client_optimizer, Identity)):
+            raise ValueError(
+                f"{name} with a momentum or Adam optimizer keeps no λ_g = λ_0 + Σ_k λ_k, so client {client_id}'s "
+                "site cannot be divided out: use the identity optimizers, or retrain without the client"
+            )
+        if nat.allclose(state.site, init_client(server_state, client_id).site, rtol=0.0, atol=0.0):
+            raise ValueError(f"client {client_id}'s site is its initial one (it never took part): nothing to remove")
+        lam_g = nat.sub(server_state.natural, state.site)
+        if not family.is_valid(lam_g):
+            raise ValueError(f"removing client {client_id}'s site leaves no valid Gaussian: retrain without the client")
+        return server_state._replace(natural=lam_g)
+
     local = LocalStep(TiltedSolver(inference), prepare, finish)
     return Algorithm.from_local(
-        name, server.init, init_client, server.broadcast, local, server.update, server.posterior
+        name, server.init, init_client, server.broadcast, local, server.update, server.posterior, unlearn=unlearn
     )
 
 

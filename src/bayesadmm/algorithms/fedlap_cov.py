@@ -208,19 +208,36 @@ def make(
         if unknown:
             raise KeyError(f"{name}: replies from clients {unknown} outside range({num_clients})")
         last = merge_replies(server.replies, replies)
-        precision = delta + sum((r["V"] for r in last.values()), torch.zeros_like(server.theta0))
-        v_sum = sum((r["v"] for r in last.values()), torch.zeros_like(server.theta0))
-        v_sum = v_sum + (num_clients - len(last)) * initial_site(server.theta0)
+        return server_from(server.theta0, last), ServerInfo(len(last))
+
+    def server_from(theta0: Tensor, last: Mapping[int, Message]) -> ServerState:
+        """S_g = δ + Σ_k V_k, w_g = Σ_k v_k / S_g over the recorded sites, the others' initial sites included."""
+        precision = delta + sum((r["V"] for r in last.values()), torch.zeros_like(theta0))
+        v_sum = sum((r["v"] for r in last.values()), torch.zeros_like(theta0))
+        v_sum = v_sum + (num_clients - len(last)) * initial_site(theta0)
         if not bool(torch.isfinite(precision).all() and (precision > 0).all() and torch.isfinite(v_sum).all()):
             raise DivergenceError(f"{name}: the server's precision is not positive and finite")
-        return ServerState(v_sum / precision, precision, server.theta0, last), ServerInfo(len(last))
+        return ServerState(v_sum / precision, precision, theta0, last)
+
+    def unlearn(server: ServerState, client_id: int, state: ClientState) -> ServerState:
+        """q_g = π_0 Π_k t_k without t_j: client j's site becomes the uniform one (v_j = V_j = 0 in its record), so
+        S_g = δ + Σ_{k≠j} V_k and w_g = Σ_{k≠j} v_k / S_g, and stays so when training continues. At the fixed point
+        t_k is the Laplace site of ℓ_k at w* (V_k = H_k(w*), v_k = V_k w* − ∇ℓ_k(w*)): exact where ℓ_k is quadratic
+        with the diagonal curvature the family holds, an approximation otherwise."""
+        if client_id not in server.replies:
+            raise ValueError(f"client {client_id} never replied to the server: it has no site to remove")
+        reply = server.replies[client_id]
+        uniform = {**reply, "v": torch.zeros_like(reply["v"]), "V": torch.zeros_like(reply["V"])}
+        return server_from(server.theta0, {**server.replies, client_id: uniform})
 
     def posterior(server: ServerState) -> Posterior:
         family = DiagonalGaussian(server.mean.shape[0])
         return Posterior(family, family.from_moments(server.mean, server.precision))
 
     local = LocalStep(solver, prepare, finish)
-    return Algorithm.from_local(name, init_server, init_client, broadcast, local, server_update, posterior)
+    return Algorithm.from_local(
+        name, init_server, init_client, broadcast, local, server_update, posterior, unlearn=unlearn
+    )
 
 
 @dataclass(frozen=True)

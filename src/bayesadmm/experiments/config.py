@@ -36,6 +36,7 @@ class RunConfig:
     preprocessing: str = "raw"  # raw: pixels 0–255 (as the authors); scaled: [0, 1]
     partition: str = "two-level-dirichlet"
     clients: int = 10
+    exclude_client: int = -1  # >= 0: the scenario without this client (its data unused), the others keep their ids
     alpha1: float = 1.0  # two-level Dirichlet: client sizes ~ Dir(alpha1)
     alpha2: float = 0.5  # two-level Dirichlet: class mix ~ Dir(alpha2)
     classes_per_client: int = 2
@@ -69,11 +70,12 @@ class RunConfig:
         return [name.strip() for name in self.log.split(",") if name.strip()]
 
     def to_json(self) -> dict:
-        """The config as config.json holds it; `dtype` only where it is not the default float32, so that the files of
-        float32 runs are as they were before the key existed (and such runs resume as before)."""
+        """The config as config.json holds it; `dtype` and `exclude_client` only where they are not the defaults, so
+        that the files of earlier runs are as they were before the keys existed (and such runs resume as before)."""
         data = dataclasses.asdict(self)
-        if data["dtype"] == "float32":
-            del data["dtype"]
+        for key, default in (("dtype", "float32"), ("exclude_client", -1)):
+            if data[key] == default:
+                del data[key]
         return data
 
     def make_likelihood(self) -> Likelihood:

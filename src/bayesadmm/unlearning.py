@@ -1,0 +1,73 @@
+"""`bayesadmm.unlearn`: a finished run's posterior without one client's contribution, with no training.
+
+    result = bayesadmm.run(model, clients, test, algorithm="ivon-admm", ...)
+    forgotten = bayesadmm.unlearn(result, client_id=3)      # or bayesadmm.unlearn("runs/mine", 3)
+    forgotten.posterior                                     # q_g without client 3's term
+
+A method whose server's posterior is a sum of per-client terms removes client j's term as its own mathematics defines
+it (`Algorithm.unlearn`, written in each method's module): BayesADMM in every family, IVON-ADMM, IVON-PVI and
+BregmanADMM subtract the client's dual η_j (`bayes_admm.unlearned_server`), PVI and FedEP divide out its site, FedLap
+and FedLap-Cov replace its site by the uniform one. For a conjugate model whose family holds the exact posterior, once
+training has converged, the result is the posterior of the other clients' data; otherwise it is the method's own
+approximation, a state from which training without the client can continue. Every other method refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from bayesadmm.engine.federation import Result
+
+__all__ = ["unlearn", "UnlearningError"]
+
+
+class UnlearningError(ValueError):
+    """A client that cannot be removed from a run: the method keeps no per-client term, the id is not one of the
+    run's clients, the client never took part, or removing its term leaves no valid posterior."""
+
+
+def unlearn(result_or_run_dir: Result | str | PathLike, client_id: int) -> Result:
+    """The run's `Result` with client `client_id`'s term removed from its server state, by the method's
+    `Algorithm.unlearn` hook and the client's state in the run's last checkpoint (`Result.client_states`).
+
+    The returned Result's `posterior` is the unlearned one; `server` the unlearned server state; `round`, `history`,
+    `status`, `exit_code` and `run_dir` are the original run's (nothing was trained, and the run directory still holds
+    the original checkpoint, client included); `message` says "client J unlearned". Raises `UnlearningError` for a
+    method without the hook, an unknown client or one that never took part."""
+    result = _as_result(result_or_run_dir)
+    algorithm = result.algorithm
+    if isinstance(client_id, bool) or not isinstance(client_id, int):
+        raise UnlearningError(f"client_id must be an int, got {client_id!r}")
+    if algorithm.unlearn is None:
+        raise UnlearningError(
+            f"{algorithm.name} keeps no per-client term in its server state: retrain without the client "
+            f"(exclude_client={client_id} in a scenario, or leave its data out of `bayesadmm.run`)"
+        )
+    try:
+        state = result.client_states([client_id])[client_id]
+    except ValueError as exc:
+        raise UnlearningError(f"client {client_id} is not a client of the run in {result.run_dir} ({exc})") from None
+    try:
+        server = algorithm.unlearn(result.server, client_id, state)
+    except ValueError as exc:
+        raise UnlearningError(f"{algorithm.name}: {exc}") from None
+    message = f"client {client_id} unlearned from round {result.round} of {result.run_dir}"
+    return dataclasses.replace(result, server=server, message=message)
+
+
+def _as_result(result_or_run_dir: Any) -> Result:
+    """A `Result` as given, or the one `bayesadmm.load` reads from a run directory."""
+    if isinstance(result_or_run_dir, Result):
+        return result_or_run_dir
+    if isinstance(result_or_run_dir, (str, PathLike)):
+        try:
+            from bayesadmm.runs import load  # type: ignore[import-not-found, unused-ignore]
+        except ImportError:
+            raise UnlearningError(
+                "unlearning from a run directory needs bayesadmm.load; pass the Result of bayesadmm.run"
+            ) from None
+        return load(Path(result_or_run_dir))
+    raise TypeError(f"unlearn takes a Result or a run directory, got {type(result_or_run_dir).__name__}")
