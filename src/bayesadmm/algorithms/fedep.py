@@ -140,7 +140,7 @@ class Hparams(TiltedSettings):
 
 def build_sites(factory: Callable[..., Algorithm], owner: str, hparams: Hparams, context: Context) -> Algorithm:
     """FedEP (`factory` = `make`) or FedSEP (`fedsep.make`) with the diagonal family, the inference `hparams` name
-    (checked against the context's likelihood), the clients' sizes n_k in client order and initial sites of
+    (checked against the context's likelihood), the clients' sizes n_k by client id and initial sites of
     precision α n_k by default."""
     local = tilted_inference(hparams, owner, context.likelihood)
     sizes = context.client_sizes
@@ -151,7 +151,8 @@ def build_sites(factory: Callable[..., Algorithm], owner: str, hparams: Hparams,
         num_clients=context.num_clients,
         damping=hparams.damping,
         prior_precision=hparams.prior_precision,
-        client_sizes=[sizes[k] for k in sorted(sizes)],
+        # indexed by client id; 0 for an id the run leaves out (`exclude_client`), which counts in no sum
+        client_sizes=[sizes.get(k, 0) for k in range(max(sizes) + 1)],
         init_site_precision=hparams.alpha if hparams.init_site_precision is None else hparams.init_site_precision,
     )
 
