@@ -95,13 +95,17 @@ def unlearned_server(family, delta: float, server_rho: float, server: ServerStat
 
         λ_g' = λ_g − η_j / c        (c = 1 for the diagonal and full families; δ/s for the isotropic one).
 
-    The server's own record of j, η_j + ρ_s λ_j, is not enough: it gives η_j only where λ_j = λ_g exactly, hence the
-    client's state. For a conjugate model in the full family (and the diagonal one where the posterior is diagonal)
-    η_k is the likelihood's natural parameter, independent of q_g, so λ_g' is the exact posterior without j and the
-    other clients are already at the fixed point of the federation without j. Otherwise (isotropic family, non-linear
-    models) η_k is a linearisation at the old q_g and λ_g' an approximation from which training continues. The other
-    clients' records η_k + ρ_s λ_k move with λ_g (λ_k → λ_k + λ_g' − λ_g) so that λ_g' is a fixed point of the server
-    update under partial participation too; their client states are kept (their duals are still theirs)."""
+    The server's own record of j, r_j = η_j + ρ_s λ_j, gives η_j only where λ_j = λ_g exactly, hence the client's
+    state. For a conjugate model in the full family (and the diagonal one where the posterior is diagonal) η_k is the
+    likelihood's natural parameter, independent of q_g, so λ_g' is the exact posterior without j and the other
+    clients are already at the fixed point of the federation without j. Otherwise (isotropic family, networks) η_k is
+    a linearisation at the old q_g and λ_g' an approximation from which training continues. Far from a fixed point
+    the duals hold little (IVON-ADMM's presets take γ ≪ ρ) and q_g is mostly the average of the local posteriors
+    (Eq. 54's (1 − α) Mean_k λ_k), so removing η_j removes little of client j; removing r_j − ρ_s λ_g instead
+    (the server state alone) agrees at a fixed point but away from one subtracts j's whole curvature from an average
+    that does not hold it, and can leave no valid Gaussian. The other clients' records move with λ_g (λ_k → λ_k + λ_g' − λ_g,
+    duals kept), so at a fixed point λ_g' is what the server update gives from them (away from one it gives
+    λ_g' − ρ_s(λ_j − λ_g)/(c + ρ_s(K − 1)), until their next replies replace them); their client states are kept."""
     if client_id not in server.replies:
         raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
     c, _ = family.prior_terms(delta, dtype=server.natural[0].dtype, device=server.natural[0].device)

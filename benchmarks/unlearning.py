@@ -1,0 +1,113 @@
+"""Unlearning one client on a scenario: the unlearned posterior against the one retrained without the client.
+
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/unlearning.py [--methods ivon-admm fedlap-cov] [--client 3]
+        [--scenario fmnist-heterog10] [--rounds 50] [--seed 0] [--runs runs/unlearning] [--out docs/results/unlearning]
+
+For each method it trains the scenario (the method's preset) with every client and again with `exclude_client=J`,
+resuming either run where its directory holds one (a finished run is read back as it is), unlearns client J from the
+first with `bayesadmm.unlearn`, and evaluates the three posteriors on the test set (at the mean and for the posterior
+predictive) and on client J's own training data, with the KL divergences between them. It prints a Markdown table
+and writes the numbers to OUT/<scenario>-c<J>-s<seed>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import bayesadmm
+from bayesadmm.experiments.build import build, run
+from bayesadmm.experiments.config import resolve
+
+KL_NOTE = "KL(q‖q_retrained); q_retrained: the run without the client"
+
+
+def train(scenario: str, method: str, overrides: list[str], out: Path):
+    """The run of `scenario` with `method` and `overrides`, resumed (or read back) from `out` where it exists."""
+    config, _ = resolve(scenario, [f"method={method}", f"out={out}", *overrides])
+    built = build(config)
+    result = run(config, resume=(out / "checkpoint.pt").exists(), progress=False, built=built)
+    if result.status != "completed":
+        sys.exit(f"{out}: the run ended {result.status} ({result.message})")
+    return result, built
+
+
+def metrics(result, posterior, X, y, seed: int) -> dict[str, float]:
+    """Accuracy and NLL at the mean and for the predictive (32 draws of a seeded generator)."""
+    values = bayesadmm.evaluate(result.model, posterior, X, y, samples=32, generator=torch.Generator().manual_seed(seed))
+    return {key: values[key] for key in ("acc", "nll", "ens_acc", "ens_nll") if key in values}
+
+
+def kl(posterior, reference) -> float | None:
+    """KL(posterior ‖ reference) in their shared family, or None where either is a point estimate."""
+    if not (hasattr(posterior, "family") and hasattr(reference, "family")):
+        return None
+    return float(posterior.family.kl(posterior.natural, reference.natural))
+
+
+def compare(method: str, args) -> dict:
+    """Train both runs of `method`, unlearn the client and evaluate the three posteriors."""
+    common = [f"rounds={args.rounds}", f"seed={args.seed}", "workers=1"]
+    full, built = train(args.scenario, method, common, args.runs / f"{method}-all-s{args.seed}")
+    retrained, _ = train(
+        args.scenario,
+        method,
+        [*common, f"exclude_client={args.client}"],
+        args.runs / f"{method}-without{args.client}-s{args.seed}",
+    )
+    unlearned = bayesadmm.unlearn(full, args.client)
+    forgotten = built.federation.clients(args.client)
+    X_test, y_test = built.federation.eval_X, built.federation.eval_y
+    row = {}
+    for name, result in (("original", full), ("unlearned", unlearned), ("retrained", retrained)):
+        row[name] = {
+            "test": metrics(result, result.posterior, X_test, y_test, args.seed),
+            "client": metrics(result, result.posterior, forgotten.X, forgotten.y, args.seed),
+            "kl_to_retrained": kl(result.posterior, retrained.posterior),
+        }
+    return row
+
+
+def table(results: dict, args) -> str:
+    """The Markdown table of `results` (method → posterior → numbers)."""
+    lines = [
+        f"| method | posterior | test acc | test NLL | predictive acc | predictive NLL | client {args.client} acc | "
+        f"client {args.client} NLL | KL to retrained |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method, rows in results.items():
+        for name, row in rows.items():
+            test, client, divergence = row["test"], row["client"], row["kl_to_retrained"]
+            ens = [f"{100 * test['ens_acc']:.2f}", f"{test['ens_nll']:.4f}"] if "ens_acc" in test else ["–", "–"]
+            cells = [method, name, f"{100 * test['acc']:.2f}", f"{test['nll']:.4f}", *ens]
+            cells += [f"{100 * client['acc']:.2f}", f"{client['nll']:.4f}"]
+            cells.append("–" if divergence is None else f"{divergence:.4g}")
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--methods", nargs="+", default=["ivon-admm", "fedlap-cov"])
+    parser.add_argument("--scenario", default="fmnist-heterog10")
+    parser.add_argument("--client", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runs", type=Path, default=Path("runs/unlearning"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/unlearning"))
+    args = parser.parse_args()
+    results = {method: compare(method, args) for method in args.methods}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.scenario}-c{args.client}-s{args.seed}.json"
+    settings = {k: v for k, v in vars(args).items() if k not in ("runs", "out")}
+    path.write_text(json.dumps({"settings": settings, "kl": KL_NOTE, "results": results}, indent=1) + "\n")
+    print(table(results, args))
+    print(f"\n{KL_NOTE}; numbers in {path}")
+
+
+if __name__ == "__main__":
+    main()
