@@ -4,7 +4,8 @@
         [--scenario fmnist-heterog10] [--rounds 50] [--seed 0] [--runs runs/unlearning] [--out docs/results/unlearning]
 
 For each method it trains the scenario (the method's preset) with every client and again with `exclude_client=J`,
-resuming either run where its directory holds one (a finished run is read back as it is), unlearns client J from the
+resuming either run where its directory holds one (a finished run is read back as it is; `--train-only` trains the
+runs and stops, so that methods can train in parallel processes), unlearns client J from the
 first with `bayesadmm.unlearn`, and evaluates the three posteriors on the test set (at the mean and for the posterior
 predictive) and on client J's own training data, with the KL divergences between them. It prints a Markdown table
 and writes the numbers to OUT/<scenario>-c<J>-s<seed>.json.
@@ -38,7 +39,8 @@ def train(scenario: str, method: str, overrides: list[str], out: Path):
 
 def metrics(result, posterior, X, y, seed: int) -> dict[str, float]:
     """Accuracy and NLL at the mean and for the predictive (32 draws of a seeded generator)."""
-    values = bayesadmm.evaluate(result.model, posterior, X, y, samples=32, generator=torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed)
+    values = bayesadmm.evaluate(result.model, posterior, X, y, samples=32, generator=generator)
     return {key: values[key] for key in ("acc", "nll", "ens_acc", "ens_nll") if key in values}
 
 
@@ -49,15 +51,20 @@ def kl(posterior, reference) -> float | None:
     return float(posterior.family.kl(posterior.natural, reference.natural))
 
 
+def common(args) -> list[str]:
+    """The overrides of both runs: the schedule, the seed and one process (the numbers do not depend on it)."""
+    return [f"rounds={args.rounds}", f"seed={args.seed}", "workers=1"]
+
+
+def run_dir(args, method: str, without: bool) -> Path:
+    return args.runs / f"{method}-{f'without{args.client}' if without else 'all'}-s{args.seed}"
+
+
 def compare(method: str, args) -> dict:
     """Train both runs of `method`, unlearn the client and evaluate the three posteriors."""
-    common = [f"rounds={args.rounds}", f"seed={args.seed}", "workers=1"]
-    full, built = train(args.scenario, method, common, args.runs / f"{method}-all-s{args.seed}")
+    full, built = train(args.scenario, method, common(args), run_dir(args, method, False))
     retrained, _ = train(
-        args.scenario,
-        method,
-        [*common, f"exclude_client={args.client}"],
-        args.runs / f"{method}-without{args.client}-s{args.seed}",
+        args.scenario, method, [*common(args), f"exclude_client={args.client}"], run_dir(args, method, True)
     )
     unlearned = bayesadmm.unlearn(full, args.client)
     forgotten = built.federation.clients(args.client)
@@ -99,7 +106,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", type=Path, default=Path("runs/unlearning"))
     parser.add_argument("--out", type=Path, default=Path("docs/results/unlearning"))
+    parser.add_argument("--train-only", action="store_true", help="train (or resume) the runs, compare nothing")
     args = parser.parse_args()
+    if args.train_only:  # e.g. one process per method, then one without this flag to compare
+        for method in args.methods:
+            for extra in ([], [f"exclude_client={args.client}"]):
+                train(args.scenario, method, [*common(args), *extra], run_dir(args, method, bool(extra)))
+        return
     results = {method: compare(method, args) for method in args.methods}
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.scenario}-c{args.client}-s{args.seed}.json"
