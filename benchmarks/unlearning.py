@@ -24,7 +24,7 @@ import bayesadmm
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import resolve
 
-KL_NOTE = "KL(q‖q_retrained); q_retrained: the run without the client"
+KL_NOTE = "KL(q‖q_retrained) and KL(q‖q_original): q_retrained is the run without the client"
 
 
 def train(scenario: str, method: str, overrides: list[str], out: Path):
@@ -60,6 +60,20 @@ def run_dir(args, method: str, without: bool) -> Path:
     return args.runs / f"{method}-{f'without{args.client}' if without else 'all'}-s{args.seed}"
 
 
+def dual_share(result, client: int) -> dict[str, float] | None:
+    """For diagonal BayesADMM (IVON-ADMM): the median over the weights of the duals' share Σ_k u_k / s_g of the
+    server's precision, and client `client`'s u_k / s_g (η_k = (v_k, −½u_k)); None for other methods."""
+    states = result.client_states()
+    if not all(hasattr(state, "dual") and len(state.dual) == 2 for state in states.values()):
+        return None
+    precision = -2 * result.server.natural[1]
+    duals = {k: -2 * state.dual[1] for k, state in states.items()}
+    return {
+        "all_clients": float((sum(duals.values()) / precision).median()),
+        "client": float((duals[client] / precision).median()),
+    }
+
+
 def compare(method: str, args) -> dict:
     """Train both runs of `method`, unlearn the client and evaluate the three posteriors."""
     full, built = train(args.scenario, method, common(args), run_dir(args, method, False))
@@ -75,7 +89,9 @@ def compare(method: str, args) -> dict:
             "test": metrics(result, result.posterior, X_test, y_test, args.seed),
             "client": metrics(result, result.posterior, forgotten.X, forgotten.y, args.seed),
             "kl_to_retrained": kl(result.posterior, retrained.posterior),
+            "kl_to_original": kl(result.posterior, full.posterior),
         }
+    row["dual_share_of_precision"] = dual_share(full, args.client)
     return row
 
 
@@ -83,16 +99,18 @@ def table(results: dict, args) -> str:
     """The Markdown table of `results` (method → posterior → numbers)."""
     lines = [
         f"| method | posterior | test acc | test NLL | predictive acc | predictive NLL | client {args.client} acc | "
-        f"client {args.client} NLL | KL to retrained |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"client {args.client} NLL | KL to retrained | KL to original |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, rows in results.items():
         for name, row in rows.items():
-            test, client, divergence = row["test"], row["client"], row["kl_to_retrained"]
+            if name == "dual_share_of_precision":
+                continue
+            test, client = row["test"], row["client"]
             ens = [f"{100 * test['ens_acc']:.2f}", f"{test['ens_nll']:.4f}"] if "ens_acc" in test else ["–", "–"]
             cells = [method, name, f"{100 * test['acc']:.2f}", f"{test['nll']:.4f}", *ens]
             cells += [f"{100 * client['acc']:.2f}", f"{client['nll']:.4f}"]
-            cells.append("–" if divergence is None else f"{divergence:.4g}")
+            cells += ["–" if row[key] is None else f"{row[key]:.4g}" for key in ("kl_to_retrained", "kl_to_original")]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
