@@ -64,6 +64,12 @@ def test_unlearned_run_equals_the_closed_form_and_the_run_without_the_client(tmp
     assert (unlearned.round, unlearned.status, unlearned.run_dir) == (result.round, result.status, result.run_dir)
     assert unlearned.history == result.history and f"client {GONE} unlearned" in unlearned.message
     assert torch.allclose(result.posterior.precision, exact(clients)[1], atol=1e-10, rtol=0)
+    # client by client: a second client goes too, and none twice
+    both = bayesadmm.unlearn(unlearned, 3)
+    assert both.unlearned == (GONE, 3) and f"clients {GONE}, 3 unlearned" in both.message
+    assert torch.allclose(both.posterior.mean, exact({k: clients[k] for k in (0, 2)})[0], atol=1e-10, rtol=0)
+    with pytest.raises(bayesadmm.UnlearningError, match="already unlearned"):
+        bayesadmm.unlearn(both, GONE)
 
 
 def test_refusals(tmp_path):

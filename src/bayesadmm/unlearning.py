@@ -33,10 +33,12 @@ def unlearn(result_or_run_dir: Result | str | PathLike, client_id: int) -> Resul
     """The run's `Result` with client `client_id`'s term removed from its server state, by the method's
     `Algorithm.unlearn` hook and the client's state in the run's last checkpoint (`Result.client_states`).
 
-    The returned Result's `posterior` is the unlearned one; `server` the unlearned server state; `round`, `history`,
-    `status`, `exit_code` and `run_dir` are the original run's (nothing was trained, and the run directory still holds
-    the original checkpoint, client included); `message` says "client J unlearned". Raises `UnlearningError` for a
-    method without the hook, an unknown client or one that never took part."""
+    The returned Result's `posterior` is the unlearned one; `server` the unlearned server state; `unlearned` the
+    clients removed so far (a Result can be unlearned again, client by client); `round`, `history`, `status`,
+    `exit_code` and `run_dir` are the original run's (nothing was trained, and the run directory still holds the
+    original checkpoint, client included); `message` says "client J unlearned". Raises `UnlearningError` for a method
+    without the hook, an unknown client, one that never took part or was already unlearned, and a server state of
+    another round than the checkpoint's client states (a run that diverged between checkpoints)."""
     result = _as_result(result_or_run_dir)
     algorithm = result.algorithm
     if isinstance(client_id, bool) or not isinstance(client_id, int):
@@ -46,6 +48,14 @@ def unlearn(result_or_run_dir: Result | str | PathLike, client_id: int) -> Resul
             f"{algorithm.name} keeps no per-client term in its server state: retrain without the client "
             f"(exclude_client={client_id} in a scenario, or leave its data out of `bayesadmm.run`)"
         )
+    if client_id in result.unlearned:
+        raise UnlearningError(f"client {client_id} is already unlearned from this result")
+    server_round = getattr(result.server, "round", result.round)
+    if server_round != result.round:  # a divergence between checkpoints: the clients' states are of another round
+        raise UnlearningError(
+            f"the server state is of round {server_round} but the run's last checkpoint of round {result.round}: "
+            "unlearn from a run that ended normally, or with checkpoint_every=1"
+        )
     try:
         state = result.client_states([client_id])[client_id]
     except ValueError as exc:
@@ -54,8 +64,10 @@ def unlearn(result_or_run_dir: Result | str | PathLike, client_id: int) -> Resul
         server = algorithm.unlearn(result.server, client_id, state)
     except ValueError as exc:
         raise UnlearningError(f"{algorithm.name}: {exc}") from None
-    message = f"client {client_id} unlearned from round {result.round} of {result.run_dir}"
-    return dataclasses.replace(result, server=server, message=message)
+    removed = (*result.unlearned, client_id)
+    clients = f"client{'s' if len(removed) > 1 else ''} {', '.join(map(str, removed))}"
+    message = f"{clients} unlearned from round {result.round} of {result.run_dir}"
+    return dataclasses.replace(result, server=server, message=message, unlearned=removed)
 
 
 def _as_result(result_or_run_dir: Any) -> Result:

@@ -103,9 +103,10 @@ def unlearned_server(family, delta: float, server_rho: float, server: ServerStat
     the duals hold little (IVON-ADMM's presets take γ ≪ ρ) and q_g is mostly the average of the local posteriors
     (Eq. 54's (1 − α) Mean_k λ_k), so removing η_j removes little of client j; removing r_j − ρ_s λ_g instead
     (the server state alone) agrees at a fixed point but away from one subtracts j's whole curvature from an average
-    that does not hold it, and can leave no valid Gaussian. The other clients' records move with λ_g (λ_k → λ_k + λ_g' − λ_g,
-    duals kept), so at a fixed point λ_g' is what the server update gives from them (away from one it gives
-    λ_g' − ρ_s(λ_j − λ_g)/(c + ρ_s(K − 1)), until their next replies replace them); their client states are kept."""
+    that does not hold it, and can leave no valid Gaussian. The other clients' records move with λ_g
+    (λ_k → λ_k + λ_g' − λ_g, duals kept), so at a fixed point λ_g' is what the server update gives from them (away
+    from one it gives λ_g' − ρ_s(λ_j − λ_g)/(c + ρ_s(K − 1)), until their next replies replace them); their client
+    states are kept."""
     if client_id not in server.replies:
         raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
     c, _ = family.prior_terms(delta, dtype=server.natural[0].dtype, device=server.natural[0].device)

@@ -60,6 +60,7 @@ class Result:
     run_dir: Path
     message: str = ""
     model: FlatModel | None = None  # the model the posterior's parameter vector belongs to (its layout)
+    unlearned: tuple[int, ...] = ()  # the clients `bayesadmm.unlearn` removed from `server` (none for a trained run)
 
     @property
     def posterior(self) -> Any:
