@@ -1,6 +1,8 @@
 """`bayesadmm.unlearn` on runs of `bayesadmm.run`: exact on conjugate linear regression (float64) against the
 closed-form posterior and the run without the client, and its refusals."""
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -85,6 +87,8 @@ def test_refusals(tmp_path):
         bayesadmm.unlearn(result, 99)
     with pytest.raises(bayesadmm.UnlearningError, match="client_id must be an int"):
         bayesadmm.unlearn(result, "1")
+    with pytest.raises(bayesadmm.UnlearningError, match="server state is of round 1 but"):
+        bayesadmm.unlearn(dataclasses.replace(result, round=0), 0)  # as after a divergence between checkpoints
     with pytest.raises(TypeError, match="Result or a run directory"):
         bayesadmm.unlearn(3.0, 1)
 
