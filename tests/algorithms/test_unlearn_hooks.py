@@ -240,3 +240,18 @@ def test_fedep_with_a_momentum_server_and_fedsep_refuse():
     # FedSEP's one shared factor is no client's own term; BregmanADMM's duals are not the clients' terms
     assert fedsep.make(FullGaussian(D), ExactGaussian(), num_clients=4).unlearn is None
     assert bregman_admm.make(FullGaussian(D), ExactQuadratic(), rho=0.5, delta=DELTA).unlearn is None
+
+
+def test_the_built_in_methods_that_unlearn():
+    """The registered methods whose server is a sum of per-client terms have the hook; the others refuse (None)."""
+    from torch import nn
+
+    from bayesadmm import Classification
+    from bayesadmm.algorithms import make, spec
+    from bayesadmm.models import FlatModel
+
+    model = FlatModel.from_module(nn.Linear(4, 3))
+    context = dict(dim=model.dim, model=model, client_sizes={0: 10, 1: 10}, likelihood=Classification(), rounds=5)
+    built_in = [s for s in spec.specs() if s.build.__module__.startswith("bayesadmm.")]
+    has_hook = {s.name for s in built_in if make(s.name, **context, **s.example).unlearn is not None}
+    assert has_hook == {"bayes-admm-iso", "fedep", "fedlap", "fedlap-cov", "ivon-admm", "ivon-pvi"}
