@@ -15,6 +15,7 @@ approximation, a state from which training without the client can continue. Ever
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,32 @@ def unlearn(result_or_run_dir: Result | str | PathLike, client_id: int) -> Resul
     without the hook, an unknown client, one that never took part or was already unlearned, and a server state of
     another round than the checkpoint's client states (a run that diverged between checkpoints)."""
     result = _as_result(result_or_run_dir)
-    algorithm = result.algorithm
-    if isinstance(client_id, bool) or not isinstance(client_id, int):
+    client_id = _check(result, client_id)
+    try:
+        state = result.client_states([client_id])[client_id]
+    except ValueError as exc:
+        raise UnlearningError(f"client {client_id} is not a client of the run in {result.run_dir} ({exc})") from None
+    hook = result.algorithm.unlearn
+    assert hook is not None  # (_check refused a method without it)
+    try:
+        server = hook(result.server, client_id, state)
+    except ValueError as exc:
+        raise UnlearningError(f"{result.algorithm.name}: {exc}") from None
+    removed = (*result.unlearned, client_id)
+    clients = f"client{'s' if len(removed) > 1 else ''} {', '.join(map(str, removed))}"
+    message = f"{clients} unlearned from round {result.round} of {result.run_dir}"
+    return dataclasses.replace(result, server=server, message=message, unlearned=removed)
+
+
+def _check(result: Result, client_id: Any) -> int:
+    """`client_id` as an int, once the method has the hook, the client is not already removed and the server state is
+    of the checkpoint's round; else `UnlearningError` saying which."""
+    if isinstance(client_id, bool) or not isinstance(client_id, numbers.Integral):
         raise UnlearningError(f"client_id must be an int, got {client_id!r}")
-    if algorithm.unlearn is None:
+    client_id = int(client_id)
+    if result.algorithm.unlearn is None:
         raise UnlearningError(
-            f"{algorithm.name} keeps no per-client term in its server state: retrain without the client "
+            f"{result.algorithm.name} keeps no per-client term in its server state: retrain without the client "
             f"(exclude_client={client_id} in a scenario, or leave its data out of `bayesadmm.run`)"
         )
     if client_id in result.unlearned:
@@ -56,18 +77,7 @@ def unlearn(result_or_run_dir: Result | str | PathLike, client_id: int) -> Resul
             f"the server state is of round {server_round} but the run's last checkpoint of round {result.round}: "
             "unlearn from a run that ended normally, or with checkpoint_every=1"
         )
-    try:
-        state = result.client_states([client_id])[client_id]
-    except ValueError as exc:
-        raise UnlearningError(f"client {client_id} is not a client of the run in {result.run_dir} ({exc})") from None
-    try:
-        server = algorithm.unlearn(result.server, client_id, state)
-    except ValueError as exc:
-        raise UnlearningError(f"{algorithm.name}: {exc}") from None
-    removed = (*result.unlearned, client_id)
-    clients = f"client{'s' if len(removed) > 1 else ''} {', '.join(map(str, removed))}"
-    message = f"{clients} unlearned from round {result.round} of {result.run_dir}"
-    return dataclasses.replace(result, server=server, message=message, unlearned=removed)
+    return client_id
 
 
 def _as_result(result_or_run_dir: Any) -> Result:
