@@ -14,6 +14,7 @@ and writes the numbers to OUT/<scenario>-c<J>-s<seed>.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ import bayesadmm
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import resolve
 
+KEPT = "unlearned, the original kept where invalid (diagnostic)"
 KL_NOTE = "KL(q‖q_retrained) and KL(q‖q_original): q_retrained is the run without the client"
 
 
@@ -61,8 +63,9 @@ def run_dir(args, method: str, without: bool) -> Path:
 
 
 def dual_share(result, client: int) -> dict[str, float] | None:
-    """For diagonal BayesADMM (IVON-ADMM): the median over the weights of the duals' share Σ_k u_k / s_g of the
-    server's precision, and client `client`'s u_k / s_g (η_k = (v_k, −½u_k)); None for other methods."""
+    """For diagonal BayesADMM (IVON-ADMM, IVON-PVI): the median over the weights of the duals' share Σ_k u_k / s_g of
+    the server's precision, client `client`'s u_k / s_g (η_k = (v_k, −½u_k)) and the fraction of weights its removal
+    leaves without a positive precision; None for other methods."""
     states = result.client_states()
     if not all(hasattr(state, "dual") and len(state.dual) == 2 for state in states.values()):
         return None
@@ -71,7 +74,21 @@ def dual_share(result, client: int) -> dict[str, float] | None:
     return {
         "all_clients": float((sum(duals.values()) / precision).median()),
         "client": float((duals[client] / precision).median()),
+        # the weights where s_g − u_j ≤ 0: removing the client's dual leaves no valid Gaussian there (c = 1)
+        "weights_left_invalid": float((precision - duals[client] <= 0).double().mean()),
     }
+
+
+def kept_where_invalid(result, client: int):
+    """A diagnostic, not the library's answer, for a diagonal BayesADMM run whose unlearning is refused: λ_g − η_j
+    (c = 1) with the original λ_g kept on the weights where that leaves no positive precision; None for others."""
+    state = result.client_states([client])[client]
+    if not (hasattr(state, "dual") and len(state.dual) == 2):
+        return None
+    lam = tuple(a - b for a, b in zip(result.server.natural, state.dual, strict=True))
+    invalid = lam[1] >= 0  # precision −2λ₂ ≤ 0
+    lam = tuple(torch.where(invalid, old, new) for old, new in zip(result.server.natural, lam, strict=True))
+    return dataclasses.replace(result, server=result.server._replace(natural=lam))
 
 
 def compare(method: str, args) -> dict:
@@ -80,18 +97,24 @@ def compare(method: str, args) -> dict:
     retrained, _ = train(
         args.scenario, method, [*common(args), f"exclude_client={args.client}"], run_dir(args, method, True)
     )
-    unlearned = bayesadmm.unlearn(full, args.client)
+    row: dict = {"dual_share_of_precision": dual_share(full, args.client)}
+    try:
+        unlearned = bayesadmm.unlearn(full, args.client)
+    except bayesadmm.UnlearningError as refusal:  # recorded as the method's answer
+        unlearned, row["refused"] = None, str(refusal)
+    kept = kept_where_invalid(full, args.client) if unlearned is None else None
     forgotten = built.federation.clients(args.client)
     X_test, y_test = built.federation.eval_X, built.federation.eval_y
-    row = {}
-    for name, result in (("original", full), ("unlearned", unlearned), ("retrained", retrained)):
+    posteriors = (("original", full), ("unlearned", unlearned), (KEPT, kept), ("retrained", retrained))
+    for name, result in posteriors:
+        if result is None:
+            continue
         row[name] = {
             "test": metrics(result, result.posterior, X_test, y_test, args.seed),
             "client": metrics(result, result.posterior, forgotten.X, forgotten.y, args.seed),
             "kl_to_retrained": kl(result.posterior, retrained.posterior),
             "kl_to_original": kl(result.posterior, full.posterior),
         }
-    row["dual_share_of_precision"] = dual_share(full, args.client)
     return row
 
 
@@ -103,8 +126,10 @@ def table(results: dict, args) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, rows in results.items():
+        if "refused" in rows:
+            lines.append(f"| {method} | unlearned | refused: {rows['refused']} |" + " |" * 8)
         for name, row in rows.items():
-            if name == "dual_share_of_precision":
+            if name not in ("original", "unlearned", KEPT, "retrained"):
                 continue
             test, client = row["test"], row["client"]
             ens = [f"{100 * test['ens_acc']:.2f}", f"{test['ens_nll']:.4f}"] if "ens_acc" in test else ["–", "–"]
