@@ -6,6 +6,7 @@ The public API:
     bayesadmm.load(run_dir, model=..., likelihood=...) -> Result                  a finished run, read back
     bayesadmm.Posterior: result.posterior, .save(path), Posterior.load(path), .to_module(m), .predict(m, x)
     bayesadmm.personal(result, k), evaluate_personal(...), FineTune(epochs)    client k's personal posterior, scored
+    bayesadmm.unlearn(result_or_run_dir, client_id)                  -> Result without that client's term
     bayesadmm.Classification(), GaussianRegression(noise), Poisson(), NegLogLikelihood(fn)           likelihoods
     bayesadmm.algorithms.names(), .register(MethodSpec(...)), .make(name, **hparams), bayesadmm.Algorithm   methods
     bayesadmm.ClientData, SupervisedData, DataError                                                  client data
@@ -35,6 +36,7 @@ from bayesadmm.loading import load
 from bayesadmm.metrics import evaluate, evaluate_uncertainty
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior import GaussianPosterior, PointPosterior, Posterior, PosteriorFileError
+from bayesadmm.unlearning import UnlearningError, unlearn
 from bayesadmm.userdata import DataError
 
 __version__ = "0.1.0"
@@ -42,6 +44,8 @@ __version__ = "0.1.0"
 __all__ = [
     "run",
     "load",
+    "unlearn",
+    "UnlearningError",
     "Result",
     "Posterior",
     "GaussianPosterior",

@@ -86,6 +86,41 @@ def server_natural(family, delta: float, server_rho: float, contributions: Mappi
     return nat.scale(nat.add(b, total), 1.0 / (c + server_rho * len(contributions)))
 
 
+def unlearned_server(family, delta: float, server_rho: float, server: ServerState, client_id: int, dual: Natural):
+    """The server state without client `client_id`, whose dual is η_j (`dual`, from its client state).
+
+    At a fixed point λ_k = λ_g for every k (the dual steps stop), so the server update (module docstring) reads
+    (c + ρ_s K) λ_g = b + Σ_k η_k + ρ_s K λ_g, i.e. c λ_g = b + Σ_k η_k: q_g is the prior times one dual term
+    exp⟨η_k, T(θ)⟩ per client (η_k = −∇_μ L_k, App. C.1). Without client j, with the other duals as they are,
+
+        λ_g' = λ_g − η_j / c        (c = 1 for the diagonal and full families; δ/s for the isotropic one).
+
+    The server's own record of j, r_j = η_j + ρ_s λ_j, gives η_j only where λ_j = λ_g exactly, hence the client's
+    state. For a conjugate model in the full family (and the diagonal one where the posterior is diagonal) η_k is the
+    likelihood's natural parameter, independent of q_g, so λ_g' is the exact posterior without j and the other
+    clients are already at the fixed point of the federation without j. Otherwise (isotropic family, networks) η_k is
+    a linearisation at the old q_g and λ_g' an approximation from which training continues. Far from a fixed point
+    the duals hold little (IVON-ADMM's presets take γ ≪ ρ) and q_g is mostly the average of the local posteriors
+    (Eq. 54's (1 − α) Mean_k λ_k), so removing η_j removes little of client j; removing r_j − ρ_s λ_g instead
+    (the server state alone) agrees at a fixed point but away from one subtracts j's whole curvature from an average
+    that does not hold it, and can leave no valid Gaussian. The other clients' records move with λ_g
+    (λ_k → λ_k + λ_g' − λ_g, duals kept), so at a fixed point λ_g' is what the server update gives from them (away
+    from one it gives λ_g' − ρ_s(λ_j − λ_g)/(c + ρ_s(K − 1)), until their next replies replace them); their client
+    states are kept."""
+    if client_id not in server.replies:
+        raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
+    c, _ = family.prior_terms(delta, dtype=server.natural[0].dtype, device=server.natural[0].device)
+    lam_g = nat.add_scaled(server.natural, -1.0 / c, dual)
+    if not family.is_valid(lam_g):
+        raise ValueError(
+            f"removing client {client_id}'s dual leaves no valid Gaussian (its term outweighs the rest of the "
+            "posterior, as can happen far from a fixed point): retrain without the client"
+        )
+    shift = nat.scale(nat.sub(lam_g, server.natural), server_rho)
+    replies = {k: nat.add(r, shift) for k, r in server.replies.items() if k != client_id}
+    return ServerState(lam_g, replies, server.round)
+
+
 def make(
     family: GaussianFamily,
     solver,
@@ -145,7 +180,13 @@ def make(
         # q_k = family(λ_k) of the client's last local solve (Eq. 15); q_g before its first
         return posterior(server) if state.natural is None else Posterior(family, state.natural)
 
+    def unlearn(server: ServerState, client_id: int, state: ClientState) -> ServerState:
+        return unlearned_server(family, delta, server_rho, server, client_id, state.dual)
+
+    # Only the natural-parameter dual step keeps η_k = −∇_μ L_k (App. C.1), the client's term of the posterior;
+    # BregmanADMM's expectation-parameter step loses it (App. C.2, and it need not reach consensus), so it refuses.
     local = LocalStep(solver, prepare, finish)
     return Algorithm.from_local(
-        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal
-    )
+        name, init_server, init_client, broadcast, local, server_update, posterior,
+        personal=personal, unlearn=unlearn if dual_step is natural_dual_step else None,
+    )  # fmt: skip

@@ -6,7 +6,8 @@ divergence) except that the dual is updated with expectation parameters, the usu
     η_k ← η_k + γ (μ_k − μ_g)
 
 instead of Eq. 16's natural parameters. The paper's point (App. C.2) is that this loses η_k = −∇_μ L_k(μ_k) and the
-one-round convergence of Prop. D.1; the convex experiments show the difference.
+one-round convergence of Prop. D.1; the convex experiments show the difference. For the same reason its duals are
+no client's term of the posterior, and it has no `unlearn` hook (`bayesadmm.unlearn` refuses it).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian, Natural, Posterior
 from bayesadmm.families import natural as nat
 from bayesadmm.solvers.ep_inference import TiltedInference, TiltedProblem, TiltedSolver
-from bayesadmm.solvers.natural_optimizers import NaturalOptimizer
+from bayesadmm.solvers.natural_optimizers import Identity, NaturalOptimizer
 from bayesadmm.trees import register
 
 
@@ -112,9 +112,33 @@ def make(
         # the client's last tilted inference (3) found it; q_g before its first
         return server.posterior(server_state) if state.tilted is None else Posterior(family, state.tilted)
 
+    def unlearn(server_state: ServerState, client_id: int, state: ClientState) -> ServerState:
+        """q_g / q_j: with identity optimizers λ_g = λ_0 + Σ_k λ_k (initial sites included) after every round, so
+        the server without client j is λ_g − λ_j, the EP state of the other clients with their sites as they are
+        (exact for a conjugate model with exact tilted inference once the sites have converged)."""
+        if not (isinstance(server_optimizer, Identity) and isinstance(client_optimizer, Identity)):
+            raise ValueError(
+                f"{name} with a momentum or Adam optimizer keeps no λ_g = λ_0 + Σ_k λ_k, so client {client_id}'s "
+                "site cannot be divided out: use the identity optimizers, or retrain without the client"
+            )
+        if nat.allclose(state.site, init_client(server_state, client_id).site, rtol=0.0, atol=0.0):
+            raise ValueError(f"client {client_id}'s site is its initial one (it never took part): nothing to remove")
+        lam_g = nat.sub(server_state.natural, state.site)
+        if not family.is_valid(lam_g):
+            raise ValueError(f"removing client {client_id}'s site leaves no valid Gaussian: retrain without the client")
+        return server_state._replace(natural=lam_g)
+
     local = LocalStep(TiltedSolver(inference), prepare, finish)
     return Algorithm.from_local(
-        name, server.init, init_client, server.broadcast, local, server.update, server.posterior, personal=personal
+        name,
+        server.init,
+        init_client,
+        server.broadcast,
+        local,
+        server.update,
+        server.posterior,
+        personal=personal,
+        unlearn=unlearn,
     )
 
 
@@ -130,7 +154,7 @@ class Hparams(TiltedSettings):
 
 def build_sites(factory: Callable[..., Algorithm], owner: str, hparams: Hparams, context: Context) -> Algorithm:
     """FedEP (`factory` = `make`) or FedSEP (`fedsep.make`) with the diagonal family, the inference `hparams` name
-    (checked against the context's likelihood), the clients' sizes n_k in client order and initial sites of
+    (checked against the context's likelihood), the clients' sizes n_k by client id and initial sites of
     precision α n_k by default."""
     local = tilted_inference(hparams, owner, context.likelihood)
     sizes = context.client_sizes
@@ -141,7 +165,8 @@ def build_sites(factory: Callable[..., Algorithm], owner: str, hparams: Hparams,
         num_clients=context.num_clients,
         damping=hparams.damping,
         prior_precision=hparams.prior_precision,
-        client_sizes=[sizes[k] for k in sorted(sizes)],
+        # indexed by client id; 0 for an id the run leaves out (`exclude_client`), which counts in no sum
+        client_sizes=[sizes.get(k, 0) for k in range(max(sizes) + 1)],
         init_site_precision=hparams.alpha if hparams.init_site_precision is None else hparams.init_site_precision,
     )
 

@@ -227,8 +227,18 @@ def make(
         # the mean w_k of the client's last local Laplace solve (its covariance is the prior's, like q_g's)
         return posterior(server) if state.theta is None else PointEstimate(state.theta)
 
+    def unlearn(server: ServerState, client_id: int, state: ClientState) -> ServerState:
+        """q_g = π_0 Π_k t_k without t_j: client j's site becomes the uniform one (its recorded dual 0), so
+        w_g = Σ_{k≠j} v_k, and stays so when training continues. The sites are first-order (t_k ∝ exp(δ v_kᵀw), v_k =
+        −∇ℓ_k(w*)/δ at the fixed point), so this is an approximation even for a quadratic loss."""
+        if client_id not in server.replies:
+            raise ValueError(f"client {client_id} never replied to the server: it has no site to remove")
+        reply = server.replies[client_id]
+        last = {**server.replies, client_id: {**reply, "dual": torch.zeros_like(reply["dual"])}}
+        return ServerState(site_sum(sizes, delta, server.theta0, last), server.theta0, last)
+
     return Algorithm.from_local(
-        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal
+        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal, unlearn=unlearn
     )
 
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -156,10 +156,12 @@ def make(
     curvature: DiagonalCurvature = _EXACT_GGN,
     name: str = "fedlap-cov",
     likelihood: Likelihood | None = None,
+    client_ids: Collection[int] | None = None,
 ) -> Algorithm:
     """FedLap-Cov (diagonal) with prior precision δ, damping ρ (default 1/K), local Adam (lr, epochs, batch_size) and
     the curvature estimator `curvature` (`GGN()`, the exact diagonal GGN, or `MonteCarloFisher()`). `likelihood`: the
-    clients', checked for what the estimator reads (None: checked when the curvature is first computed).
+    clients', checked for what the estimator reads (None: checked when the curvature is first computed). `client_ids`:
+    the ids of the K clients (default range(K)).
 
     Its length is the algorithm's pure functions (init, broadcast, prepare, finish, server update, posterior) written
     as closures over the hyperparameters, in the optax/blackjax style; the checks are in `_checked_rho`.
@@ -169,6 +171,9 @@ def make(
         require(likelihood, needs, f"{name} with curvature={getattr(curvature, 'name', type(curvature).__name__)!r}")
     solver = TrainThenCurvature(local_adam(name, lr, epochs, batch_size), curvature)
     rho = _checked_rho(name, num_clients, delta, rho)
+    ids = frozenset(range(num_clients) if client_ids is None else client_ids)
+    if len(ids) != num_clients:
+        raise ValueError(f"{name}: {len(ids)} client ids for num_clients={num_clients}")
 
     def initial_site(theta0: Tensor) -> Tensor:
         return delta * theta0 / num_clients  # v_k⁽⁰⁾, Σ_k v_k⁽⁰⁾ = δθ_0
@@ -177,8 +182,8 @@ def make(
         return ServerState(theta0, torch.full_like(theta0, delta), theta0, {})
 
     def init_client(server: ServerState, client_id: int) -> ClientState:
-        if not 0 <= client_id < num_clients:
-            raise KeyError(f"{name}: client id {client_id} is not in range({num_clients})")
+        if client_id not in ids:
+            raise KeyError(f"{name}: client id {client_id} is not one of the {num_clients} clients {sorted(ids)}")
         return ClientState(initial_site(server.theta0), torch.zeros_like(server.theta0), None, None)
 
     def broadcast(server: ServerState) -> Message:
@@ -204,16 +209,31 @@ def make(
         return ClientState(v, V, mean, precision), reply, TrainingInfo(result.steps)
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
-        unknown = sorted(k for k in replies if not 0 <= k < num_clients)
+        unknown = sorted(k for k in replies if k not in ids)
         if unknown:
-            raise KeyError(f"{name}: replies from clients {unknown} outside range({num_clients})")
+            raise KeyError(f"{name}: replies from clients {unknown}, not among {sorted(ids)}")
         last = merge_replies(server.replies, replies)
-        precision = delta + sum((r["V"] for r in last.values()), torch.zeros_like(server.theta0))
-        v_sum = sum((r["v"] for r in last.values()), torch.zeros_like(server.theta0))
-        v_sum = v_sum + (num_clients - len(last)) * initial_site(server.theta0)
+        return server_from(server.theta0, last), ServerInfo(len(last))
+
+    def server_from(theta0: Tensor, last: Mapping[int, Message]) -> ServerState:
+        """S_g = δ + Σ_k V_k, w_g = Σ_k v_k / S_g over the recorded sites, the others' initial sites included."""
+        precision = delta + sum((r["V"] for r in last.values()), torch.zeros_like(theta0))
+        v_sum = sum((r["v"] for r in last.values()), torch.zeros_like(theta0))
+        v_sum = v_sum + (num_clients - len(last)) * initial_site(theta0)
         if not bool(torch.isfinite(precision).all() and (precision > 0).all() and torch.isfinite(v_sum).all()):
             raise DivergenceError(f"{name}: the server's precision is not positive and finite")
-        return ServerState(v_sum / precision, precision, server.theta0, last), ServerInfo(len(last))
+        return ServerState(v_sum / precision, precision, theta0, last)
+
+    def unlearn(server: ServerState, client_id: int, state: ClientState) -> ServerState:
+        """q_g = π_0 Π_k t_k without t_j: client j's site becomes the uniform one (v_j = V_j = 0 in its record), so
+        S_g = δ + Σ_{k≠j} V_k and w_g = Σ_{k≠j} v_k / S_g, and stays so when training continues. At the fixed point
+        t_k is the Laplace site of ℓ_k at w* (V_k = H_k(w*), v_k = V_k w* − ∇ℓ_k(w*)): exact where ℓ_k is quadratic
+        with the diagonal curvature the family holds, an approximation otherwise."""
+        if client_id not in server.replies:
+            raise ValueError(f"client {client_id} never replied to the server: it has no site to remove")
+        reply = server.replies[client_id]
+        uniform = {**reply, "v": torch.zeros_like(reply["v"]), "V": torch.zeros_like(reply["V"])}
+        return server_from(server.theta0, {**server.replies, client_id: uniform})
 
     def posterior(server: ServerState) -> Posterior:
         return _gaussian(server.mean, server.precision)
@@ -226,7 +246,7 @@ def make(
 
     local = LocalStep(solver, prepare, finish)
     return Algorithm.from_local(
-        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal
+        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal, unlearn=unlearn
     )
 
 
@@ -265,6 +285,7 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
         curvature=CURVATURES[hparams.curvature](),
         name="fedlap-cov",
         likelihood=context.likelihood,
+        client_ids=context.client_sizes.keys(),
     )
 
 

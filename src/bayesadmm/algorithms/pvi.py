@@ -94,7 +94,18 @@ def make(family, solver, delta: float, damping: float = 1.0, name: str = "pvi") 
         # the local q_k of (36); q_g before the client's first solve
         return posterior(server) if state.natural is None else Posterior(family, state.natural)
 
+    def unlearn(server: ServerState, client_id: int, state: ClientState) -> ServerState:
+        """q_g / t_j: the server applies every site change, so λ_g = λ_0 + Σ_k η_k after every round and the
+        posterior without client j is λ_g − η_j (exact for a conjugate model once the sites have converged; the
+        other sites need no change). A zero site is the uniform one of a client that never took part."""
+        if all(not bool(x.any()) for x in state.site):
+            raise ValueError(f"client {client_id}'s site is the uniform one (it never took part): nothing to remove")
+        lam_g = nat.sub(server.natural, state.site)
+        if not family.is_valid(lam_g):
+            raise ValueError(f"removing client {client_id}'s site leaves no valid Gaussian: retrain without the client")
+        return ServerState(lam_g)
+
     local = LocalStep(solver, prepare, finish)
     return Algorithm.from_local(
-        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal
+        name, init_server, init_client, broadcast, local, server_update, posterior, personal=personal, unlearn=unlearn
     )

@@ -71,6 +71,8 @@ class Result:
     model: FlatModel | None = None  # the model the posterior's parameter vector belongs to (its layout)
     scenario: Mapping[str, Any] | None = None  # `Federation.scenario` of a scenario's run
 
+    unlearned: tuple[int, ...] = ()  # the clients `bayesadmm.unlearn` removed from `server` (none for a trained run)
+
     @property
     def provenance(self) -> dict[str, Any]:
         """Where the posterior comes from: method, round, run directory and, for a scenario's run, the scenario."""

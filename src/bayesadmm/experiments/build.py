@@ -192,6 +192,10 @@ def build(config: RunConfig) -> Built:
     order = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
     bounds = torch.tensor([0] + [len(idx) for idx in parts]).cumsum(0).tolist()
     slices = {k: (bounds[k], bounds[k + 1]) for k in range(len(parts))}
+    if config.exclude_client != -1:  # the federation without one client (e.g. retrained to compare with unlearning)
+        if config.exclude_client not in slices or len(slices) == 1:
+            raise ConfigError(f"exclude_client={config.exclude_client} must be -1 (none) or one of {sorted(slices)}")
+        del slices[config.exclude_client]
     source = TensorClients(model, X[order], y[order], slices, likelihood, config.device)
     make = make_algorithm_factory(config, model, source.sizes, source.likelihood)
     federation = Federation(

@@ -36,6 +36,7 @@ class RunConfig:
     preprocessing: str = "raw"  # raw: pixels 0–255 (as the authors); scaled: [0, 1]
     partition: str = "two-level-dirichlet"
     clients: int = 10
+    exclude_client: int = -1  # >= 0: the scenario without this client (its data unused), the others keep their ids
     alpha1: float = 1.0  # two-level Dirichlet: client sizes ~ Dir(alpha1)
     alpha2: float = 0.5  # two-level Dirichlet: class mix ~ Dir(alpha2)
     classes_per_client: int = 2
@@ -72,10 +73,9 @@ class RunConfig:
         return [name.strip() for name in self.log.split(",") if name.strip()]
 
     def to_json(self) -> dict:
-        """The config as config.json holds it; `dtype`, `ood` and the personalisation's keys only where set, so that
-        the files of runs without them are as they were before the keys existed (and such runs resume as before)."""
+        """config.json's content; keys added later (dtype, ood, exclude_client, personal_*) only where set."""
         data = dataclasses.asdict(self)
-        for key, default in (("dtype", "float32"), ("ood", "")):
+        for key, default in (("dtype", "float32"), ("ood", ""), ("exclude_client", -1)):
             if data[key] == default:
                 del data[key]
         for key in ("personal_split", "personal_every", "finetune_epochs") if not data["personal_split"] else ():
