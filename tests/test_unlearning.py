@@ -120,3 +120,26 @@ def test_methods_that_count_their_clients_take_a_scenario_without_one(method):
         assert torch.allclose(-2 * state.site[1], torch.full_like(state.site[1], 0.01 * sizes[4]))
     if method == "fedsep":
         assert state.fraction == sizes[4] / sum(sizes.values())
+
+
+def test_a_run_directory_is_unlearned_as_its_result(tmp_path):
+    """`unlearn(run_dir, k, model=...)` reads the run with `bayesadmm.load` and gives the posterior `unlearn(result, k)`
+    gives, bit for bit; the posterior's provenance names the client removed."""
+    torch.manual_seed(0)
+    w = torch.randn(4, 3)
+    parts = []
+    for _ in range(3):
+        X = torch.randn(40, 4)
+        parts.append((X, (X @ w).argmax(dim=1)))
+    model = nn.Linear(4, 3)
+    hparams = dict(lr=0.05, hess_init=0.1, epochs=1, rho=0.5, gamma=0.5, delta=1.0)
+    out = tmp_path / "ivon"
+    result = bayesadmm.run(model, parts, parts[0], algorithm="ivon-admm", hparams=hparams, rounds=2, out=out,
+                           progress=False, eval_samples=2)  # fmt: skip
+    from_result = bayesadmm.unlearn(result, 1)
+    from_dir = bayesadmm.unlearn(out, 1, model=model)
+    assert torch.equal(from_dir.posterior.mean, from_result.posterior.mean)
+    assert torch.equal(from_dir.posterior.precision, from_result.posterior.precision)
+    assert from_dir.posterior.provenance["unlearned"] == [1]
+    with pytest.raises(ValueError, match="model="):
+        bayesadmm.unlearn(out, 1)

@@ -77,6 +77,7 @@ class Result:
     def provenance(self) -> dict[str, Any]:
         """Where the posterior comes from: method, round, run directory and, for a scenario's run, the scenario."""
         found = {"method": self.algorithm.name, "round": self.round, "run": str(self.run_dir)}
+        found |= {"unlearned": list(self.unlearned)} if self.unlearned else {}
         return found | ({"scenario": dict(self.scenario)} if self.scenario else {})
 
     @property
