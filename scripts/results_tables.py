@@ -5,7 +5,7 @@
 Each table folder holds the runs behind it as one runs.jsonl (written by `bayesadmm compare --out`); `compare` is
 run on it again with the table's rounds (and the papers' numbers for the test-set tables), rewriting table.md,
 paper.md and curves.png (and personal.md, for runs with a personal split). Then every block of the pages in
-docs/results (README.md, diabetes.md, personal.md, uncertainty.md) of the form
+docs/results (README.md, diabetes.md, personal.md, uncertainty.md, unlearning.md) of the form
 
     <!-- include: fmnist-heterog10/paper.md -->
     ...anything...
