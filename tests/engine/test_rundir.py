@@ -321,3 +321,28 @@ def test_hashing_the_data_is_cheap():
     assert first == fingerprint(source) and seconds < 1.0, seconds
     X[123, 45] += 1.0
     assert fingerprint(source)["sha256"] != first["sha256"]
+
+
+def test_metrics_are_never_appended_through_a_link_or_into_a_fifo(tmp_path):
+    """A link placed as metrics.jsonl (or personal.jsonl, flower.log, a sweep's log) in a handed-over run directory
+    cannot make a run append to a file outside it, and a FIFO there cannot hang it: both are refused, naming the file,
+    and the link's target is untouched."""
+    import os
+
+    from bayesadmm.engine.history import append_line
+    from bayesadmm.engine.rundir import RunDirError
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("mine\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").symlink_to(outside)
+    with pytest.raises(RunDirError, match="metrics.jsonl"):
+        append_line(run_dir / "metrics.jsonl", {"round": 1})
+    assert outside.read_text() == "mine\n"
+    os.mkfifo(run_dir / "personal.jsonl")
+    with pytest.raises(RunDirError, match="personal.jsonl"):
+        append_line(run_dir / "personal.jsonl", {"round": 1})
+    append_line(run_dir / "fresh.jsonl", {"round": 1})  # a regular file is created and appended to as before
+    append_line(run_dir / "fresh.jsonl", {"round": 2})
+    assert (run_dir / "fresh.jsonl").read_text() == '{"round": 1}\n{"round": 2}\n'

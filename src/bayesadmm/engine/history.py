@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bayesadmm.engine.rundir import read_bytes
+from bayesadmm.engine.rundir import open_append, read_bytes
 
 __all__ = ["metrics_line", "append_line", "read_metrics", "mean_client_info", "headline", "progress_bar", "on_done"]
 
@@ -29,9 +29,10 @@ def metrics_line(
 
 def append_line(path: Path, line: Mapping[str, Any]) -> None:
     """`line` as a line of JSON at the end of `path`; a write that fails (a full disk) leaves the file as it was and
-    is an OSError naming it (a file object's own says only "No space left on device")."""
+    is an OSError naming it (a file object's own says only "No space left on device"). Never through a symbolic
+    link, nor into anything but a regular file (`rundir.open_append`)."""
     data = memoryview((json.dumps(line) + "\n").encode())
-    with open(path, "ab", buffering=0) as f:  # unbuffered: nothing is left to fail again when the file is closed
+    with open_append(path) as f:  # unbuffered: nothing is left to fail again when the file is closed
         size = f.tell()
         try:
             while data:

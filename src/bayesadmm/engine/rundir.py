@@ -54,6 +54,7 @@ __all__ = [
     "prepare_fresh",
     "read_checkpoint",
     "read_bytes",
+    "open_append",
     "shard_path",
     "real_folder",
     "SHARDS",
@@ -135,6 +136,23 @@ def _open_regular(path: Path) -> int:
         os.close(fd)
         raise RunDirError(f"{path} is not a regular file; remove it, or start the run again")
     return fd
+
+
+def open_append(path: Path) -> Any:
+    """`path` opened for appending (created if missing), unbuffered, as a regular file reached without a symbolic
+    link: a RunDirError naming it otherwise, so that a link placed in a run directory cannot make a run append to a
+    file outside it, nor a FIFO hang it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _NONBLOCK, 0o644)
+    except OSError as exc:  # ELOOP: a link in its place; ENXIO: a FIFO without a reader
+        raise RunDirError(
+            f"cannot append to {path} ({exc.strerror}): a run directory's files are written only inside it; "
+            "remove what is in its place, or start the run again"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunDirError(f"{path} is not a regular file (a FIFO, device or folder); remove it, or start the run again")
+    return os.fdopen(fd, "ab", buffering=0)
 
 
 def read_bytes(path: Path) -> bytes:

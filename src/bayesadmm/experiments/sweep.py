@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bayesadmm.engine.loop import Interrupted
-from bayesadmm.engine.rundir import RunDirError, locked
+from bayesadmm.engine.rundir import RunDirError, locked, open_append
 from bayesadmm.engine.workers import default_workers
 from bayesadmm.experiments.config import ConfigError, RunConfig, resolve
 from bayesadmm.experiments.grids import Grid, grid, is_sweep_file, read_sweep_file, values
@@ -202,9 +202,8 @@ class Sweep:
             command += ["run", point.scenario, *point.overrides, *extra, "--quiet", "--overwrite"]
         logs = self.logs or point.run_dir.parent / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / f"{point.name}.log", "a") as log:
-            log.write(f"$ {' '.join(command)}\n")
-            log.flush()
+        with open_append(logs / f"{point.name}.log") as log:  # never through a link out of the sweep's folder
+            log.write(f"$ {' '.join(command)}\n".encode())
             # a process group of its own: a Ctrl-C in the terminal reaches the sweep only, which stops each child once
             return subprocess.Popen(
                 command,

@@ -27,7 +27,7 @@ from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 from bayesadmm.engine.loop import EXIT_OK, Result, run_federation
-from bayesadmm.engine.rundir import write_json
+from bayesadmm.engine.rundir import open_append, write_json
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.flower.app_config import (
     APP_CONFIG,
@@ -59,8 +59,8 @@ class RunLog:
 
     def __call__(self, text: str, level: int = INFO) -> None:
         flwr_log(level, "bayesadmm: %s", text)
-        with self.path.open("a") as f:
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+        with open_append(self.path) as f:  # never through a link out of the run directory
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n".encode())
 
 
 def run_server(grid: Grid, run: FlowerRun | RunConfig, timeouts: Timeouts | None = None) -> Result:
