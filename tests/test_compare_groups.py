@@ -28,8 +28,8 @@ def test_runs_of_different_settings_are_separate_rows(tmp_path):
     _run(tmp_path / "d", 0.3, seed=0, scenario="other")
     rows = _rows(compare([tmp_path / n for n in "abcd"], [3]))
     assert rows["fedavg [data_fraction=1.0, scenario=toy] (m_g)"][:2] == ["2", "60.0 ± 14.1"]
-    assert rows["fedavg [data_fraction=0.5, scenario=toy] (m_g)"][:2] == ["1", "90.0 ± 0.0"]
-    assert rows["fedavg [data_fraction=1.0, scenario=other] (m_g)"][:2] == ["1", "30.0 ± 0.0"]
+    assert rows["fedavg [data_fraction=0.5, scenario=toy] (m_g)"][:2] == ["1", "90.0"]
+    assert rows["fedavg [data_fraction=1.0, scenario=other] (m_g)"][:2] == ["1", "30.0"]
 
 
 def test_a_folder_given_twice_counts_once_and_dropped_runs_are_named(tmp_path):
@@ -75,7 +75,7 @@ def test_only_the_runs_asked_for_are_compared(tmp_path, capsys):
     table = compare([tmp_path], [3], only={"method": ["fedavg"]})
     assert set(_rows(table)) == {"fedavg (m_g)"} and "feddyn" not in table
     assert cli.main(["compare", str(tmp_path), "--rounds", "3", "--only", "method=feddyn", "--only", "seed=1"]) == 0
-    assert "| feddyn (m_g) | 1 | 70.0 ± 0.0" in capsys.readouterr().out
+    assert "| feddyn (m_g) | 1 | 70.0 |" in capsys.readouterr().out
     assert cli.main(["compare", str(tmp_path), "--only", "method"]) == 2
     assert "--only takes KEY=a,b,c" in capsys.readouterr().err
 
@@ -148,3 +148,20 @@ def test_table_rounds_that_are_not_round_numbers_are_one_line(tmp_path, capsys, 
     assert f"--rounds takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {rounds!r}" in (
         capsys.readouterr().err
     )
+
+
+def test_a_single_run_shows_its_value_and_a_validation_table_says_so(tmp_path):
+    """One run has no spread: its cells show the value alone, never "± 0.000"; runs evaluated on a validation
+    split (val_* metrics) get a table whose header says so, in Markdown and LaTeX."""
+    _run(tmp_path / "test", 0.8, seed=0)
+    table = compare([tmp_path / "test"], [3])
+    assert table.splitlines()[0].startswith("| method | runs |") and "±" not in table
+    val = tmp_path / "val"
+    val.mkdir()
+    (val / "config.json").write_text(json.dumps({"method": "fedavg", "scenario": "toy", "seed": 0}))
+    lines = [{"round": r, "val_acc": 0.5, "val_nll": 1.0, "val_ece": 0.1} for r in (1, 2, 3)]
+    (val / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    table = compare([val], [3], out_dir=tmp_path / "out")
+    assert table.splitlines()[0].startswith("| method (validation split) | runs |")
+    assert "| fedavg (m_g) | 1 | 50.0 | 1.000 | 0.100 |" in table
+    assert (tmp_path / "out" / "table.tex").read_text().splitlines()[2].startswith("method (validation split) &")

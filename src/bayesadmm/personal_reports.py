@@ -16,7 +16,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bayesadmm.reports import _finished_runs, _markdown_table, _matplotlib, setting_labels
+from bayesadmm.reports import _finished_runs, _matplotlib, setting_labels
+from bayesadmm.tables import markdown_table
 
 __all__ = ["personal_report", "personal_rows", "last_personal", "plot_personal", "COLUMNS"]
 
@@ -124,7 +125,7 @@ def personal_report(
     runs = [run for run in runs if last_personal(run.history) is not None]
     if not runs:
         return None
-    markdown = _markdown_table(*personal_rows(runs))
+    markdown = markdown_table(*personal_rows(runs))
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         (Path(out_dir) / "personal.md").write_text(markdown + "\n")

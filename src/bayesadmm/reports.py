@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bayesadmm.diagrams import with_uncertainty
 from bayesadmm.results import RUNS_FILE, gather, write_runs_file
+from bayesadmm.tables import latex, markdown_table, mean_std
 
 METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))  # plotted
 # what a run's plot shows: the first two of these its metrics have (classification: accuracy and NLL; regression:
@@ -191,7 +192,8 @@ def _plain_dict(value):
 def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> str:
     """Ours beside the paper's, per row the paper reports: 'ours / paper (ours − paper)' for accuracy and NLL."""
     paper = paper_numbers(scenario)
-    header = ["method", "runs"] + [f"{label} @{r}: ours / paper" for _, label, _ in METRICS for r in rounds]
+    header = [_method_header(split), "runs"]
+    header += [f"{label} @{r}: ours / paper" for _, label, _ in METRICS for r in rounds]
     rows = []
     for (method, where), histories in sorted(groups.items()):
         base = method.split(" [")[0]  # a row of non-default settings is set beside the method's published numbers
@@ -216,7 +218,7 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
         rows.append(cells)
     if not rows:
         return f"(none of these methods has published numbers for {scenario})"
-    return _markdown_table(header, rows)
+    return markdown_table(header, rows)
 
 
 def compare(
@@ -235,13 +237,13 @@ def compare(
     runs, notes = _finished_runs(sources, only)
     groups, scenarios, split, metrics = _group(runs)
     header, rows = _table_rows(groups, rounds, split, metrics)
-    markdown = _markdown_table(header, rows)
+    markdown = markdown_table(header, rows)
     beside = _paper_table(groups, rounds, split, paper) if paper else None
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "table.md").write_text(markdown + "\n")
-        (out_dir / "table.tex").write_text(_latex(header, rows))
+        (out_dir / "table.tex").write_text(latex(header, rows))
         write_runs_file(out_dir / RUNS_FILE, runs)
         if beside is not None:
             (out_dir / "paper.md").write_text(beside + "\n")
@@ -299,7 +301,8 @@ def _table_rows(
     """The table's header and one row per group: mean ± std over its runs of each metric at each round r (a run's
     value is the mean of its evaluations at rounds r − 2, r − 1 and r; a run without all three is left out), and
     seconds per round."""
-    header = ["method", "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in metrics] + ["s/round"]
+    header = [_method_header(split), "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in metrics]
+    header.append("s/round")
     rows = []
     for (method, where), histories in sorted(groups.items()):
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
@@ -310,19 +313,16 @@ def _table_rows(
                 if not values:
                     cells.append("—")
                     continue
-                mean = scale * statistics.fmean(values)
-                std = scale * statistics.stdev(values) if len(values) > 1 else 0.0
-                digits = 1 if metric in PERCENT else 3
-                cells.append(f"{mean:.{digits}f} ± {std:.{digits}f}")
+                cells.append(mean_std(values, scale, 1 if metric in PERCENT else 3))
         cells.append(_seconds_per_round(histories))
         rows.append(cells)
     return header, rows
 
 
-def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    return "\n".join(
-        ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(row) + " |" for row in rows]
-    )
+def _method_header(split: str) -> str:
+    """The first column's header, which says when the numbers are not on the test set (a selection's validation
+    split, `eval_set`), so that such a table is never read as test results."""
+    return "method (validation split)" if split == "val" else "method"
 
 
 def _matches(config: dict, only: Mapping[str, Sequence[str]]) -> bool:
@@ -340,21 +340,6 @@ def _seconds_per_round(histories: list[list[dict]]) -> str:
         if (seconds := [row["seconds"] for row in h[1:] if "seconds" in row])
     ]
     return f"{statistics.median(per_run):.1f}" if per_run else "—"
-
-
-def _latex(header: list[str], rows: list[list[str]]) -> str:
-    def esc(text: str) -> str:
-        return text.replace("±", r"$\pm$").replace("%", r"\%").replace("_", r"\_").replace("@", "")
-
-    lines = [
-        r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}",
-        r"\toprule",
-        " & ".join(esc(h) for h in header) + r" \\",
-        r"\midrule",
-    ]
-    lines += [" & ".join(esc(c) for c in row) + r" \\" for row in rows]
-    lines += [r"\bottomrule", r"\end{tabular}", ""]
-    return "\n".join(lines)
 
 
 def _plot_overlay(groups, path: Path, title: str, split: str = "test", metrics=METRICS) -> None:
