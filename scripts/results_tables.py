@@ -12,7 +12,8 @@ docs/results (README.md, diabetes.md, personal.md, uncertainty.md, unlearning.md
     <!-- end include -->
 
 gets, between its two markers, the current content of the named file, so the page shows exactly what `compare`
-wrote. A missing file is an error: the page must not quote a table that no command wrote.
+wrote. A missing file is an error: the page must not quote a table that no command wrote. Each block sits in a
+`<div class="results-table" markdown>`, which docs/stylesheets/extra.css keeps numbers unbroken in.
 """
 
 from __future__ import annotations

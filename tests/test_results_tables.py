@@ -39,6 +39,9 @@ def test_the_kept_tables_are_what_compare_makes_of_the_kept_runs():
         for match in script.BLOCK.finditer(page.read_text()):  # the pages quote those files as they are
             quoted = (page.parent / match.group("path")).read_text()
             assert match.group("body") == quoted.rstrip("\n") + "\n", match.group("path")
+            # the stylesheet's results-table class: numbers unbroken, the page's other tables wrap
+            before = page.read_text()[: match.start()]
+            assert before.endswith('<div class="results-table" markdown>\n\n'), match.group("path")
 
 
 def test_blocks_get_the_current_file_and_the_rest_is_untouched(tmp_path):
