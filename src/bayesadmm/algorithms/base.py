@@ -34,6 +34,7 @@ from torch import Tensor
 from bayesadmm.trees import register
 
 Message = dict[str, Tensor]
+"""What the server broadcasts and a client replies: a flat dict of named tensors (one Flower ArrayRecord)."""
 Info = tuple  # an info record: a NamedTuple of scalars
 
 

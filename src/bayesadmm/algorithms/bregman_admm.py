@@ -31,6 +31,8 @@ def make(
     server_rho: float | None = None,
     name: str = "bregman-admm",
 ) -> Algorithm:
+    """BregmanADMM over `family` with local `solver`: `bayes_admm.make` with `expectation_dual_step` as its dual
+    step (the convex experiments' comparison; no registered method)."""
     return bayes_admm.make(
         family, solver, rho, delta, gamma=gamma, server_rho=server_rho, dual_step=expectation_dual_step, name=name
     )

@@ -35,6 +35,9 @@ def make(
     server_rho: float | None = None,
     name: str = "bayes-admm-iso",
 ) -> Algorithm:
+    """Isotropic BayesADMM over `dim` parameters with posterior precision `precision` fixed: `bayes_admm.make` with
+    the isotropic family and a `GaussianSmoothingAdam` local solver (Adam at `lr` over `epochs` of `batch_size`,
+    `mc_samples` draws per step)."""
     solver = GaussianSmoothingAdam(lr=lr, epochs=epochs, batch_size=batch_size, mc_samples=mc_samples)
     return bayes_admm.make(
         IsotropicGaussian(dim, precision), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name
