@@ -187,3 +187,20 @@ def test_the_committed_sweep_files_expand(tmp_path):
         made = points(read_sweep_file(folder / name), tmp_path / name)
         assert len(made) == count, name
         assert len({p.name for p in made}) == count
+
+
+def test_shipped_sweep_files_are_named_with_an_at_sign(capsys):
+    """`bayesadmm sweep @NAME` reads the package's sweeps/NAME.json (the repository's sweeps/ links there); a wrong
+    name is refused with the list of shipped names, before anything runs."""
+    from bayesadmm.experiments.grids import shipped_sweep, shipped_sweeps
+
+    folder = Path(__file__).parents[1] / "sweeps"
+    assert set(shipped_sweeps()) == {p.stem for p in folder.glob("*.json")}
+    assert shipped_sweep("@diabetes-iid5-smoke").read_bytes() == (folder / "diabetes-iid5-smoke.json").read_bytes()
+    with pytest.raises(ConfigError, match="@diabetes-iid5-smoke"):
+        shipped_sweep("@fmnist-heterog10-nope")
+    assert cli.main(["sweep", "@nope", "--out", "unused"]) == 2
+    assert "no shipped sweep file '@nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("bayesadmm ")

@@ -29,8 +29,19 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version (its metadata: importing bayesadmm itself would import torch)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("bayesadmm")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bayesadmm", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     # in this order in the help
     parser.set_defaults(run_parser=run.add_parser(commands))

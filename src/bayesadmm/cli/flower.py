@@ -42,7 +42,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
     )
     flower_resume.add_argument("run_dir", type=Path)
     flower_resume.add_argument("connection", help="the SuperLink connection in your Flower config")
-    flower_resume.add_argument("--app", type=Path, default=None, help="the Flower app (default: flower_app/)")
+    flower_resume.add_argument(
+        "--app", type=Path, default=None, help="the Flower app (default: the presets' app, bayesadmm/flower/app/)"
+    )
     flower_resume.add_argument("--stop-at", type=int, default=0, metavar="ROUND", help="stop again after this round")
     return flower
 

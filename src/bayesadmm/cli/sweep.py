@@ -17,8 +17,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
         help="run a grid of runs (KEY=a,b,c or KEY=start:stop per axis), resumable, and compare them",
         description="Runs every combination of the KEY=VALUES axes (a,b,c; or an integer range start:stop[:step]) "
         "as `bayesadmm run`s in folders under --out, skipping finished ones and resuming interrupted ones, then "
-        "prints the comparison table of the grid. SOURCE: a scenario, several (a,b), a config file, or a sweep file "
-        '({"scenario": ..., "grid": {...}, "set": {...}}).',
+        "prints the comparison table of the grid. SOURCE: a scenario, several (a,b), a config file, a sweep file "
+        '({"scenario": ..., "grid": {...}, "set": {...}}), or @NAME, a sweep file shipped with bayesadmm (one per '
+        "results table; @fmnist-heterog10, @diabetes-iid5-smoke, ...; a wrong name lists them).",
     )
     sweep.add_argument("source", metavar="SOURCE")
     sweep.add_argument("axes", nargs="*", metavar="KEY=VALUES")
@@ -33,6 +34,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
 def command(args) -> int:
     from bayesadmm.engine.loop import Interrupted
     from bayesadmm.experiments.config import ConfigError
+    from bayesadmm.experiments.grids import SHIPPED_PREFIX, shipped_sweep
     from bayesadmm.experiments.sweep import Grid, Sweep, grid, is_sweep_file, points, read_sweep_file, run_dirs
     from bayesadmm.reports import compare
 
@@ -41,8 +43,9 @@ def command(args) -> int:
             raise ConfigError("--jobs must be at least 1")
         rounds = table_rounds(args.rounds)
         given = grid(args.axes)  # added to (or replacing) every grid's axes
-        if is_sweep_file(Path(args.source)):
-            grids = [Grid(g.scenarios, {**g.axes, **given}) for g in read_sweep_file(Path(args.source))]
+        source = shipped_sweep(args.source) if args.source.startswith(SHIPPED_PREFIX) else Path(args.source)
+        if is_sweep_file(source):
+            grids = [Grid(g.scenarios, {**g.axes, **given}) for g in read_sweep_file(source)]
         else:
             grids = [Grid([s for s in args.source.split(",") if s], given)]
         todo = points(grids, args.out)

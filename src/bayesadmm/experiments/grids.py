@@ -120,3 +120,26 @@ def is_sweep_file(path: Path) -> bool:
 
 def _text(value) -> str:
     return json.dumps(value) if isinstance(value, bool) else str(value)
+
+
+# `bayesadmm sweep @NAME` names a sweep file shipped in the package (bayesadmm/sweeps/NAME.json): the "@" keeps those
+# names apart from scenario names, several of which are also sweep files' names (fmnist-heterog10)
+SHIPPED_PREFIX = "@"
+
+
+def shipped_sweeps() -> dict[str, Path]:
+    """The sweep files shipped with the package (bayesadmm/sweeps/*.json, one per results table), by name."""
+    from importlib import resources
+
+    folder = Path(str(resources.files("bayesadmm") / "sweeps"))
+    return {path.stem: path for path in sorted(folder.glob("*.json"), key=lambda p: p.stem)}
+
+
+def shipped_sweep(name: str) -> Path:
+    """The shipped sweep file called `name` ("@fmnist-heterog10" or "fmnist-heterog10"); a ConfigError lists the
+    names where there is none. The file is read as JSON data (`read_sweep_file`), never executed."""
+    files = shipped_sweeps()
+    path = files.get(name.removeprefix(SHIPPED_PREFIX))
+    if path is None:
+        raise ConfigError(f"no shipped sweep file {name!r}; the shipped ones: " + ", ".join(f"@{n}" for n in files))
+    return path

@@ -8,7 +8,8 @@
 * `simulation.run_simulation(config)`: a preset on Flower's Simulation Runtime;
 * `demo`: loopback deployments with TLS (`bayesadmm flower demo`, `run_deployment`); `resume`: `flwr run` with
   ``resume=true`` (`bayesadmm flower resume`);
-* `examples/flower/` and `flower_app/` (in the repository): the Flower app projects `flwr run` starts.
+* `preset.preset_app()`: the presets' Flower app, shipped in the package (bayesadmm/flower/app/; `flower_app/` in
+  the repository); `examples/flower/` (in the repository): the app of your own model.
 
 The submodules import flwr; importing this package does not, so the rest of bayesadmm works without the extra.
 """

@@ -14,7 +14,7 @@ separate machines):
 4. N `flower-supernode`s trusting the CA and holding their private key, each with its own ``--node-config`` (for
    the demo
    ``partition-id=k num-partitions=N data=client-k.pt``, its file of the preset's split, `write_node_files`) and
-   its own free port for its ClientApp API; then `flwr run <flower_app> <connection> --run-config ...`;
+   its own free port for its ClientApp API; then `flwr run <the presets' app> <connection> --run-config ...`;
 5. wait until the ServerApp writes a final status.json in the run directory (bounded by `timeout`); optionally kill
    one SuperNode (its whole process group, ClientApps included) after a given round, and start it again;
 6. stop every process it started, whatever happened (process groups, SIGTERM then SIGKILL).
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bayesadmm.flower.certificates import make_certificates, make_node_key
+from bayesadmm.flower.preset import preset_app
 
-APP_DIR = Path(__file__).resolve().parents[3] / "flower_app"
 CONNECTION = "bayesadmm-demo"
 
 
@@ -272,7 +272,7 @@ def run_demo(
         for k, path in enumerate(write_node_files(scenario, str(run_config["overrides"]), workdir / "data"))
     ]
     return run_deployment(
-        APP_DIR, run_config, node_configs, workdir, kill_after_round=kill_after_round, timeout=timeout, echo=echo
+        preset_app(), run_config, node_configs, workdir, kill_after_round=kill_after_round, timeout=timeout, echo=echo
     )
 
 

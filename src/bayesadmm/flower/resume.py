@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 from bayesadmm.flower.app_config import APP_CONFIG
-
-PRESET_APP = Path(__file__).resolve().parents[3] / "flower_app"
+from bayesadmm.flower.preset import preset_app
 
 
 def resume_argv(run_dir: Path, connection: str, app_dir: Path | None = None, stop_at: int = 0) -> list[str]:
@@ -28,7 +27,7 @@ def resume_argv(run_dir: Path, connection: str, app_dir: Path | None = None, sto
     if app_dir is None:
         if json.loads(path.read_text()).get("model"):
             raise ValueError("this run is of your own model: name its Flower app with --app DIR")
-        app_dir = PRESET_APP
+        app_dir = preset_app()
     run_config = f'out="{run_dir}" resume=true' + (f" stop-at={int(stop_at)}" if stop_at else "")
     flwr = Path(sys.executable).parent / "flwr"  # this environment's, where bayesadmm is installed
     return [
