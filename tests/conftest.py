@@ -30,6 +30,18 @@ def _kernels_eager_unless_compiled(request, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _methods_environment_restored():
+    """A command run in this process with --methods names its files in BAYESADMM_METHODS for the processes it starts
+    (`cli.methods.load`); a test's command must not hand them to the next test's commands."""
+    saved = os.environ.get("BAYESADMM_METHODS")
+    yield
+    if saved is None:
+        os.environ.pop("BAYESADMM_METHODS", None)
+    else:
+        os.environ["BAYESADMM_METHODS"] = saved
+
+
+@pytest.fixture(autouse=True)
 def _float64_and_deterministic():
     """The identities are checked in float64; restore the default afterwards."""
     old = torch.get_default_dtype()

@@ -60,7 +60,9 @@ def _fresh_venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict]:
     (site / "_bayesadmm_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     pip = [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "--quiet", wheel]
     _run(pip, tmp_path, os.environ)
-    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # a user's environment: nothing of the checkout (PYTHONPATH) and none of the library's settings of this process
+    dropped = ("PYTHONPATH", "VIRTUAL_ENV")
+    env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("BAYESADMM_")}
     env.update(BAYESADMM_COMPILE="0", BAYESADMM_WORKERS="1", PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
     return venv / "bin", env
 
