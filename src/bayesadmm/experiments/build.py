@@ -225,10 +225,15 @@ def _personal_split(config: RunConfig, parts: list[Tensor]) -> tuple[list[Tensor
 
 
 def _personalisation(config: RunConfig, X: Tensor, y: Tensor, tests: list[Tensor]) -> Personalisation | None:
-    """What the engine evaluates per client (`engine.personal`), or None without a personal split."""
+    """What the engine evaluates per client (`engine.personal`), or None without a personal split; the client that
+    `exclude_client` leaves out has no test split either (it is not in the federation)."""
     if not tests:
         return None
-    by_client = {k: (X[idx].to(config.device), y[idx].to(config.device)) for k, idx in enumerate(tests)}
+    by_client = {
+        k: (X[idx].to(config.device), y[idx].to(config.device))
+        for k, idx in enumerate(tests)
+        if k != config.exclude_client
+    }
     return Personalisation(by_client, config.personal_every, FineTune(config.finetune_epochs))
 
 
