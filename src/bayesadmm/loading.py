@@ -122,11 +122,16 @@ def _scenario_run(
         raise RunDirError(f"{run_dir} is a run of {config.scenario!r} with model {config.model!r}: leave model= out")
     if likelihood is not None and likelihood != own:
         raise RunDirError(f"{run_dir} was run with likelihood {own!r}, not {likelihood!r}; leave likelihood= out")
+    return make_algorithm_factory(config, flat, scenario_sizes(run_dir, config), own), flat, record
+
+
+def scenario_sizes(run_dir: Path, config: Any) -> dict[int, int]:
+    """Each client's number of training rows in a scenario's run, as `experiments.build` counts them for the
+    algorithm: partition.json's rows per client (the personal test rows are listed apart), without `exclude_client`."""
     partition = _read_json(run_dir / "partition.json").get("clients")
     if not isinstance(partition, list):
         raise RunDirError(f"{run_dir / 'partition.json'} lists no clients; restore it")
-    sizes = {k: len(rows) for k, rows in enumerate(partition)}
-    return make_algorithm_factory(config, flat, sizes, own), flat, record
+    return {k: len(rows) for k, rows in enumerate(partition) if k != config.exclude_client}
 
 
 def _unregistered(run_dir: Path, method: str) -> str:
