@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, PointEstimate
+from bayesadmm.engine.simulate import generator_of
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
@@ -108,8 +108,7 @@ def split_personal(
 
 def stream(seed: int, round_: int, kind: int, client: int) -> torch.Generator:
     """A CPU generator of (seed, round, kind, client) alone (`FINETUNE`, `PERSONAL_EVALUATION`)."""
-    state = np.random.SeedSequence([seed, round_, kind, client]).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return generator_of(seed, round_, kind, client)
 
 
 def personal_posterior(

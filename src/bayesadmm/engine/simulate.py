@@ -18,7 +18,13 @@ from bayesadmm.algorithms.base import Algorithm
 
 def generator_for(seed: int, round_: int, client: int, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch.Generator seeded from (seed, round, client) alone."""
-    state = np.random.SeedSequence([seed, round_, client]).generate_state(2, dtype=np.uint32)
+    return generator_of(seed, round_, client, device=device)
+
+
+def generator_of(*keys: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """A torch.Generator seeded from the integers `keys` alone (NumPy's SeedSequence of them): `generator_for`'s
+    (seed, round, client), or a longer key such as the personalisation's (seed, round, stream, client)."""
+    state = np.random.SeedSequence(list(keys)).generate_state(2, dtype=np.uint32)
     gen = torch.Generator(device=device)
     gen.manual_seed(int(state[0]) << 32 | int(state[1]))
     return gen
