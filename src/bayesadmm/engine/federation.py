@@ -42,8 +42,8 @@ class Federation:
     clients: ClientSource
     make_algorithm: Callable[[], Algorithm]
     theta0: Tensor
-    eval_X: Tensor
-    eval_y: Tensor
+    eval_X: Tensor | None  # None: the run is scored elsewhere (a Flower strategy's clients), no metrics here
+    eval_y: Tensor | None
     likelihood: Likelihood
     metrics: Mapping[str, Callable[[Tensor, Tensor], float]] = field(default_factory=dict)
     eval_set: str = "test"  # the metrics' prefix: test_*, or val_* for a held-out part of the training set

@@ -38,7 +38,7 @@ def write_reliability(
 ) -> None:
     """reliability.json and .png of a classifier's posterior of round `round_` (its last evaluation), with that
     evaluation's draws (the same generator), so that their ECEs are the logged ones; nothing for other likelihoods."""
-    if not isinstance(federation.likelihood, Classification):
+    if not isinstance(federation.likelihood, Classification) or federation.eval_X is None or federation.eval_y is None:
         return
     report = evaluate_uncertainty(
         federation.model,

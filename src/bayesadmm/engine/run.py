@@ -63,10 +63,8 @@ def _save_checkpoint(path: Path, round_: int, server: Any, clients: ClientRunner
 
 def _final_status(path: Path, state: str, round_: int, message: str) -> None:
     """The last status of a run that ended early; a disk that refuses even this leaves the exception to say why."""
-    try:
+    with contextlib.suppress(OSError):
         write_json(path, {"status": state, "round": round_, "message": message})
-    except OSError:
-        pass
 
 
 class Run:
@@ -219,17 +217,31 @@ class Run:
     def step(self) -> dict | None:
         """Round `round + 1`: participants, broadcast, client updates, server update, evaluation, its metrics line,
         a checkpoint where due (a resume redoes the rounds after it), status. Returns the metrics line, or None where
-        the algorithm broke down or the metrics are not finite (`outcome`: status "diverged", the state unchanged)."""
+        the algorithm broke down or the metrics are not finite (`outcome`: status "diverged", the state unchanged).
+        `next_round`, the runner's `train`, `end_round`: a Flower strategy calls the halves around its own exchange."""
         assert self.clients is not None, "open the run first (start or resume)"
-        settings, federation, round_ = self.settings, self.federation, self.round + 1
-        if round_ > settings.rounds:
-            raise RuntimeError(f"the run has {settings.rounds} rounds, all done; there is no round {round_}")
         began = time.perf_counter()
-        chosen = participants(self.ids, settings.participation, settings.seed, round_)
+        round_, chosen = self.next_round()
         try:
-            replies = self.clients.train(
-                round_, self.algorithm.broadcast(self.server), chosen, on_done(self._bar, len(chosen), began)
-            )
+            done = on_done(self._bar, len(chosen), began)
+            replies = self.clients.train(round_, self.algorithm.broadcast(self.server), chosen, done)
+        except BREAKDOWNS as exc:
+            self._diverged(round_, str(exc))
+            return None
+        return self.end_round(round_, chosen, replies, began)
+
+    def next_round(self) -> tuple[int, list[int]]:
+        """The next round's number and its participants (the seeded choice of `participants`)."""
+        round_ = self.round + 1
+        if round_ > self.settings.rounds:
+            raise RuntimeError(f"the run has {self.settings.rounds} rounds, all done; there is no round {round_}")
+        return round_, participants(self.ids, self.settings.participation, self.settings.seed, round_)
+
+    def end_round(self, round_: int, chosen: list[int], replies: Mapping[int, Any], began: float) -> dict | None:
+        """The rest of round `round_` once the clients' `replies` are in (`began`: when the round started): the
+        server update, evaluation, metrics line, checkpoint and status (`step`'s doc)."""
+        settings, federation = self.settings, self.federation
+        try:
             new_server, server_info = self.algorithm.server_update(self.server, replies)
         except BREAKDOWNS as exc:
             self._diverged(round_, str(exc))
@@ -247,12 +259,14 @@ class Run:
             line.update(self._personal(new_server, round_))
         self.server, self.round = new_server, round_
         line.update({f"server_{k}": v for k, v in info_scalars(server_info).items()})
-        line.update(mean_client_info(self.clients.last_info))
+        line.update(mean_client_info(self.clients.last_info))  # type: ignore[union-attr]
         self._record(line)
         return line
 
     def _evaluate(self, server: Any, round_: int) -> dict[str, float]:
         federation = self.federation
+        if federation.eval_X is None or federation.eval_y is None:  # scored elsewhere (a Flower strategy's clients)
+            return {}
         return evaluate(
             federation.model,
             self.algorithm.posterior(server),

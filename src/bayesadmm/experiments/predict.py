@@ -143,6 +143,7 @@ def _run_split(name: str, found: Source) -> tuple[Tensor, Tensor]:
     if config.validation > 0:
         raise ConfigError(f"the run held out validation={config.validation}; its {name} rows are not its test split")
     federation = build(config).federation
+    assert federation.eval_X is not None and federation.eval_y is not None  # a scenario's federation has its test set
     return federation.eval_X, federation.eval_y
 
 

@@ -320,6 +320,7 @@ def preset_federation(run: FlowerRun) -> tuple[Federation, Callable[[Path], None
     preset = run.preset
     assert preset is not None
     built = build(preset)
+    assert built.federation.eval_X is not None  # a scenario's federation has its test set
     kwargs = model_arguments(preset.model, int(built.federation.eval_X[0].numel()), built.outputs)
     setup = {**run.setup, "zoo": {"name": preset.model, "kwargs": kwargs}}
     return built.federation, lambda run_dir: _write_split(preset, built), setup

@@ -156,6 +156,9 @@ class FlowerClients:
         self._offline: set[int] = set()  # lost clients whose node the SuperLink said was gone
         self._run = uuid.uuid4().hex[:8]  # versions of this server process differ from any a node kept before
         self.last_info: dict[int, dict[str, float]] = {}
+        self._connected: set[int] = set()  # the nodes connected when the round's messages were made
+        self._arrays = ArrayRecord()  # the round's broadcast record (`outbox`)
+        self._extra: dict[str, ConfigRecordValues] = {}  # the round's extra config entries (`outbox`)
 
     def start(self, server: Any) -> None:
         self._states = {k: self.algorithm.init_client(server, k) for k in self.ids}
@@ -194,6 +197,7 @@ class FlowerClients:
     def _message(self, k: int, round_: int, arrays: ArrayRecord, with_state: bool) -> Message:
         version = self._versions[k]
         config: dict[str, ConfigRecordValues] = {
+            **self._extra,
             p.SETUP: self.setup,
             p.SIZES: self.sizes,
             p.ROUND: round_,
@@ -208,22 +212,47 @@ class FlowerClients:
     def train(
         self, round_: int, message: Mapping, chosen: Sequence[int], on_done: Callable[[int], None] | None = None
     ) -> dict:
+        """One round through the grid: `outbox`, the exchange, `inbox` (the engine's `ClientRunner.train`)."""
+        messages = self.outbox(round_, message, chosen)
+        wait_for = (set(messages) - self._lost) or set(messages)
+        answers = exchange(self.grid, messages, wait_for, self.timeouts.round, self.timeouts.poll)
+        return self.inbox(round_, chosen, answers, on_done)
+
+    def outbox(
+        self, round_: int, message: Mapping, chosen: Sequence[int], extra: Mapping[str, ConfigRecordValues] | None = None
+    ) -> dict[int, Message]:
+        """The train Messages of round `round_`, {client: Message}, for the `chosen` clients a connected node holds
+        (nodes that connected since the last round are asked first which client they hold). `extra`: entries added
+        to each message's config (a Flower strategy's train config)."""
         self._rejoin(round_)
-        connected = set(self.grid.get_node_ids())
-        for k in sorted(k for k in self._offline if self.nodes[k] in connected):
+        self._connected = set(self.grid.get_node_ids())
+        for k in sorted(k for k in self._offline if self.nodes[k] in self._connected):
             self.log(f"round {round_}: client {k} is back on node {self.nodes[k]}")
             self._offline.discard(k)
             self._lost.discard(k)  # waited for this round, as every other
-        reachable = [k for k in chosen if k in self.nodes and self.nodes[k] in connected]
-        arrays = records.message_to_record(message)
+        reachable = [k for k in chosen if k in self.nodes and self.nodes[k] in self._connected]
+        self._arrays, self._extra = records.message_to_record(message), dict(extra or {})
         sent = {k: self._held.get(k) != (self.nodes[k], self._versions[k]) for k in reachable}
-        messages = {k: self._message(k, round_, arrays, sent[k]) for k in reachable}
-        wait_for = (set(reachable) - self._lost) or set(reachable)
-        answers = exchange(self.grid, messages, wait_for, self.timeouts.round, self.timeouts.poll)
+        return {k: self._message(k, round_, self._arrays, sent[k]) for k in reachable}
+
+    def client_of(self, reply: Message) -> int | None:
+        """The client whose node sent `reply` (None: a node that holds no client of this run)."""
+        return next((k for k, node in self.nodes.items() if node == reply.metadata.src_node_id), None)
+
+    def inbox(
+        self,
+        round_: int,
+        chosen: Sequence[int],
+        answers: dict[int, Message],
+        on_done: Callable[[int], None] | None = None,
+    ) -> dict:
+        """The replies of round `round_` from the nodes' `answers` ({client: reply Message} to `outbox`'s
+        messages): decoded, the new client states kept, absent clients logged. Nodes that hold another state than
+        expected are sent theirs and asked again first. Raises `DivergenceError` for a client's breakdown."""
         again = [k for k, a in answers.items() if not a.has_error() and _metrics(a).get(p.NEED_STATE)]
         if again:  # nodes that hold another state than expected: the same round again, with the state
             self.log(f"round {round_}: clients {sorted(again)} get their state from the server")
-            retry = {k: self._message(k, round_, arrays, True) for k in again}
+            retry = {k: self._message(k, round_, self._arrays, True) for k in again}
             answers.update(exchange(self.grid, retry, set(again), self.timeouts.round, self.timeouts.poll))
         replies, self.last_info = {}, {}
         for k in chosen:
@@ -258,7 +287,7 @@ class FlowerClients:
                 self.log(f"round {round_}: client {k} replies again (node {self.nodes[k]})")
             if on_done is not None:
                 on_done(k)
-        self._log_absent(round_, chosen, replies, answers, connected)
+        self._log_absent(round_, chosen, replies, answers, self._connected)
         if not replies:
             raise RuntimeError(f"round {round_}: no client replied (flower.log says why)")
         if len(replies) < len(chosen):
