@@ -1,5 +1,8 @@
 """Any bayesadmm algorithm on Flower (`pip install bayesadmm[flower]`), each SuperNode training on its own data.
 
+* `strategy(method, model=..., **hparams)` / `strategy_from_config(context.run_config, model=...)`: every registry
+  method as a Flower strategy (`BayesStrategy`) that your own ServerApp starts, and `client`: what your own
+  ClientApp's query, train and evaluate functions call with your model and the node's data;
 * `server_app.app`: a ServerApp that runs the engine's own round loop (`run_federation`) with
   `runner.FlowerClients` as its transport; `client_app.app`: a ClientApp that runs `client_update` for the node's
   client on its own data (`loaders`: ``data=PATH`` or ``loader=module:function`` in the node config);
@@ -21,3 +24,21 @@ import os
 # wanted or possible); set them yourself before importing flwr to turn them on. Read when flwr is first imported.
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+
+__all__ = ["strategy", "strategy_from_config", "BayesStrategy", "client"]
+
+
+def __getattr__(name: str):  # the strategies import flwr: only when asked for
+    if name in ("strategy", "strategy_from_config"):
+        from bayesadmm.flower import strategies
+
+        return getattr(strategies, name)
+    if name == "BayesStrategy":
+        from bayesadmm.flower.bayes_strategy import BayesStrategy
+
+        return BayesStrategy
+    if name == "client":
+        import importlib
+
+        return importlib.import_module("bayesadmm.flower.client")
+    raise AttributeError(f"module 'bayesadmm.flower' has no attribute {name!r}")

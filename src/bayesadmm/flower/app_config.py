@@ -278,12 +278,19 @@ def likelihood_of(setup: Mapping[str, Any]) -> Likelihood:
         return Classification()
     if name.startswith("regression:"):
         return GaussianRegression(float(name.split(":", 1)[1]))
+    if name.startswith("own:"):
+        raise ValueError(
+            f"the run's likelihood is your own {name[4:]}, which a message cannot carry: pass it to the node's "
+            "bayesadmm.flower.client calls (likelihood=...)"
+        )
     raise ValueError(f"likelihood={name!r}: use classification or regression:NOISE (e.g. regression:0.1)")
 
 
-def algorithm_of(setup: Mapping[str, Any], model: FlatModel, sizes: Mapping[int, int]) -> Callable[[], Algorithm]:
+def algorithm_of(
+    setup: Mapping[str, Any], model: FlatModel, sizes: Mapping[int, int], likelihood: Likelihood | None = None
+) -> Callable[[], Algorithm]:
     """The algorithm's factory: a preset's method, a registered method's name (`bayesadmm.algorithms.names()`), or a
-    user's factory ``module:function``."""
+    user's factory ``module:function``; `likelihood` (default: the setup's) for a node given one of its own."""
     if "preset" in setup:
         from bayesadmm.experiments.build import make_algorithm_factory
 
@@ -296,7 +303,7 @@ def algorithm_of(setup: Mapping[str, Any], model: FlatModel, sizes: Mapping[int,
         dict(setup["hparams"]),
         model,
         dict(sizes),
-        likelihood_of(setup),
+        likelihood if likelihood is not None else likelihood_of(setup),
         None if rounds is None else int(rounds),
     )
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -30,14 +30,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from bayesadmm.algorithms import Algorithm
-from bayesadmm.clients import ClientData
+from bayesadmm.clients import ClientData, SupervisedData
+from bayesadmm.engine.federation import EVALUATION
 from bayesadmm.engine.loop import BREAKDOWNS
 from bayesadmm.engine.settings import DTYPES
+from bayesadmm.engine.simulate import generator_of
 from bayesadmm.engine.workers import train_client
 from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records
 from bayesadmm.flower.app_config import algorithm_of, likelihood_of, model_of
 from bayesadmm.flower.loaders import node_data, preset_slice
+from bayesadmm.metrics import evaluate
 
 # a node process that serves several rounds builds its objects once (keys: the setup and its node config)
 _data: dict[tuple[str, str, int], ClientData] = {}
@@ -52,8 +55,9 @@ def _dtype(setup: Mapping[str, Any]) -> torch.dtype:
     return DTYPES[name]
 
 
-def partition_of(context: Context, clients: int) -> int:
-    """The client id this node plays, from its node config; a clear error if it is missing or out of range."""
+def partition_of(context: Context, clients: int | None) -> int:
+    """The client id this node plays, from its node config; a clear error if it is missing or out of range (of
+    `clients`, or, where the run leaves the number to the nodes (None), of the node's num-partitions)."""
     node_config = context.node_config
     if p.PARTITION_ID not in node_config:
         raise ValueError(
@@ -61,7 +65,8 @@ def partition_of(context: Context, clients: int) -> int:
             f'--node-config "{p.PARTITION_ID}=K data=PATH"'
         )
     k = int(node_config[p.PARTITION_ID])
-    total = int(node_config.get(p.NUM_PARTITIONS, clients))
+    total = int(node_config.get(p.NUM_PARTITIONS, clients or k + 1))
+    clients = clients or total
     if total != clients:
         raise ValueError(f"SuperNode {context.node_id}: {p.NUM_PARTITIONS}={total} but the run has clients={clients}")
     if not 0 <= k < clients:
@@ -111,29 +116,37 @@ def algorithm_for(text: str, setup: Mapping[str, Any], sizes: str, data: ClientD
         if model is None:
             model, _ = model_of(setup)
         by_id = {int(k): int(n) for k, n in json.loads(sizes).items()}
-        _algorithms[key] = algorithm_of(setup, model, by_id)()
+        _algorithms[key] = algorithm_of(setup, model, by_id, getattr(data, "likelihood", None))()
     return _algorithms[key]
 
 
-def handle_query(message: Message, context: Context) -> Message:
-    """Which client this node holds and its number of examples (and that its node config fits the run)."""
+# data_of(setup text, setup, node config, client id) -> the node's ClientData: `client_data` (the node config's file
+# or loader, or a preset's slice), or the data a user's ClientApp passes (`bayesadmm.flower.client`)
+DataOf = Callable[[str, Mapping[str, Any], Mapping[str, Any], int], ClientData]
+
+
+def handle_query(message: Message, context: Context, data_of: DataOf = client_data) -> Message:
+    """Which client this node holds, its number of examples and, where its node config says, the number of clients
+    (num-partitions); and that its node config fits the run."""
     text, setup, _ = _setup(message)
-    k = partition_of(context, int(setup["clients"]))
-    data = client_data(text, setup, context.node_config, k)
+    k = partition_of(context, setup.get("clients"))
+    data = data_of(text, setup, context.node_config, k)
     metrics = MetricRecord({p.PARTITION_ID: k, p.NUM_EXAMPLES: int(data.num_examples)})
+    if p.NUM_PARTITIONS in context.node_config:
+        metrics[p.NUM_PARTITIONS] = int(context.node_config[p.NUM_PARTITIONS])
     return Message(RecordDict({"metrics": metrics}), reply_to=message)
 
 
-def handle_train(message: Message, context: Context) -> Message:
+def handle_train(message: Message, context: Context, data_of: DataOf = client_data) -> Message:
     """One round of this client: the algorithm's `client_update`, with the state kept in Context.state."""
     text, setup, config = _setup(message)
-    k = partition_of(context, int(setup["clients"]))
+    k = partition_of(context, setup.get("clients"))
     round_ = records.int_entry(config, p.ROUND)
     expected, following = records.str_entry(config, p.VERSION), records.str_entry(config, p.NEXT_VERSION)
     device = torch.device(setup["device"])  # records hold numpy arrays: back onto the run's device
     metrics: dict[str, Any] = {p.PARTITION_ID: k, p.ROUND: round_}
     content = RecordDict()
-    data = client_data(text, setup, context.node_config, k)
+    data = data_of(text, setup, context.node_config, k)
     algorithm = algorithm_for(text, setup, records.str_entry(config, p.SIZES), data)
     metrics[p.NUM_EXAMPLES] = int(data.num_examples)
     if records.state_version(message.content) is not None:
@@ -159,10 +172,44 @@ def handle_train(message: Message, context: Context) -> Message:
     return Message(content, reply_to=message)
 
 
+def handle_evaluate(message: Message, context: Context, data_of: DataOf = client_data) -> Message:
+    """Score the server's posterior (sent as its state by the strategy's `configure_evaluate`) on this node's data:
+    at the mean and, for a distribution, the predictive; for a method with a personal posterior and a node that holds
+    its client's state, that posterior too (keys ``personal_*``). The reply's metrics also hold the number of
+    examples, the weight the strategy averages with."""
+    from bayesadmm.flower.bayes_strategy import SERVER_ARRAYS, SERVER_TREE
+
+    text, setup, config = _setup(message)
+    k = partition_of(context, setup.get("clients"))
+    data = data_of(text, setup, context.node_config, k)
+    if not isinstance(data, SupervisedData):
+        raise ValueError("client evaluation needs the node's examples as (X, y) or a Dataset, not a ClientData object")
+    algorithm = algorithm_for(text, setup, records.str_entry(config, p.SIZES), data)
+    device = torch.device(setup["device"])
+    server = records.records_to_tree(
+        records.get_record(message.content, SERVER_ARRAYS, ArrayRecord),
+        records.get_record(message.content, SERVER_TREE, ConfigRecord),
+        device,
+    )
+    round_ = records.int_entry(config, p.ROUND)
+    posteriors = {"": algorithm.posterior(server)}
+    state = records.load_state(context.state, device)
+    if algorithm.personal is not None and state is not None:
+        posteriors["personal_"] = algorithm.personal(server, state)
+    metrics: dict[str, Any] = {p.PARTITION_ID: k, p.NUM_EXAMPLES: int(data.num_examples), p.ROUND: round_}
+    samples = int(setup.get("eval_samples", 32))
+    for prefix, posterior in posteriors.items():
+        generator = generator_of(int(setup["seed"]), round_, EVALUATION, k)  # the node's own draws
+        found = evaluate(data.model, posterior, data.X, data.y, samples, generator, likelihood=data.likelihood)
+        metrics.update({f"{prefix}{key}": float(value) for key, value in found.items()})
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=message)
+
+
 def make_client_app() -> ClientApp:
     app = ClientApp()
     app.query()(handle_query)
     app.train()(handle_train)
+    app.evaluate()(handle_evaluate)
     return app
 
 

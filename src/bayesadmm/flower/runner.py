@@ -76,8 +76,9 @@ def exchange(
 
 def query(
     grid: Grid, node_ids: list[int], setup: str, timeout: float, poll: float, log: Log
-) -> dict[int, tuple[int, int]]:
-    """Ask nodes which client they hold: {node id: (client id, number of examples)} of those that answered."""
+) -> dict[int, tuple[int, int, int]]:
+    """Ask nodes which client they hold: {node id: (client id, number of examples, number of clients the node's
+    num-partitions says, 0 where it says none)} of those that answered."""
     content = RecordDict({"config": ConfigRecord({p.SETUP: setup})})
     messages = {n: Message(content, n, MessageType.QUERY, group_id="discovery") for n in node_ids}
     found = {}
@@ -86,27 +87,30 @@ def query(
             log(f"node {node_id} cannot take part: {reply.error.reason}", WARNING)
             continue
         metrics = records.get_record(reply.content, "metrics", MetricRecord)
-        found[node_id] = (records.int_entry(metrics, p.PARTITION_ID), records.int_entry(metrics, p.NUM_EXAMPLES))
+        total = records.int_entry(metrics, p.NUM_PARTITIONS) if p.NUM_PARTITIONS in metrics else 0
+        found[node_id] = (records.int_entry(metrics, p.PARTITION_ID), records.int_entry(metrics, p.NUM_EXAMPLES), total)
     return found
 
 
 def discover(
-    grid: Grid, setup: str, clients: int, timeouts: Timeouts, log: Log
+    grid: Grid, setup: str, clients: int | None, timeouts: Timeouts, log: Log
 ) -> tuple[dict[int, int], dict[int, int], set[int]]:
     """({client: node}, {client: number of examples}, node ids asked): ask every connected SuperNode which client it
-    holds, until `clients` are known or the discovery timeout passes."""
+    holds, until `clients` are known (None: as many as the nodes' num-partitions says) or the discovery timeout
+    passes."""
     deadline = time.monotonic() + timeouts.discovery
     nodes: dict[int, int] = {}
     sizes: dict[int, int] = {}
     asked: set[int] = set()
-    while len(nodes) < clients and time.monotonic() < deadline:
+    while (clients is None or len(nodes) < clients) and time.monotonic() < deadline:
         fresh = [n for n in grid.get_node_ids() if n not in asked]
         if not fresh:
             time.sleep(min(1.0, max(timeouts.poll, 0.01)))
             continue
         answers = query(grid, fresh, setup, max(1.0, deadline - time.monotonic()), timeouts.poll, log)
         asked.update(fresh)
-        for node_id, (k, size) in answers.items():
+        for node_id, (k, size, total) in answers.items():
+            clients = clients or total or None
             if claim(nodes, k, node_id, log):
                 sizes[k] = size
     return dict(sorted(nodes.items())), dict(sorted(sizes.items())), asked
@@ -185,7 +189,7 @@ class FlowerClients:
             return
         self.asked.update(fresh)
         answers = query(self.grid, fresh, self.setup, self.timeouts.round, self.timeouts.poll, self.log)
-        for node_id, (k, _) in answers.items():
+        for node_id, (k, *_) in answers.items():
             if k not in self._states:
                 self.log(f"node {node_id} holds client {k}, which is not in this run; ignored", WARNING)
                 continue
@@ -219,7 +223,11 @@ class FlowerClients:
         return self.inbox(round_, chosen, answers, on_done)
 
     def outbox(
-        self, round_: int, message: Mapping, chosen: Sequence[int], extra: Mapping[str, ConfigRecordValues] | None = None
+        self,
+        round_: int,
+        message: Mapping,
+        chosen: Sequence[int],
+        extra: Mapping[str, ConfigRecordValues] | None = None,
     ) -> dict[int, Message]:
         """The train Messages of round `round_`, {client: Message}, for the `chosen` clients a connected node holds
         (nodes that connected since the last round are asked first which client they hold). `extra`: entries added

@@ -18,16 +18,14 @@ uninterrupted run: the checkpoint holds the server's copy of every client state,
 from __future__ import annotations
 
 import json
-import time
-from logging import INFO, WARNING
+from logging import WARNING
 from pathlib import Path
 
 from flwr.app import Context
-from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 from bayesadmm.engine.loop import EXIT_OK, Result, run_federation
-from bayesadmm.engine.rundir import open_append, write_json
+from bayesadmm.engine.rundir import write_json
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.flower.app_config import (
     APP_CONFIG,
@@ -38,6 +36,7 @@ from bayesadmm.flower.app_config import (
     preset_run,
     user_federation,
 )
+from bayesadmm.flower.runlog import RunLog
 from bayesadmm.flower.runner import FlowerClients, discover
 
 __all__ = ["Timeouts", "run_server", "make_server_app", "config_from_run_config", "app"]
@@ -48,19 +47,6 @@ def config_from_run_config(run_config: dict) -> tuple[RunConfig, Timeouts]:
     run = flower_run(run_config)
     assert run.preset is not None
     return run.preset, run.timeouts
-
-
-class RunLog:
-    """flower.log in the run directory (appended to: a resume adds to it), mirrored to Flower's logger (the
-    SuperLink's log / `flwr log`)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __call__(self, text: str, level: int = INFO) -> None:
-        flwr_log(level, "bayesadmm: %s", text)
-        with open_append(self.path) as f:  # never through a link out of the run directory
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n".encode())
 
 
 def run_server(grid: Grid, run: FlowerRun | RunConfig, timeouts: Timeouts | None = None) -> Result:

@@ -1,0 +1,156 @@
+"""The strategies a ServerApp of your own starts: `strategy(method, model=..., **hparams)` for any registry method
+(`bayesadmm.algorithms.names()`), and `strategy_from_config(context.run_config, model=...)`, which reads Flower's
+run-config conventions:
+
+    num-server-rounds   the rounds                  fraction-train     the share of clients training each round
+    method              a registry name             fraction-evaluate  the share of nodes evaluating each round
+    <method>.<name>     one hyperparameter of the method, typed (a TOML table ``[tool.flwr.app.config.<method>]``),
+                        so ``flwr run . --run-config 'ivon-admm.lr=0.05'`` overrides one of them
+    seed, out, resume, overwrite, stop-at, eval-samples, dtype, device, clients, checkpoint-every   as in `strategy`
+
+Any other key of the run config is your app's own (a batch size, a data path) and is left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from bayesadmm.algorithms.spec import get
+from bayesadmm.engine.federation import Federation
+from bayesadmm.engine.settings import Settings
+from bayesadmm.federated import algorithm_factory
+from bayesadmm.flower.app_config import NodeClients, Timeouts
+from bayesadmm.flower.bayes_strategy import BayesStrategy
+from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
+from bayesadmm.models import FlatModel
+from bayesadmm.userdata import as_tensors, check_data
+
+__all__ = ["strategy", "strategy_from_config", "CONFIG_KEYS"]
+
+# Flower's spelling of `strategy`'s arguments in a run config
+CONFIG_KEYS = {
+    "num-server-rounds": "rounds", "fraction-train": "fraction_train", "fraction-evaluate": "fraction_evaluate",
+    "seed": "seed", "out": "out", "resume": "resume", "overwrite": "overwrite", "stop-at": "stop_at",
+    "eval-samples": "eval_samples", "dtype": "dtype", "device": "device", "clients": "clients",
+    "checkpoint-every": "checkpoint_every",
+}  # fmt: skip
+
+
+def strategy(
+    method: str,
+    *,
+    model: nn.Module | FlatModel,
+    likelihood: Likelihood | None = None,
+    rounds: int = 10,
+    fraction_train: float = 1.0,
+    fraction_evaluate: float = 1.0,
+    seed: int = 0,
+    out: str | Path | None = None,
+    eval_data: Any = None,
+    eval_samples: int = 32,
+    dtype: str = "float32",
+    device: str = "cpu",
+    clients: int | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    stop_at: int = 0,
+    checkpoint_every: int = 1,
+    timeouts: Timeouts | None = None,
+    **hparams: Any,
+) -> BayesStrategy:
+    """The Flower strategy of registry method `method` with hyperparameters `hparams` (checked now) for `model`.
+
+    `rounds` and `fraction_train` (each round's participants, chosen with `seed` as the local engine chooses them)
+    are Flower's num-server-rounds and fraction-train; `fraction_evaluate` the share of nodes that evaluate each
+    round (0: none). `clients`: how many SuperNodes (clients) to wait for before round 1 (None: as many as their
+    num-partitions says). `eval_data`: an (X, y) evaluation set on the server (each round's metrics line then
+    scores the posterior on it; None: only the nodes evaluate). The run directory `out` (default
+    runs/flower-<time>) gets what a local run writes; `resume=True` continues it. `likelihood`: Classification by
+    default, or GaussianRegression; the nodes rebuild it from its name (a likelihood of your own: pass it to the
+    nodes' `bayesadmm.flower.client` calls too)."""
+    spec = get(method)
+    spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on the nodes
+    likelihood = likelihood if likelihood is not None else Classification()
+    settings = Settings(
+        rounds=rounds, seed=seed, participation=fraction_train, eval_samples=eval_samples, device=device,
+        workers=1, checkpoint_every=checkpoint_every, stop_at=stop_at, cohort=1, dtype=dtype,
+    )  # fmt: skip
+    flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
+    setup = {
+        "algorithm": method, "hparams": dict(hparams), "likelihood": _spelt(likelihood), "seed": seed,
+        "rounds": rounds, "device": device, "dtype": dtype, "clients": clients, "eval_samples": eval_samples,
+    }  # fmt: skip
+    config = {
+        "flower-strategy": {**setup, "clients": None, "participation": fraction_train, "model": repr(model)},
+        "parameters": flat.dim,
+    }
+    evaluation = _evaluation(flat, model, likelihood, eval_data, settings.torch_dtype)
+
+    def federation_of(sizes: Mapping[int, int], initial: Mapping[str, Tensor] | None) -> Federation:
+        theta0 = _initial(flat, model, initial).to(device, settings.torch_dtype)
+        make = algorithm_factory(method, hparams, flat, dict(sizes), likelihood, rounds)
+        X, y = evaluation if evaluation is not None else (None, None)
+        return Federation(flat, NodeClients(dict(sizes)), make, theta0, X, y, likelihood)
+
+    run_dir = Path(out) if out else Path("runs") / datetime.now().strftime("flower-%Y%m%d-%H%M%S")
+    return BayesStrategy(
+        federation_of, setup, settings, run_dir, config=config, clients=clients, fraction_evaluate=fraction_evaluate,
+        timeouts=timeouts, resume=resume, overwrite=overwrite, title=f"{method} (seed {seed}, Flower)",
+    )  # fmt: skip
+
+
+def strategy_from_config(
+    run_config: Mapping[str, Any], *, model: nn.Module | FlatModel, **arguments: Any
+) -> BayesStrategy:
+    """`strategy` from a Flower run config (`context.run_config`; the module's doc lists its keys); `arguments`
+    (model aside: likelihood, eval_data, timeouts, or any of `strategy`'s) are passed on and win over the config."""
+    method = str(run_config.get("method") or arguments.pop("method", "ivon-admm"))
+    spec = get(method)
+    names = {f.name for f in spec.fields()}
+    hparams: dict[str, Any] = {}
+    for key, value in run_config.items():
+        if key.startswith(f"{method}."):
+            name = key[len(method) + 1 :].replace("-", "_")
+            if name not in names:
+                raise ValueError(f"run config key {key}: {method} has no hyperparameter {name}; valid: {sorted(names)}")
+            hparams[name] = value
+    found = {CONFIG_KEYS[k]: v for k, v in run_config.items() if k in CONFIG_KEYS and v != ""}
+    if "clients" in found and not found["clients"]:
+        found.pop("clients")  # 0: as many as the nodes' num-partitions says
+    return strategy(method, model=model, **{**found, **hparams, **arguments})
+
+
+def _spelt(likelihood: Likelihood) -> str:
+    """The likelihood's name in the setup the nodes rebuild it from (`app_config.likelihood_of`)."""
+    if isinstance(likelihood, Classification):
+        return "classification"
+    if isinstance(likelihood, GaussianRegression):
+        return f"regression:{likelihood.noise!r}"
+    return f"own:{type(likelihood).__name__}"  # the nodes must be given it (`bayesadmm.flower.client`'s likelihood=)
+
+
+def _initial(flat: FlatModel, model: nn.Module | FlatModel, initial: Mapping[str, Tensor] | None) -> Tensor:
+    """θ0: Flower's initial arrays (the model's state dict; its parameters are used), else the model's own."""
+    if initial is None:
+        if isinstance(model, FlatModel):
+            return model.initial_params(torch.Generator())
+        return flat.flatten(dict(model.named_parameters())).detach().clone()
+    missing = [name for name, _ in flat.layout if name not in initial]
+    if missing:
+        raise ValueError(f"initial_arrays has no {missing[:5]}: give ArrayRecord(model.state_dict()) of the model")
+    return flat.flatten({name: initial[name] for name, _ in flat.layout})
+
+
+def _evaluation(flat, model, likelihood: Likelihood, eval_data: Any, dtype: torch.dtype):
+    """The server's evaluation set, checked against the model and the likelihood; None where there is none."""
+    if eval_data is None:
+        return None
+    theta = _initial(flat, model, None).to(dtype)
+    _, (X, y) = check_data(flat, theta, likelihood, {}, as_tensors(eval_data, "eval_data"))
+    return X, y

@@ -1,0 +1,150 @@
+"""Every method as a Flower strategy: a ServerApp of the user's own starts `bayesadmm.flower.strategy(...)` as it
+starts Flower's FedAvg, a ClientApp of the user's own answers with `bayesadmm.flower.client`'s query, train and
+evaluate on its model and data; the numbers are `bayesadmm.run`'s on the same data."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+import user_app
+from flwr.app import ArrayRecord
+from flwr.clientapp import ClientApp
+from helpers import LoopbackGrid, assert_same_metrics, lines
+
+import bayesadmm
+from bayesadmm.algorithms import spec
+from bayesadmm.flower import client, strategy, strategy_from_config
+
+IVON = {"lr": 0.05, "rho": 0.1, "gamma": 1.0, "delta": 1.0, "epochs": 1, "batch_size": 8}
+
+
+def _user_client_app(parts, test):
+    """The ClientApp a user writes: the node's model and its own data (partition-id picks the part)."""
+    app = ClientApp()
+
+    def own(context):
+        return parts[int(context.node_config["partition-id"])]
+
+    @app.query()
+    def query(message, context):
+        return client.query(message, context, user_app.make_model(), own(context))
+
+    @app.train()
+    def train(message, context):
+        return client.train(message, context, user_app.make_model(), own(context))
+
+    @app.evaluate()
+    def evaluate(message, context):
+        return client.evaluate(message, context, user_app.make_model(), test)
+
+    return app
+
+
+def _start(strategy_, parts, test, model, **options):
+    grid = LoopbackGrid(_user_client_app(parts, test), len(parts), **options)
+    return strategy_.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()))
+
+
+@pytest.fixture
+def data():
+    torch.set_default_dtype(torch.float64)  # restored by tests/conftest.py
+    return user_app.tensors(seed=3)
+
+
+def _local(parts, test, out, method, hparams, rounds=3, participation=1.0):
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    return bayesadmm.run(model, clients=parts, test=test, algorithm=method, hparams=hparams, rounds=rounds, seed=7,
+                         eval_samples=4, out=out, progress=False, cohort=1, participation=participation)
+
+
+def test_a_strategy_in_a_users_own_apps_gives_the_local_engines_numbers(data, tmp_path):
+    parts, test = data
+    local = _local(parts, test, tmp_path / "local", "ivon-admm", IVON, participation=2 / 3)
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    s = strategy("ivon-admm", model=model, rounds=3, fraction_train=2 / 3, seed=7, eval_samples=4, dtype="float64",
+                 eval_data=test, out=tmp_path / "flower", **IVON)
+    result = _start(s, parts, test, model)
+    assert_same_metrics(local.history, lines(tmp_path / "flower"), tol=1e-9)
+    assert json.loads((tmp_path / "flower" / "status.json").read_text())["status"] == "completed"
+    # Flower's Result holds the posterior's mean as the model's named arrays, every round's metrics
+    mean = local.posterior.mean
+    named = s.result.model.unflatten(mean)
+    assert set(result.arrays) == set(named)
+    for name, value in named.items():
+        assert torch.allclose(torch.from_numpy(result.arrays[name].numpy()), value, atol=1e-9)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+    # every node evaluated the global posterior and its personal one, on its data; weighted means logged
+    evaluated = [json.loads(line) for line in (tmp_path / "flower" / "client-evaluation.jsonl").read_text().splitlines()]
+    assert [e["round"] for e in evaluated] == [1, 2, 3]
+    assert {"acc", "ens_acc", "personal_acc", "personal_ens_acc"} <= set(evaluated[-1])
+    assert sorted(result.evaluate_metrics_clientapp) == [1, 2, 3]
+    assert (tmp_path / "flower" / "posterior.safetensors").exists()
+
+
+def test_strategy_from_a_run_config_reads_flowers_conventions(data, tmp_path):
+    parts, test = data
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    run_config = {"method": "fedavg", "num-server-rounds": 2, "fraction-train": 1.0, "fraction-evaluate": 0.0,
+                  "seed": 7, "dtype": "float64", "eval-samples": 4, "out": str(tmp_path / "flower"),
+                  "fedavg.lr": 0.01, "fedavg.epochs": 1, "fedavg.batch-size": 8, "batch-size-of-my-loader": 32}
+    s = strategy_from_config(run_config, model=model, eval_data=test)
+    _start(s, parts, test, model)
+    local = _local(parts, test, tmp_path / "local", "fedavg", {"lr": 0.01, "epochs": 1, "batch_size": 8}, rounds=2)
+    assert_same_metrics(local.history, lines(tmp_path / "flower"), tol=1e-9)
+    with pytest.raises(ValueError, match="fedavg has no hyperparameter rho"):
+        strategy_from_config({**run_config, "fedavg.rho": 1.0}, model=model)
+
+
+@pytest.mark.parametrize("method", [s.name for s in spec.specs() if s.build.__module__.startswith("bayesadmm.")])
+def test_every_registry_method_runs_as_a_strategy(data, tmp_path, method):
+    parts, test = data
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    hparams = dict(spec.get(method).example)
+    s = strategy(method, model=model, rounds=2, seed=7, eval_samples=4, dtype="float64", eval_data=test,
+                 fraction_evaluate=0.5, out=tmp_path / method, **hparams)
+    _start(s, parts, test, model)
+    local = _local(parts, test, tmp_path / "local", method, hparams, rounds=2)
+    assert_same_metrics(local.history, lines(tmp_path / method), tol=1e-8)
+
+
+def test_a_strategy_resumes_from_its_checkpoint_with_an_uninterrupted_runs_numbers(data, tmp_path):
+    parts, test = data
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    options = dict(model=model, rounds=3, seed=7, eval_samples=4, dtype="float64", eval_data=test,
+                   out=tmp_path / "flower", fraction_evaluate=0.0, **IVON)
+    _start(strategy("ivon-admm", stop_at=1, **options), parts, test, model)
+    assert json.loads((tmp_path / "flower" / "status.json").read_text())["status"] == "stopped"
+    _start(strategy("ivon-admm", resume=True, **options), parts, test, model)
+    local = _local(parts, test, tmp_path / "local", "ivon-admm", IVON)
+    assert_same_metrics(local.history, lines(tmp_path / "flower"), tol=1e-9)
+
+
+def test_flowers_central_dp_wrappers_do_not_apply_and_say_so(data, tmp_path):
+    """Flower's central-DP wrappers noise the arrays aggregate_train returns, which are not these methods' server
+    state: the strategy refuses the changed arrays (client-side clipping) or the wrapper fails on the method's
+    replies (server-side clipping); docs/deploy.md says so."""
+    from flwr.serverapp.strategy import (
+        DifferentialPrivacyClientSideFixedClipping,
+        DifferentialPrivacyServerSideFixedClipping,
+    )
+
+    parts, test = data
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    for wrapper, error, match in ((DifferentialPrivacyClientSideFixedClipping, RuntimeError, "bayesadmm's own DP"),
+                                  (DifferentialPrivacyServerSideFixedClipping, ValueError, "")):
+        s = strategy("fedavg", model=model, rounds=2, seed=7, dtype="float64", out=tmp_path / wrapper.__name__,
+                     fraction_evaluate=0, lr=0.01, epochs=1, batch_size=8)
+        wrapped = wrapper(s, noise_multiplier=1.0, clipping_norm=1.0, num_sampled_clients=3)
+        grid = LoopbackGrid(_user_client_app(parts, test), len(parts))
+        with pytest.raises(error, match=match):
+            wrapped.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2)
+        s.close()
