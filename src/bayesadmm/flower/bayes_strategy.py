@@ -51,7 +51,7 @@ from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records
 from bayesadmm.flower.app_config import Timeouts
 from bayesadmm.flower.runlog import RunLog
-from bayesadmm.flower.runner import FlowerClients, discover
+from bayesadmm.flower.runner import FlowerClients, discover, exchange
 
 SERVER_ARRAYS, SERVER_TREE = "bayesadmm.server-state", "bayesadmm.server-state.tree"
 CLIENT_EVALUATION = "client-evaluation.jsonl"
@@ -72,7 +72,7 @@ class BayesStrategy(Strategy):
         settings: Settings,
         run_dir: Path | str,
         *,
-        config: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | Callable[[Mapping[int, int]], Mapping[str, Any]] | None = None,
         clients: int | None = None,
         fraction_evaluate: float = 1.0,
         timeouts: Timeouts | None = None,
@@ -97,6 +97,7 @@ class BayesStrategy(Strategy):
         self._pending: tuple[int, list[int], float] | None = None
         self._returned: ArrayRecord | None = None  # the arrays aggregate_train returned last
         self._text = ""  # the setup as the nodes get it (JSON)
+        self._result: Any = None  # the engine's Result, once the run has finished
 
     # ---- Flower's Strategy -------------------------------------------------------------------------------------
 
@@ -111,22 +112,24 @@ class BayesStrategy(Strategy):
         grid: Grid,
         initial_arrays: ArrayRecord | None = None,
         num_rounds: int | None = None,
-        timeout: float = 3600,
+        timeout: float | None = None,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
     ) -> Result:
         """Flower's round loop over this strategy (`Strategy.start`), for the run's rounds (`num_rounds`, if given,
         must be the strategy's); the run directory is locked for the run and ends with a final status however the
-        run ends."""
+        run ends. `timeout` (default: the strategy's round timeout) bounds each round's wait; a round waits for
+        clients that missed an earlier one only while others are still answering (`runner.exchange`)."""
         rounds = self.settings.rounds
         if num_rounds is not None and num_rounds != rounds:
             raise ValueError(f"num_rounds={num_rounds}, but the strategy was made for {rounds} (num-server-rounds)")
         with self._stack:  # an exception reaches the run's guard, which records it as the run's final status
             last = self.settings.last_round  # stop_at: Flower's loop ends there, the run stops resumably
-            return super().start(
-                grid, initial_arrays or ArrayRecord(), last, timeout, train_config, evaluate_config, evaluate_fn
-            )
+            wait = self.timeouts.round if timeout is None else timeout
+            patient: Any = _RoundGrid(grid, self)  # a Grid by delegation
+            arrays = initial_arrays or ArrayRecord()
+            return super().start(patient, arrays, last, wait, train_config, evaluate_config, evaluate_fn)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -242,7 +245,8 @@ class BayesStrategy(Strategy):
             self.log, self.settings.device,
         )  # fmt: skip
         self._stack.enter_context(locked(self.run_dir))
-        run = Run(federation, self.settings, self.run_dir, config=self.config, title=self.title,
+        config = self.config(ids) if callable(self.config) else self.config
+        run = Run(federation, self.settings, self.run_dir, config=config, title=self.title,
                   on_round=self.on_round, runner=lambda algorithm, workers: clients)  # fmt: skip
         if self.resume and run.prepare_resume():
             self._stack.enter_context(run.guard())
@@ -256,7 +260,7 @@ class BayesStrategy(Strategy):
 
     def _finish(self) -> None:
         if self.run is not None and not self.run.complete:
-            result = self.run.finish()
+            result = self._result = self.run.finish()
             message = f": {result.message}" if result.message else ""
             self.log(f"{result.status} after round {result.round}{message}")
         self.close()
@@ -269,7 +273,27 @@ class BayesStrategy(Strategy):
     def result(self) -> Any:
         """The engine's `Result` of the run (its posterior, history, run directory), once it has started."""
         assert self.run is not None, "the strategy has not run yet"
-        return self.run.result(self.run.outcome[1]["status"] if self.run.outcome else None)
+        return self._result or self.run.result()
+
+
+class _RoundGrid:
+    """The grid as Flower's round loop uses it, whose `send_and_receive` waits as the engine's Flower runner waits
+    (`runner.exchange`): for every client, except those that missed an earlier round while others answer."""
+
+    def __init__(self, grid: Grid, strategy: BayesStrategy):
+        self.grid, self.strategy = grid, strategy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> list[Message]:
+        keyed = dict(enumerate(messages))
+        clients = self.strategy.clients
+        lost = {clients.nodes[k] for k in clients.lost if k in clients.nodes} if clients is not None else set()
+        wait_for = {i for i, m in keyed.items() if m.metadata.dst_node_id not in lost} or set(keyed)
+        poll = self.strategy.timeouts.poll
+        wait = self.strategy.timeouts.round if timeout is None else timeout
+        return list(exchange(self.grid, keyed, wait_for, wait, poll).values())
 
 
 def _named(arrays: ArrayRecord) -> dict[str, Tensor] | None:

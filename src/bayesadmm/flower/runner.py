@@ -243,6 +243,11 @@ class FlowerClients:
         sent = {k: self._held.get(k) != (self.nodes[k], self._versions[k]) for k in reachable}
         return {k: self._message(k, round_, self._arrays, sent[k]) for k in reachable}
 
+    @property
+    def lost(self) -> set[int]:
+        """The clients that missed a round and have not answered since (not waited for while others answer)."""
+        return set(self._lost)
+
     def client_of(self, reply: Message) -> int | None:
         """The client whose node sent `reply` (None: a node that holds no client of this run)."""
         return next((k for k, node in self.nodes.items() if node == reply.metadata.src_node_id), None)
