@@ -1,0 +1,1 @@
+"""A Flower app with a bayesadmm method as its strategy."""
