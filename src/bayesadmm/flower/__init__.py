@@ -3,8 +3,8 @@
 * `strategy(method, model=..., **hparams)` / `strategy_from_config(context.run_config, model=...)`: every registry
   method as a Flower strategy (`BayesStrategy`) that your own ServerApp starts, and `client`: what your own
   ClientApp's query, train and evaluate functions call with your model and the node's data;
-* `server_app.app`: a ServerApp that runs the engine's own round loop (`run_federation`) with
-  `runner.FlowerClients` as its transport; `client_app.app`: a ClientApp that runs `client_update` for the node's
+* `server_app.app`: the ServerApp of the run-config apps (presets, a model named in the run config): the same strategy
+  built from `flwr run`'s run config; `client_app.app`: a ClientApp that runs `client_update` for the node's
   client on its own data (`loaders`: ``data=PATH`` or ``loader=module:function`` in the node config);
 * `app_config`: the run config of `flwr run` → the engine's Settings and Federation, and the setup nodes build from;
 * `records`: Messages and client states (your own NamedTuples/dataclasses too) <-> records, lossless, no pickle;
