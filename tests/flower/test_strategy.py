@@ -13,6 +13,7 @@ import user_app
 from flwr.app import ArrayRecord
 from flwr.clientapp import ClientApp
 from helpers import LoopbackGrid, assert_same_metrics, lines
+from torch.utils.data import DataLoader, TensorDataset
 
 import bayesadmm
 from bayesadmm.algorithms import spec
@@ -39,7 +40,7 @@ def _user_client_app(parts, test):
 
     @app.evaluate()
     def evaluate(message, context):
-        return client.evaluate(message, context, user_app.make_model(), test)
+        return client.evaluate(message, context, user_app.make_model(), DataLoader(TensorDataset(*test), batch_size=16))
 
     return app
 
