@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     run_config = {
         "eval-data": str(test),
         "out": str(workdir / "run"),
-        "rounds": args.rounds,
+        "num-server-rounds": args.rounds,
         "clients": args.clients,
         "round-timeout": args.round_timeout,
     }

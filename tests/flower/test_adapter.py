@@ -113,6 +113,25 @@ def test_flwr_run_config_resolves_like_the_command_line(tmp_path):
         config_from_run_config({"scenario": "fmnist-heterog10", "overrides": "gama=0.1"})
 
 
+def test_flowers_run_config_conventions_are_read_beside_the_librarys_own(tmp_path):
+    """num-server-rounds, fraction-train, method and the method's typed hyperparameter table (other methods' tables
+    are declared for when they are chosen, and left out)."""
+    from bayesadmm.flower.app_config import flower_run
+
+    config, _ = config_from_run_config({"scenario": "diabetes-iid5", "method": "fedavg", "num-server-rounds": 2,
+                                        "fraction-train": 0.6, "fedavg.lr": 0.05, "fedavg.batch-size": 8,
+                                        "ivon-admm.lr": 1.0, "out": str(tmp_path)})
+    assert (config.method, config.rounds, config.participation) == ("fedavg", 2, 0.6)
+    assert (config.hparams["lr"], config.hparams["batch_size"]) == (0.05, 8)
+    own = flower_run({"model": "user_app:make_model", "algorithm": "ivon-admm", "eval-data": "test.npz", "clients": 3,
+                      "num-server-rounds": 4, "hparams": "rho=0.1 gamma=1.0 delta=1.0", "ivon-admm.lr": 0.02,
+                      "ivon-admm.batch-size": 16, "out": str(tmp_path / "own")})
+    assert own.settings.rounds == 4
+    assert own.setup["hparams"] == {"rho": 0.1, "gamma": 1.0, "delta": 1.0, "lr": 0.02, "batch_size": 16}
+    with pytest.raises(ValueError, match="num-server-rounds=4 and rounds=3 disagree"):
+        flower_run({"scenario": "diabetes-iid5", "num-server-rounds": 4, "rounds": 3})
+
+
 def _local_and_flower(tmp_path, method, extra=(), grid_options=None, timeouts=Timeouts(discovery=5, round=60)):
     overrides = SMALL + ["rounds=2", f"method={method}", *EXTRA.get(method, []), *extra]
     local, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'local'}"])

@@ -43,8 +43,11 @@ _TUNABLE = ("stop-at", "round-timeout", "discovery-timeout")  # what a resume ma
 KEYS = {
     *("scenario", "overrides", "model", "algorithm", "hparams", "likelihood", "clients", "rounds", "seed"),
     *("participation", "eval-samples", "device", "dtype", "eval-data", "out", "resume", "overwrite"),
+    *("method", "num-server-rounds", "fraction-train"),
     *_TUNABLE,
 }
+# Flower's spelling of a run config's keys → this module's (either is accepted; Flower's apps declare Flower's)
+FLOWER_SPELLING = {"num-server-rounds": "rounds", "fraction-train": "participation"}
 INIT = 10**9 + 2  # the initial weights' stream, generator_for(seed, 0, INIT), as experiments.build's INIT
 
 
@@ -111,9 +114,10 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
     """The run a `flwr run` run config describes; ``resume = true`` continues the run in ``out`` with the run config
     it was started with (only stop-at and the timeouts may change). Errors name the key and the fix."""
     run_config = dict(run_config)
-    unknown = sorted(set(run_config) - KEYS)
+    unknown = sorted(k for k in set(run_config) - KEYS if "." not in k)  # METHOD.NAME: a hyperparameter
     if unknown:
         raise ValueError(f"unknown run config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(KEYS))}")
+    run_config = _our_spelling(run_config)
     if run_config.get("resume"):
         run_config = _resumed(run_config)
     timeouts = Timeouts(
@@ -123,6 +127,31 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
     if not run_config.get("model"):
         return _preset_flower_run(run_config, timeouts)
     return _user_flower_run(run_config, timeouts)
+
+
+def _our_spelling(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Flower's keys (num-server-rounds, fraction-train; 0 or absent: not set) as this module's, and the run's
+    method's hyperparameter table (``METHOD.NAME`` keys, dashes or underscores; other methods' tables are left out)
+    as ``hparams`` entries."""
+    found = dict(run_config)
+    for flower, ours in FLOWER_SPELLING.items():
+        value = found.pop(flower, None)
+        if value in (None, 0, 0.0, ""):
+            continue
+        if found.get(ours) not in (None, 0, 0.0, "", value):
+            raise ValueError(f"{flower}={value} and {ours}={found[ours]} disagree: give one of them")
+        found[ours] = value
+    method = str(found.get("algorithm") if found.get("model") else found.get("method") or "")
+    table = {
+        key.split(".", 1)[1].replace("-", "_"): found.pop(key)
+        for key in [k for k in found if "." in k]
+        if key.split(".", 1)[0] == method
+    }
+    for key in [k for k in found if "." in k]:
+        found.pop(key)  # another method's table, declared in the app for when it is chosen
+    if table:
+        found["hparams"] = {**parse_hparams(str(found.get("hparams") or "")), **table}
+    return found
 
 
 def _resumed(run_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,6 +170,11 @@ def _resumed(run_config: Mapping[str, Any]) -> dict[str, Any]:
 def _preset_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> FlowerRun:
     """A preset's run: its RunConfig from ``scenario`` and ``overrides`` (with out, stop-at and dtype), as locally."""
     overrides = shlex.split(str(run_config.get("overrides", "")))
+    for key in ("method", "rounds", "participation"):
+        if run_config.get(key):
+            overrides.append(f"{key}={run_config[key]}")
+    for key, value in dict(run_config.get("hparams") or {}).items():  # as `bayesadmm run`'s KEY=VALUE
+        overrides.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
     if run_config.get("out"):
         overrides.append(f"out={run_config['out']}")
     if run_config.get("stop-at"):
@@ -175,7 +209,7 @@ def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> Flowe
     setup: dict[str, Any] = {
         "model": str(run_config["model"]),
         "algorithm": str(run_config.get("algorithm") or "ivon-admm"),
-        "hparams": parse_hparams(str(run_config.get("hparams") or "")),
+        "hparams": _hparams(run_config.get("hparams")),
         "likelihood": str(run_config.get("likelihood") or "classification"),
         "seed": settings.seed,
         "rounds": settings.rounds,  # for a registered method's schedules over the run (e.g. cosine=true)
@@ -230,6 +264,11 @@ def _typed(key: str, value: Any) -> Any:
 
 def _app_config(run_config: Mapping[str, Any]) -> dict:
     return {k: v for k, v in run_config.items() if k not in ("resume", "overwrite")}
+
+
+def _hparams(value: Any) -> dict[str, Any]:
+    """A run config's hyperparameters: a ``"key=value ..."`` string, or the dict `_our_spelling` made."""
+    return dict(value) if isinstance(value, Mapping) else parse_hparams(str(value or ""))
 
 
 def parse_hparams(text: str) -> dict[str, Any]:
