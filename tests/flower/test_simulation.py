@@ -28,3 +28,27 @@ def test_flower_simulation_matches_the_local_engine(tmp_path):
     run_simulation(flower, Timeouts(discovery=120, round=300), cpus=2)
     assert json.loads((tmp_path / "flower" / "status.json").read_text())["status"] == "completed"
     assert_same_metrics(lines(tmp_path / "local"), lines(tmp_path / "flower"), tol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_simulation_on_a_ray_cluster_of_two_nodes_gives_the_local_engines_numbers(tmp_path):
+    """Beyond one machine: a Ray cluster of two nodes (started here, one CPU each, as `ray start` starts them on two
+    machines) runs the ClientApps; the numbers are the single-process engine's."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    try:
+        cluster.wait_for_nodes()
+        overrides = ["clients=2", "rounds=2", "method=ivon-admm", "epochs=1", "eval_samples=4", "cohort=1"]
+        local, _ = resolve("diabetes-iid5", overrides + [f"out={tmp_path / 'local'}"])
+        flower, _ = resolve("diabetes-iid5", overrides + [f"out={tmp_path / 'flower'}"])
+        assert run(local, progress=False).exit_code == 0
+        run_simulation(flower, Timeouts(discovery=120, round=300), address=cluster.address)
+        assert len(cluster.list_all_nodes()) == 2
+        assert json.loads((tmp_path / "flower" / "status.json").read_text())["status"] == "completed"
+        assert_same_metrics(lines(tmp_path / "local"), lines(tmp_path / "flower"), tol=1e-4)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
