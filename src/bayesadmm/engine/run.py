@@ -47,6 +47,7 @@ from bayesadmm.engine.runners import ClientRunner, RunnerFactory, check_states, 
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.metrics import evaluate
+from bayesadmm.privacy.client_level import BudgetExhausted
 
 __all__ = ["Run"]
 
@@ -227,9 +228,12 @@ class Run:
         began = time.perf_counter()
         chosen = participants(self.ids, settings.participation, settings.seed, round_)
         try:
-            replies = self.clients.train(
-                round_, self.algorithm.broadcast(self.server), chosen, on_done(self._bar, len(chosen), began)
-            )
+            message = self.algorithm.broadcast(self.server)
+        except BudgetExhausted as exc:  # before any client trains: the run ends with the budget it has left
+            self._out_of_budget(round_, str(exc))
+            return None
+        try:
+            replies = self.clients.train(round_, message, chosen, on_done(self._bar, len(chosen), began))
             new_server, server_info = self.algorithm.server_update(self.server, replies)
         except BREAKDOWNS as exc:
             self._diverged(round_, str(exc))
@@ -246,7 +250,8 @@ class Run:
         if federation.personal is not None and federation.personal.due(round_, settings.last_round):
             line.update(self._personal(new_server, round_))
         self.server, self.round = new_server, round_
-        line.update({f"server_{k}": v for k, v in info_scalars(server_info).items()})
+        # a private run's accounting (dp_epsilon, ...) under its own names, the server's other scalars as server_*
+        line.update({k if k.startswith("dp_") else f"server_{k}": v for k, v in info_scalars(server_info).items()})
         line.update(mean_client_info(self.clients.last_info))
         self._record(line)
         return line
@@ -291,6 +296,13 @@ class Run:
         self._bar.update(1)
         if self.on_round is not None:
             self.on_round(line)
+
+    def _out_of_budget(self, round_: int, reason: str) -> None:
+        """Status "budget": the state after round `round_` − 1, checkpointed, so that a resume with a larger budget
+        goes on from it."""
+        if self.checkpointed < self.round:
+            self.checkpoint()
+        self.outcome = (EXIT_OK, {"status": "budget", "round": self.round, "message": reason})
 
     def _diverged(self, round_: int, reason: str) -> None:
         status = {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {reason}"}
@@ -337,9 +349,9 @@ class Run:
         status tells a watcher the run directory is complete); the run's `Result`."""
         self._close_bar()
         code, status = self.outcome or (EXIT_OK, {})
-        if code == EXIT_OK and self.settings.last_round == self.settings.rounds:
+        if self.outcome is None and self.settings.last_round == self.settings.rounds:
             status = {"status": "completed", "round": self.settings.rounds}
-        elif code == EXIT_OK:
+        elif self.outcome is None:
             status = {
                 "status": "stopped",
                 "round": self.settings.last_round,
