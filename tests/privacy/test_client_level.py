@@ -178,3 +178,31 @@ def test_methods_that_cannot_be_private_refuse(tmp_path):
         )  # fmt: skip
     with pytest.raises(ValueError, match="example"):
         _run(tmp_path / "d", dp=DPSettings(level="example", noise_multiplier=1.0))
+
+
+def test_the_command_lines_dp_keys_build_the_private_method_and_are_recorded_only_where_set():
+    from bayesadmm.experiments.build import build
+    from bayesadmm.experiments.config import ConfigError, resolve
+    from bayesadmm.privacy import PrivateServer
+
+    plain, _ = resolve("diabetes-iid5", ["method=fedavg"])
+    assert not any(key.startswith("dp") for key in plain.to_json())
+    config, _ = resolve("diabetes-iid5", ["method=fedavg", "dp=client", "dp_clip=0.5", "dp_epsilon=3"])
+    assert {k: v for k, v in config.to_json().items() if k.startswith("dp")} == {
+        "dp": "client",
+        "dp_clip": 0.5,
+        "dp_epsilon": 3.0,
+    }
+    built = build(config)
+    algorithm = built.algorithm()
+    assert isinstance(algorithm.init_server(built.federation.theta0), PrivateServer)
+    with pytest.raises(ConfigError, match="noise_multiplier or a target epsilon"):
+        resolve("diabetes-iid5", ["method=fedavg", "dp=client"])
+    with pytest.raises(ConfigError, match="fedlap has no client-level DP"):
+        build(resolve("diabetes-iid5", ["method=fedlap", "dp=client", "dp_noise=1"])[0])
+
+
+def test_a_private_run_is_loaded_back_with_its_posterior(tmp_path):
+    result = _run(tmp_path / "run", dp=DPSettings(clip=0.5, noise_multiplier=1.0))
+    loaded = bayesadmm.load(tmp_path / "run", model=nn.Linear(4, 3))
+    assert torch.equal(loaded.posterior.mean, result.posterior.mean)

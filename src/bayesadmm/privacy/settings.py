@@ -47,6 +47,18 @@ class DPSettings:
         if self.noise_multiplier is None and self.epsilon is None:
             raise ValueError("dp needs a noise_multiplier or a target epsilon (from which the noise is calibrated)")
 
+    @classmethod
+    def from_json(cls, record: dict) -> DPSettings:
+        """The settings `to_json` recorded."""
+        return cls(
+            level=record["level"],
+            clip=record["clip"],
+            noise_multiplier=record["dp_noise"],
+            epsilon=record["dp_epsilon"],
+            delta=record["delta"],
+            accountant=record.get("accountant", "rdp"),
+        )
+
     def to_json(self) -> dict:
         """The settings as the run's configuration records them."""
         return {
