@@ -230,7 +230,7 @@ def run(
     X_ood = _ood_inputs(ood, likelihood, flat, theta0, X_test)
     make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
     if dp is not None:
-        make = _private(make, algorithm, hparams, dp, settings, len(source.sizes))
+        make = _private(make, algorithm, hparams, dp, settings, source.sizes)
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
     personal = Personalisation(tests, personal_every, finetune) if tests is not None else None
     federation = Federation(
@@ -260,12 +260,12 @@ def run(
     )
 
 
-def _private(make, algorithm, hparams, dp: DPSettings, settings: Settings, clients: int):
+def _private(make, algorithm, hparams, dp: DPSettings, settings: Settings, sizes: Mapping[int, int]):
     """`make` with `dp`'s privacy; only a registered method (a name or its spec) declares its update."""
     spec = get(algorithm) if isinstance(algorithm, str) else algorithm if isinstance(algorithm, MethodSpec) else None
     record = spec.make_hparams(**dict(hparams or {})) if spec is not None else None
     return private_factory(
-        make, spec, record, dp, participation=settings.participation, clients=clients, rounds=settings.rounds,
+        make, spec, record, dp, participation=settings.participation, sizes=sizes, rounds=settings.rounds,
         seed=settings.seed,
     )  # fmt: skip
 

@@ -177,7 +177,7 @@ def _api_run(
         spec = get(method)
         make = private_factory(
             make, spec, spec.make_hparams(**config["hparams"]), DPSettings.from_json(config["dp"]),
-            participation=settings.get("participation", 1.0), clients=len(sizes), rounds=settings.get("rounds", 1),
+            participation=settings.get("participation", 1.0), sizes=sizes, rounds=settings.get("rounds", 1),
             seed=settings.get("seed", 0),
         )  # fmt: skip
     return make, flat

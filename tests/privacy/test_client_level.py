@@ -176,8 +176,6 @@ def test_methods_that_cannot_be_private_refuse(tmp_path):
             nn.Linear(4, 3), parts, parts[0], algorithm="fedavg", hparams={"weighted": True}, rounds=1,
             out=tmp_path / "c", progress=False, dp=DPSettings(noise_multiplier=1.0),
         )  # fmt: skip
-    with pytest.raises(ValueError, match="example"):
-        _run(tmp_path / "d", dp=DPSettings(level="example", noise_multiplier=1.0))
 
 
 def test_the_command_lines_dp_keys_build_the_private_method_and_are_recorded_only_where_set():

@@ -152,7 +152,7 @@ def make_algorithm_factory(
     try:
         return private_factory(
             make, spec, spec.make_hparams(**config.hparams), dp, participation=config.participation,
-            clients=len(client_sizes), rounds=config.rounds, seed=config.seed,
+            sizes=client_sizes, rounds=config.rounds, seed=config.seed,
         )  # fmt: skip
     except ValueError as exc:
         raise ConfigError(str(exc)) from None

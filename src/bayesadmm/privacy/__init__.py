@@ -1,20 +1,22 @@
 """Differential privacy of a run (docs/guides/privacy.md): `DPSettings`, client-level DP of the server's sum
-(`client_level`), the accounting by Opacus (`accountant`) and the budget (`BudgetExhausted`).
+(`client_level`), example-level DP of Adam's local training (`example_level`), the accounting by Opacus
+(`accountant`) and the budget (`BudgetExhausted`).
 
-`private_factory` turns a method's factory into that of its private version, for `bayesadmm.run(dp=...)` and the
-command line's `dp=client` keys.
+`private_factory` turns a method's factory into that of its private version, for `bayesadmm.run(dp=...)`, the
+command line's `dp=` keys and `bayesadmm.load`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bayesadmm.algorithms.base import Algorithm
 from bayesadmm.privacy.accountant import calibrated_noise, epsilon
 from bayesadmm.privacy.client_level import DP_NOISE, BudgetExhausted, PrivateServer, private, privatize
+from bayesadmm.privacy.example_level import example_noise, example_private
 from bayesadmm.privacy.mechanism import clip_factor, gaussian_noise, noised_sum
 from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.privacy.settings import DPSettings
@@ -34,6 +36,8 @@ __all__ = [
     "gaussian_noise",
     "noised_sum",
     "DP_NOISE",
+    "example_private",
+    "example_noise",
 ]
 
 
@@ -52,27 +56,31 @@ def private_factory(
     dp: DPSettings,
     *,
     participation: float,
-    clients: int,
+    sizes: Mapping[int, int],
     rounds: int,
     seed: int,
 ) -> Callable[[], Algorithm]:
     """The zero-argument factory of `make`'s algorithm with the DP of `dp` (picklable where `make` is): `spec` is
     the method's `MethodSpec` (its `dp_update` says what a reply's update is; None for an algorithm given as an
-    object or factory, which has none), `hparams` its hyperparameters. The noise multiplier is `dp`'s, or the one
-    with which `rounds` rounds spend `dp.epsilon`. A ValueError naming the fix where the method cannot be private
-    in the way asked."""
+    object or factory, which has none), `hparams` its hyperparameters, `sizes` the clients' sizes (client id → N_k).
+    The noise multiplier is `dp`'s, or the one with which `rounds` rounds spend `dp.epsilon` (at level "example",
+    the largest of the clients': `example_level.example_noise`). A ValueError naming the fix where the method cannot
+    be private in the way asked."""
     name = getattr(spec, "name", "this algorithm")
     if dp.level == "example":
-        raise ValueError(
-            "dp level 'example' (per-example clipping in the local solver) is not available yet; use level='client'"
-        )
+        built = make()
+        example_noise_multiplier = dp.noise_multiplier
+        if example_noise_multiplier is None:
+            example_noise_multiplier = example_noise(built, dp, sizes, rounds)
+        example_private(built, dp, example_noise_multiplier, sizes)  # refuses a method not trained by Adam
+        return functools.partial(_build_example, make, dp, example_noise_multiplier, dict(sizes))
     if spec is None or spec.dp_update is None:
         raise ValueError(
             f"{name} has no client-level DP (its replies are not an update the server sums); "
             "use fedavg, fedprox, ivon-admm or ivon-pvi, or declare the method's MethodSpec.dp_update"
         )
     update = spec.dp_update(hparams)
-    rate = sampling_rate(participation, clients)
+    rate = sampling_rate(participation, len(sizes))
     if update.every_round and rate < 1:
         raise ValueError(
             f"{name} with client-level DP needs participation=1: its server sums every client's last reply, which "
@@ -83,6 +91,10 @@ def private_factory(
         assert dp.epsilon is not None  # DPSettings requires one of the two
         sigma = calibrated_noise(dp.epsilon, dp.delta, rate, rounds, dp.accountant)
     return functools.partial(_build, make, update, dp, sigma, rate, seed)
+
+
+def _build_example(make: Callable[[], Algorithm], dp: DPSettings, sigma: float, sizes: dict[int, int]) -> Algorithm:
+    return example_private(make(), dp, sigma, sizes)
 
 
 def _build(
