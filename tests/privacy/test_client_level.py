@@ -204,3 +204,18 @@ def test_a_private_run_is_loaded_back_with_its_posterior(tmp_path):
     result = _run(tmp_path / "run", dp=DPSettings(clip=0.5, noise_multiplier=1.0))
     loaded = bayesadmm.load(tmp_path / "run", model=nn.Linear(4, 3))
     assert torch.equal(loaded.posterior.mean, result.posterior.mean)
+
+
+def test_the_command_line_stops_at_the_budget_and_resumes_with_a_larger_one(tmp_path, capsys):
+    from bayesadmm.cli import main
+
+    out = tmp_path / "run"
+    budget = (epsilon([(1.0, 1.0)], 1e-5) + epsilon([(1.0, 1.0)] * 2, 1e-5)) / 2  # room for one round
+    keys = ["method=fedavg", "rounds=2", "epochs=1", "workers=1", "dp=client", "dp_noise=1", f"out={out}"]
+    assert main(["run", "diabetes-iid5", *keys, f"dp_epsilon={budget}", "--quiet"]) == 0
+    assert "privacy budget: round 2 would take" in capsys.readouterr().out
+    assert json.loads((out / "status.json").read_text())["status"] == "budget"
+    assert main(["resume", str(out), "--dp-epsilon", "50", "--quiet"]) == 0
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["dp_epsilon"] for line in lines] == [epsilon([(1.0, 1.0)] * r, 1e-5) for r in (1, 2)]
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
