@@ -219,3 +219,12 @@ def test_the_command_line_stops_at_the_budget_and_resumes_with_a_larger_one(tmp_
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [line["dp_epsilon"] for line in lines] == [epsilon([(1.0, 1.0)] * r, 1e-5) for r in (1, 2)]
     assert json.loads((out / "status.json").read_text())["status"] == "completed"
+
+
+def test_partial_participation_is_accounted_at_the_clients_drawn_over_the_clients(tmp_path):
+    """4 clients at participation 0.5: 2 a round, q = 0.5; the calibrated σ spends at most the target by round 3."""
+    result = _run(tmp_path / "run", participation=0.5, dp=DPSettings(clip=0.5, noise_multiplier=1.2))
+    assert [line["dp_epsilon"] for line in result.history] == [epsilon([(1.2, 0.5)] * r, 1e-5) for r in (1, 2, 3)]
+    calibrated = _run(tmp_path / "eps", participation=0.5, dp=DPSettings(clip=0.5, epsilon=2.0))
+    assert calibrated.history[-1]["dp_noise_multiplier"] == calibrated_noise(2.0, 1e-5, 0.5, 3)
+    assert calibrated.history[-1]["dp_epsilon"] <= 2.0
