@@ -116,3 +116,15 @@ def test_methods_not_trained_by_adam_refuse_example_level_dp(tmp_path):
             hparams=dict(bayesadmm.algorithms.spec.get("ivon-admm").example), rounds=1, out=tmp_path / "x",
             progress=False, dp=DPSettings(level="example", noise_multiplier=1.0),
         )  # fmt: skip
+
+
+def test_the_budget_stops_before_the_round_that_would_exceed_it_and_a_resume_goes_on_to_the_same_numbers(tmp_path):
+    from bayesadmm.privacy.accountant import epsilon
+
+    budget = (epsilon([(1.0, 0.4)] * 3, 1e-5) + epsilon([(1.0, 0.4)] * 6, 1e-5)) / 2  # the smallest client's rounds
+    stopped = _run(tmp_path / "run", dp=DPSettings(level="example", clip=1.0, noise_multiplier=1.0, epsilon=budget))
+    assert stopped.status == "budget" and stopped.round == 1
+    resumed = _run(tmp_path / "run", resume=True, dp=DPSettings(level="example", clip=1.0, noise_multiplier=1.0))
+    whole = _run(tmp_path / "whole", dp=DPSettings(level="example", clip=1.0, noise_multiplier=1.0))
+    assert torch.equal(resumed.posterior.mean, whole.posterior.mean)
+    assert [line["dp_epsilon"] for line in resumed.history] == [line["dp_epsilon"] for line in whole.history]
