@@ -124,8 +124,10 @@ class ExampleInfo(NamedTuple):
     dp_noise_multiplier: float
 
 
+@functools.lru_cache(maxsize=4096)
 def client_epsilon(adam: LocalAdam, size: int, noise_multiplier: float, rounds: int, dp: Any) -> float:
-    """Client ε after `rounds` rounds of training on `size` examples."""
+    """Client ε after `rounds` rounds of training on `size` examples (cached: clients of one size share it, and the
+    budget asks again each round)."""
     step, count = round_step(adam, size, noise_multiplier)
     return epsilon([step] * (count * rounds), dp.delta, dp.accountant) if rounds else 0.0
 
