@@ -149,7 +149,7 @@ def _adam(algorithm: Algorithm) -> LocalAdam:
     if local is None or not isinstance(local.solver, LocalAdam):
         raise ValueError(
             f"{algorithm.name}: example-level DP is available for the methods trained by Adam's local solver "
-            "(fedavg, fedprox, feddyn); use dp level 'client' for the others"
+            "(fedavg, fedprox, feddyn, fedlap); use dp level 'client' for the others"
         )
     return local.solver
 
