@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from bayesadmm import rng
+
 __all__ = ["clip_factor", "gaussian_noise", "noised_sum"]
 
 
@@ -18,9 +20,9 @@ def clip_factor(vector: Tensor, clip: float) -> float:
 
 
 def gaussian_noise(like: Tensor, std: float, generator: torch.Generator) -> Tensor:
-    """N(0, std² I) of `like`'s shape, dtype and device, drawn from `generator` alone."""
-    noise = torch.randn(like.shape, generator=generator, dtype=like.dtype, device=like.device)
-    return noise.mul_(std)
+    """N(0, std² I) of `like`'s shape, dtype and device, drawn from `generator` alone, on the generator's device
+    (`rng.randn`: a run on a GPU draws the numbers of the same run on the CPU)."""
+    return rng.randn(like.shape, generator, like.dtype, like.device).mul_(std)
 
 
 def noised_sum(vectors: Sequence[Tensor], clip: float, noise_multiplier: float, generator: torch.Generator) -> Tensor:
