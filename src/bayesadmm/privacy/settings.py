@@ -61,7 +61,9 @@ class DPSettings:
         )
 
     def to_json(self) -> dict:
-        """The settings as the run's configuration records them."""
+        """The settings as the run's configuration records them. The budget and the noise are named as the command
+        line's keys, `dp_epsilon` and `dp_noise`, the names a resume may change (`engine.identity.RESUME_MAY_CHANGE`
+        skips them by name at any depth of the configuration)."""
         return {
             "level": self.level,
             "clip": self.clip,
