@@ -57,8 +57,9 @@ class Federation:
 
 @dataclass
 class Result:
-    """How a run ended: `status` (completed, stopped, diverged), the exit code the CLI returns, the last round whose
-    state is `server` (the last good one after a divergence), the metrics of every round, and the run directory."""
+    """How a run ended: `status` (completed, stopped, diverged, budget), the exit code the CLI returns, the last round
+    whose state is `server` (the last good one after a divergence), the metrics of every round, and the run
+    directory."""
 
     status: str
     exit_code: int

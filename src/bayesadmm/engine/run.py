@@ -220,7 +220,8 @@ class Run:
     def step(self) -> dict | None:
         """Round `round + 1`: participants, broadcast, client updates, server update, evaluation, its metrics line,
         a checkpoint where due (a resume redoes the rounds after it), status. Returns the metrics line, or None where
-        the algorithm broke down or the metrics are not finite (`outcome`: status "diverged", the state unchanged)."""
+        the algorithm broke down or the metrics are not finite (`outcome`: status "diverged", the state unchanged),
+        or where a private run's next round would exceed its budget (status "budget", `privacy.BudgetExhausted`)."""
         assert self.clients is not None, "open the run first (start or resume)"
         settings, federation, round_ = self.settings, self.federation, self.round + 1
         if round_ > settings.rounds:
