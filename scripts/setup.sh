@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs, idempotently: a virtual environment (.venv, or $VENV) with the CPU build of
-# torch, the package with its test, Flower and documentation dependencies, and FashionMNIST (Debian package
+# torch, the package with its test, Flower, documentation and differential-privacy dependencies, and FashionMNIST (Debian package
 # dataset-fashion-mnist) where the machine has apt and we are root. Called by `make demo` and `make test`, so a
 # fresh clone needs nothing else. Last, `bayesadmm precompile` fills torch's compilation cache with the kernels
 # of the demo scenario's runs.
@@ -22,7 +22,7 @@ fi
 stamp="$VENV/.bayesadmm-installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing bayesadmm with its test, Flower and documentation dependencies"
-  "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test,flower,docs]"
+  "$PY" -m pip install --quiet --disable-pip-version-check -e ".[test,flower,docs,dp]"
   # The flower extra allows flwr 1.41-1.42 because flwr 1.42.0 (the newest release) requires certifi>=2026.10.19,
   # a CA bundle newer than the package registry may serve; pip then settles on 1.41.0. 1.42.0's other requirements
   # are 1.41.0's except uv>=0.13.5, so we put 1.42.0 (and that uv) on top without the certifi floor: the code is

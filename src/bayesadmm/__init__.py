@@ -15,6 +15,7 @@ The public API:
     bayesadmm.trees.register(MyState)                                          a state class of one's own, storable
     bayesadmm.optim.IVON                                                                             a torch optimizer
     bayesadmm.Federation, Settings, run_federation                                                   the engine's loop
+    bayesadmm.DPSettings(level, clip, noise_multiplier, epsilon, delta), BudgetExhausted      differential privacy
 """
 
 from bayesadmm import algorithms, trees, uncertainty
@@ -36,6 +37,7 @@ from bayesadmm.loading import load
 from bayesadmm.metrics import evaluate, evaluate_uncertainty
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior import GaussianPosterior, PointPosterior, Posterior, PosteriorFileError
+from bayesadmm.privacy import BudgetExhausted, DPSettings
 from bayesadmm.unlearning import UnlearningError, unlearn
 from bayesadmm.userdata import DataError
 
@@ -78,4 +80,6 @@ __all__ = [
     "FineTune",
     "evaluate_uncertainty",
     "uncertainty",
+    "DPSettings",
+    "BudgetExhausted",
 ]

@@ -35,6 +35,7 @@ from bayesadmm.engine.simulate import generator_for
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.metrics import check_ood
 from bayesadmm.models import FlatModel
+from bayesadmm.privacy import DPSettings, private_factory
 from bayesadmm.userdata import as_tensors, check_client_objects, check_data, check_inputs
 
 __all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
@@ -146,6 +147,7 @@ def run(
     personal_split: float = 0.0,
     personal_every: int = 0,
     finetune_epochs: int = 3,
+    dp: DPSettings | None = None,
 ) -> Result:
     """Run a federated experiment and return its `Result`: the status, the metrics of every round, the final server
     state and `result.posterior`, and the run directory. (Its length is this Args list; the body is about 35 lines.)
@@ -202,6 +204,10 @@ def run(
             round and every `personal_every` rounds, the global and each client's personal model (personal.jsonl,
             and `personal_*`/`global_*` means and worst clients in the metrics); `finetune_epochs`: the local Adam
             epochs of the personal model of methods that keep no client posterior (docs/guides/posterior.md).
+        dp: differential privacy (`bayesadmm.DPSettings`; docs/guides/privacy.md): client-level DP of the server's
+            sum for the methods that declare their update (fedavg, fedprox, ivon-admm, ivon-pvi), ε spent per round
+            as `dp_epsilon` in the metrics, and a stop with status "budget" before the round that would exceed
+            `dp.epsilon`. None: none, the run as without it.
     """
     settings = Settings(
         rounds=rounds,
@@ -223,6 +229,8 @@ def run(
     source, tests = _personal_split(source, personal_split, seed, device)
     X_ood = _ood_inputs(ood, likelihood, flat, theta0, X_test)
     make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
+    if dp is not None:
+        make = _private(make, algorithm, hparams, dp, settings, source.sizes)
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
     personal = Personalisation(tests, personal_every, finetune) if tests is not None else None
     federation = Federation(
@@ -235,6 +243,8 @@ def run(
         config["personal"] = {"split": personal_split, "every": personal_every, "finetune_epochs": finetune_epochs}
     if X_ood is not None:  # likewise
         config["ood"] = {"inputs": list(X_ood.shape)}
+    if dp is not None:  # likewise
+        config["dp"] = dp.to_json()
     if resume:
         _check_same_run(run_dir, config)
     return run_federation(
@@ -248,6 +258,16 @@ def run(
         on_round=on_round,
         overwrite=overwrite,
     )
+
+
+def _private(make, algorithm, hparams, dp: DPSettings, settings: Settings, sizes: Mapping[int, int]):
+    """`make` with `dp`'s privacy; only a registered method (a name or its spec) declares its update."""
+    spec = get(algorithm) if isinstance(algorithm, str) else algorithm if isinstance(algorithm, MethodSpec) else None
+    record = spec.make_hparams(**dict(hparams or {})) if spec is not None else None
+    return private_factory(
+        make, spec, record, dp, participation=settings.participation, sizes=sizes, rounds=settings.rounds,
+        seed=settings.seed,
+    )  # fmt: skip
 
 
 def _personal_split(source, fraction: float, seed: int, device: str) -> tuple[Any, dict | None]:
@@ -351,7 +371,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _check_same_run(run_dir: Path, config: Mapping[str, Any]) -> None:
-    """A resume must continue the same experiment: everything but stop_at and workers as saved."""
+    """A resume must continue the same experiment: everything but stop_at, workers and the dp budget and noise as
+    saved."""
     path = run_dir / "config.json"
     if not (run_dir / "checkpoint.pt").exists() or not path.exists():
         raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from; run without resume=True")
@@ -362,6 +383,9 @@ def _check_same_run(run_dir: Path, config: Mapping[str, Any]) -> None:
     for key in ("stop_at", "workers"):
         saved.get("settings", {}).pop(key, None)
         mine["settings"].pop(key, None)
+    for key in ("dp_epsilon", "dp_noise"):  # a larger budget (or other noise) goes on: the accountant has each round's
+        saved.get("dp", {}).pop(key, None)
+        mine.get("dp", {}).pop(key, None)
     differ = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
     if differ:
         raise ValueError(

@@ -168,8 +168,19 @@ def _api_run(
     if method not in names():
         raise RunDirError(_unregistered(run_dir, repr(method)))
     sizes = _client_sizes(run_dir, config["clients"])
-    rounds = config["settings"].get("rounds") if isinstance(config["settings"], Mapping) else None
-    return algorithm_factory(method, dict(config["hparams"]), flat, sizes, likelihood, rounds), flat
+    settings = config["settings"] if isinstance(config["settings"], Mapping) else {}
+    make = algorithm_factory(method, dict(config["hparams"]), flat, sizes, likelihood, settings.get("rounds"))
+    if isinstance(config.get("dp"), Mapping):  # a private run: its server state is the private wrapper's
+        from bayesadmm.algorithms.spec import get
+        from bayesadmm.privacy import DPSettings, private_factory
+
+        spec = get(method)
+        make = private_factory(
+            make, spec, spec.make_hparams(**config["hparams"]), DPSettings.from_json(config["dp"]),
+            participation=settings.get("participation", 1.0), sizes=sizes, rounds=settings.get("rounds", 1),
+            seed=settings.get("seed", 0),
+        )  # fmt: skip
+    return make, flat
 
 
 def _run_likelihood(run_dir: Path, recorded: str, given: Likelihood | None) -> Likelihood:

@@ -150,3 +150,39 @@ def test_flowers_central_dp_wrappers_do_not_apply_and_say_so(data, tmp_path):
         with pytest.raises(error, match=match):
             wrapped.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=2)
         s.close()
+
+
+FEDAVG = {"lr": 0.01, "epochs": 1, "batch_size": 8}
+
+
+# noise multipliers and budgets under which the run stops after round 3 (client level; ε of rounds 3 and 4:
+# FedAvg 11.8, 14.1 at σ = 0.8, IVON-ADMM 16612, 22112 at σ = 0.01, whose precision half breaks under larger noise)
+@pytest.mark.parametrize("level, method, hparams, sigma, budget", [("client", "fedavg", FEDAVG, 0.8, 12.0),
+                                                                   ("client", "ivon-admm", IVON, 0.01, 2e4),
+                                                                   ("example", "fedavg", FEDAVG, 0.8, 30.0)])
+def test_a_private_strategy_gives_bayesadmm_runs_numbers_and_epsilon_and_stops_on_its_budget(data, tmp_path, level,
+                                                                                            method, hparams, sigma,
+                                                                                            budget):
+    """Differential privacy through the strategy: the replies clipped and the sum noised on the server (client
+    level) or DP-Adam on the nodes (example level), ε per round as bayesadmm.run logs it, status "budget" before a
+    round that would exceed it."""
+    from bayesadmm import DPSettings
+
+    parts, test = data
+    dp = DPSettings(level=level, clip=1.0, noise_multiplier=sigma, epsilon=budget)
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    local = bayesadmm.run(model, clients=parts, test=test, algorithm=method, hparams=hparams, rounds=6, seed=7,
+                          eval_samples=4, out=tmp_path / "local", progress=False, cohort=1, dp=dp)
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    s = strategy(method, model=model, rounds=6, seed=7, eval_samples=4, dtype="float64", eval_data=test, dp=dp,
+                 fraction_evaluate=0.0, out=tmp_path / "flower", **hparams)
+    _start(s, parts, test, model)
+    flower = lines(tmp_path / "flower")
+    assert_same_metrics(local.history, flower, tol=1e-9)
+    assert [line["dp_epsilon"] for line in flower] == [line["dp_epsilon"] for line in local.history]
+    status = json.loads((tmp_path / "flower" / "status.json").read_text())
+    assert status["status"] == local.status
+    if level == "client":
+        assert status["status"] == "budget" and len(flower) == 3

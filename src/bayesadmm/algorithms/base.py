@@ -240,7 +240,8 @@ class StackBuffer:
 
 
 def info_scalars(info: Any) -> dict[str, float]:
-    """The scalar fields of an algorithm's info record (a NamedTuple, dataclass or mapping); other fields skipped."""
+    """The scalar fields of an algorithm's info record (a NamedTuple, dataclass or mapping), and those of an info
+    record it holds (a wrapper's, e.g. `privacy.private`'s, of the wrapped method's); other fields skipped."""
     if hasattr(info, "_asdict"):
         items = info._asdict().items()
     elif dataclasses.is_dataclass(info) and not isinstance(info, type):
@@ -251,6 +252,9 @@ def info_scalars(info: Any) -> dict[str, float]:
         return {}
     scalars = {}
     for key, value in items:
+        if hasattr(value, "_asdict"):  # a wrapper's record of the wrapped method's info: its scalars, as they are
+            scalars.update(info_scalars(value))
+            continue
         if isinstance(value, Tensor) and value.numel() == 1:
             value = value.item()
         if isinstance(value, (bool, int, float)):

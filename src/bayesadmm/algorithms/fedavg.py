@@ -39,6 +39,7 @@ from bayesadmm.algorithms.base import (
 )
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
+from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.solvers.adam import AdamProblem, local_adam
 from bayesadmm.trees import register
 
@@ -165,6 +166,17 @@ class Hparams:
         average_for(self.weighted, "fedavg")
 
 
+def dp_update(hparams: Hparams) -> ClientUpdate:
+    """Client-level DP's update: θ_k − θ_g; the N_k-weighted mean would weight a client by its size, beyond the
+    clip, so it is refused."""
+    if hparams.weighted:
+        raise ValueError(
+            "client-level DP needs the unweighted mean (a weight N_k scales a client's update past the clip): "
+            "set weighted=false"
+        )
+    return ClientUpdate((("theta", "theta"),))
+
+
 def build(hparams: Hparams, context: Context) -> Algorithm:
     return make(
         lr=hparams.lr,
@@ -207,5 +219,6 @@ SPEC = register_method(
         search_space=LR_SPACE,
         reference={scenario: {"fedavg": numbers} for scenario, numbers in REFERENCE.items()},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8},
+        dp_update=dp_update,
     )
 )

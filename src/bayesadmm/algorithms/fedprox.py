@@ -29,6 +29,7 @@ from bayesadmm.algorithms.fedavg import (
     UnweightedMean,
     average_for,
     averaging_server,
+    dp_update,
     reply_for,
 )
 from bayesadmm.algorithms.fedavg import REFERENCE as FEDAVG_REFERENCE
@@ -115,5 +116,6 @@ SPEC = register_method(
         search_space={**LR_SPACE, "mu": {"choices": [1, 0.1, 0.01, 0.001, 0.0001]}},
         reference={scenario: {"fedprox": numbers} for scenario, numbers in _REFERENCE.items()},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "mu": 0.01},
+        dp_update=dp_update,
     )
 )

@@ -27,6 +27,7 @@ from bayesadmm.algorithms.base import Algorithm
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian
+from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.solvers.ivon import ConstantLR, CosineLR, IVONSolver, RestartAtHessInit, RestartAtQg
 
 
@@ -200,6 +201,19 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
     )
 
 
+def dp_update(hparams: Hparams) -> ClientUpdate:
+    """Client-level DP's update: the reply η_k + ρ_s λ_k against ρ_s λ_g, i.e. η_k + ρ_s (λ_k − λ_g), both halves
+    of the natural parameter (S·m and −S/2) as one vector (docs/guides/privacy.md). The server sums every client's
+    last reply, hence `every_round`."""
+    server_rho = hparams.rho if hparams.server_rho is None else hparams.server_rho
+    return ClientUpdate((("contribution", "lam"),), scale=server_rho, every_round=True)
+
+
+def pvi_dp_update(hparams: PVIHparams) -> ClientUpdate:
+    """Client-level DP's update of IVON-PVI: its site η_k (ρ_s = 0), both halves of the natural parameter."""
+    return ClientUpdate((("contribution", "lam"),), scale=0.0, every_round=True)
+
+
 def build_pvi(hparams: PVIHparams, context: Context) -> Algorithm:
     return make_pvi(
         context.dim, damping=hparams.damping, delta=hparams.delta, **hparams.solver_keywords(context, "ivon-pvi")
@@ -338,6 +352,7 @@ SPEC = register_method(
             ),
         },
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "rho": 0.5, "gamma": 0.5, "delta": 1.0, "hess_init": 0.1},
+        dp_update=dp_update,
     )
 )
 PVI_SPEC = register_method(
@@ -349,5 +364,6 @@ PVI_SPEC = register_method(
         presets=PVI_PRESETS,
         search_space={"lr": {"log": [5e-6, 5e-4]}, "damping": {"log": [0.01, 1]}, "delta": {"log": [0.1, 10]}},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "damping": 0.5, "delta": 1.0, "hess_init": 0.1},
+        dp_update=pvi_dp_update,
     )
 )

@@ -13,6 +13,8 @@ A spec holds everything the library knows of a method beyond its equations:
     reference     scenario -> row -> {"acc": {round: %}, "nll": {round: value}}: the papers' published numbers
                   (`bayesadmm compare --paper`), rows named METHOD (at the mean) or METHOD+predictive
     example       small hyperparameters for the tests' toy problems (3 classes, 4 features, a few clients)
+    dp_update     dp_update(hparams) -> `privacy.ClientUpdate`: which part of a reply is the client's update, the part
+                  client-level DP clips and noises (None: the method has no client-level DP, and refuses it)
 
 `register(spec)` adds a spec (it returns it, so a module can write `SPEC = register(MethodSpec(...))`); `get(name)`,
 `names()` and `specs()` read the registry. A user's method is a module that calls `register` when imported: Python
@@ -37,6 +39,7 @@ from bayesadmm.algorithms.base import Algorithm
 if TYPE_CHECKING:
     from bayesadmm.likelihoods import Likelihood
     from bayesadmm.models import FlatModel
+    from bayesadmm.privacy.message import ClientUpdate
 
 __all__ = ["Context", "MethodSpec", "register", "get", "names", "specs", "choice", "load", "load_from_environment"]
 
@@ -79,6 +82,7 @@ class MethodSpec:
     search_space: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     reference: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     example: Mapping[str, Any] = field(default_factory=dict)
+    dp_update: Callable[[Any], ClientUpdate] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:

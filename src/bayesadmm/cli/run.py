@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import sys
@@ -53,6 +54,10 @@ def add_resume_parser(commands) -> argparse.ArgumentParser:
     resume.add_argument(
         "--stop-at", type=int, default=0, metavar="ROUND", help="stop again after this round (default: run to the end)"
     )
+    resume.add_argument(
+        "--dp-epsilon", type=float, default=None, metavar="EPSILON",
+        help="a private run's new privacy budget: a run that stopped with status budget goes on up to it",
+    )  # fmt: skip
     return resume
 
 
@@ -74,6 +79,8 @@ def command(args) -> int:
                 raise ConfigError(f"{args.run_dir} has no checkpoint to resume from")
             config = load(args.run_dir)
             config = type(config)(**{**config.to_json(), "out": str(args.run_dir), "stop_at": args.stop_at})
+            if args.dp_epsilon is not None:
+                config = dataclasses.replace(config, dp_epsilon=args.dp_epsilon)
             device_problem = check_device(config.device)
             if device_problem:
                 raise ConfigError(f"cannot resume here: {device_problem}")

@@ -24,7 +24,7 @@ __all__ = ["Federation", "Result", "participants", "PARTICIPANTS", "EVALUATION",
 
 # The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5, 6 are the config layer's set-up
 # streams (subsample, partition, initial weights, validation split, test rows), 10⁹ + 7, 8, 9 the personal split,
-# fine-tuning and personal evaluation (`engine.personal`).
+# fine-tuning and personal evaluation (`engine.personal`), 10⁹ + 10 client-level DP's noise (`privacy.client_level`).
 PARTICIPANTS, EVALUATION = 10**9 + 3, 10**9 + 4
 BREAKDOWNS = (DivergenceError, SubproblemError, FloatingPointError)
 EXIT_OK, EXIT_FAILED, EXIT_DIVERGED = 0, 1, 3
@@ -57,8 +57,9 @@ class Federation:
 
 @dataclass
 class Result:
-    """How a run ended: `status` (completed, stopped, diverged), the exit code the CLI returns, the last round whose
-    state is `server` (the last good one after a divergence), the metrics of every round, and the run directory."""
+    """How a run ended: `status` (completed, stopped, diverged, budget), the exit code the CLI returns, the last round
+    whose state is `server` (the last good one after a divergence), the metrics of every round, and the run
+    directory."""
 
     status: str
     exit_code: int

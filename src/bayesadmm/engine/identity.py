@@ -14,9 +14,11 @@ __all__ = ["RESUME_MAY_CHANGE", "IMPLIED", "check_same_run", "flat_settings"]
 
 # what a resume may change: where the files go, how many workers, when to checkpoint or stop, the trackers, the
 # device (the numbers are those of the run's configuration, only rounded differently by another processor), and a
-# Flower run config's launch flags and timeouts (its keys are spelt with '-': stop-at, round-timeout, ...)
+# Flower run config's launch flags and timeouts (its keys are spelt with '-': stop-at, round-timeout, ...), and a
+# private run's budget and noise (a resume with a larger budget goes on; the accountant's history holds every round's
+# noise, so ε stays exact)
 RESUME_MAY_CHANGE = frozenset(
-    {"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device"}
+    {"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device", "dp_epsilon", "dp_noise"}
     | {"resume", "overwrite", "round_timeout", "discovery_timeout"}
 )
 # a key a configuration written before it existed leaves out, and the value that means: (key, JSON value)

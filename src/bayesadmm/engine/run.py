@@ -17,6 +17,7 @@ from bayesadmm import reports
 from bayesadmm.algorithms.base import info_scalars
 from bayesadmm.clients import fingerprint
 from bayesadmm.engine import personal
+from bayesadmm.engine.checkpoint import final_status, save_checkpoint
 from bayesadmm.engine.cohort import automatic_cohort
 from bayesadmm.engine.federation import (
     BREAKDOWNS,
@@ -39,7 +40,6 @@ from bayesadmm.engine.rundir import (
     prepare_fresh,
     read_bytes,
     read_checkpoint,
-    save_state,
     write_bytes,
     write_json,
 )
@@ -47,24 +47,9 @@ from bayesadmm.engine.runners import ClientRunner, RunnerFactory, check_states, 
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.metrics import evaluate
+from bayesadmm.privacy.client_level import BudgetExhausted
 
 __all__ = ["Run"]
-
-
-def _save_checkpoint(path: Path, round_: int, server: Any, clients: ClientRunner, identity: dict) -> None:
-    """checkpoint.pt: the round, the server state and the record of the client states (`clients.save`: the states, or
-    the shard files the workers have just written). Written last and renamed into place, so that it only ever names a
-    complete state; the shards it does not name are deleted after."""
-    record = clients.save(path.parent, round_)
-    # never a half-written checkpoint; `identity` (method, configuration, data) is what a resume must match
-    save_state(path, {"round": round_, "server": server, **record, "run": identity})
-    remove_stale_shards(path.parent, record)
-
-
-def _final_status(path: Path, state: str, round_: int, message: str) -> None:
-    """The last status of a run that ended early; a disk that refuses even this leaves the exception to say why."""
-    with contextlib.suppress(OSError):
-        write_json(path, {"status": state, "round": round_, "message": message})
 
 
 class Run:
@@ -217,14 +202,19 @@ class Run:
     def step(self) -> dict | None:
         """Round `round + 1`: participants, broadcast, client updates, server update, evaluation, its metrics line,
         a checkpoint where due (a resume redoes the rounds after it), status. Returns the metrics line, or None where
-        the algorithm broke down or the metrics are not finite (`outcome`: status "diverged", the state unchanged).
+        the algorithm broke down or the metrics are not finite (`outcome`: status "diverged", the state unchanged),
+        or where a private run's next round would exceed its budget (status "budget", `privacy.BudgetExhausted`).
         `next_round`, the runner's `train`, `end_round`: a Flower strategy calls the halves around its own exchange."""
         assert self.clients is not None, "open the run first (start or resume)"
         began = time.perf_counter()
         round_, chosen = self.next_round()
         try:
-            done = on_done(self._bar, len(chosen), began)
-            replies = self.clients.train(round_, self.algorithm.broadcast(self.server), chosen, done)
+            message = self.algorithm.broadcast(self.server)
+        except BudgetExhausted as exc:  # before any client trains: the run ends with the budget it has left
+            self._out_of_budget(round_, str(exc))
+            return None
+        try:
+            replies = self.clients.train(round_, message, chosen, on_done(self._bar, len(chosen), began))
         except BREAKDOWNS as exc:
             self._diverged(round_, str(exc))
             return None
@@ -258,7 +248,8 @@ class Run:
         if federation.personal is not None and federation.personal.due(round_, settings.last_round):
             line.update(self._personal(new_server, round_))
         self.server, self.round = new_server, round_
-        line.update({f"server_{k}": v for k, v in info_scalars(server_info).items()})
+        # a private run's accounting (dp_epsilon, ...) under its own names, the server's other scalars as server_*
+        line.update({k if k.startswith("dp_") else f"server_{k}": v for k, v in info_scalars(server_info).items()})
         line.update(mean_client_info(self.clients.last_info))  # type: ignore[union-attr]
         self._record(line)
         return line
@@ -306,6 +297,13 @@ class Run:
         if self.on_round is not None:
             self.on_round(line)
 
+    def _out_of_budget(self, round_: int, reason: str) -> None:
+        """Status "budget": the state after round `round_` − 1, checkpointed, so that a resume with a larger budget
+        goes on from it."""
+        if self.checkpointed < self.round:
+            self.checkpoint()
+        self.outcome = (EXIT_OK, {"status": "budget", "round": self.round, "message": reason})
+
     def _diverged(self, round_: int, reason: str) -> None:
         status = {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {reason}"}
         self.outcome = (EXIT_DIVERGED, status)
@@ -313,7 +311,7 @@ class Run:
     def checkpoint(self) -> None:
         """Write the checkpoint of the current round now (client states first, checkpoint.pt last)."""
         assert self.clients is not None, "open the run first (start or resume)"
-        _save_checkpoint(self.checkpoint_path, self.round, self.server, self.clients, self.identity)
+        save_checkpoint(self.checkpoint_path, self.round, self.server, self.clients, self.identity)
         self.checkpointed = self.round
 
     def run_rounds(self) -> None:
@@ -337,11 +335,11 @@ class Run:
                 else "no checkpoint was written yet: run it again"
             )
             why = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"ended by SystemExit({exc.code!r})"
-            _final_status(self.status_path, "interrupted", self.checkpointed, f"{why}; {then}")
+            final_status(self.status_path, "interrupted", self.checkpointed, f"{why}; {then}")
             raise
         except BaseException as exc:  # anything else: the run failed, and status.json says why
             self._close_bar()
-            _final_status(self.status_path, "failed", self.checkpointed, f"{type(exc).__name__}: {exc}")
+            final_status(self.status_path, "failed", self.checkpointed, f"{type(exc).__name__}: {exc}")
             raise
         finally:
             self.close()
@@ -351,9 +349,9 @@ class Run:
         status tells a watcher the run directory is complete); the run's `Result`."""
         self._close_bar()
         code, status = self.outcome or (EXIT_OK, {})
-        if code == EXIT_OK and self.settings.last_round == self.settings.rounds:
+        if self.outcome is None and self.settings.last_round == self.settings.rounds:
             status = {"status": "completed", "round": self.settings.rounds}
-        elif code == EXIT_OK:
+        elif self.outcome is None:
             status = {
                 "status": "stopped",
                 "round": self.settings.last_round,

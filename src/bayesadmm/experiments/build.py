@@ -30,6 +30,7 @@ from bayesadmm.experiments.config import DATASETS, TARGETS, ConfigError, RunConf
 from bayesadmm.federated import algorithm_factory
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import MODELS, FlatModel, make_model
+from bayesadmm.privacy import private_factory
 
 # The set-up streams, generator_for(seed, 0, <id>); 10⁹ + 3 and + 4 are the engine's (participants, evaluation), and
 # 10⁹ + 7 (`engine.personal.PERSONAL_SPLIT`) the personal test split's.
@@ -138,10 +139,23 @@ def make_algorithm_factory(
 ):
     """The configured method's factory: its spec built with the configured hyperparameters and a context of the
     model, the client sizes, `likelihood` (the clients', for the methods that check what they need of it) and the
-    run's rounds (a method's `cosine=true` is a cosine learning-rate schedule over the whole run)."""
+    run's rounds (a method's `cosine=true` is a cosine learning-rate schedule over the whole run); with the
+    configuration's differential privacy (`dp=client`, `experiments.privacy`) where it asks for it."""
     from bayesadmm.experiments.config import method_spec
+    from bayesadmm.experiments.privacy import dp_settings
 
-    return algorithm_factory(method_spec(config.method), config.hparams, model, client_sizes, likelihood, config.rounds)
+    spec = method_spec(config.method)
+    make = algorithm_factory(spec, config.hparams, model, client_sizes, likelihood, config.rounds)
+    dp = dp_settings(config)
+    if dp is None:
+        return make
+    try:
+        return private_factory(
+            make, spec, spec.make_hparams(**config.hparams), dp, participation=config.participation,
+            sizes=client_sizes, rounds=config.rounds, seed=config.seed,
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def build(config: RunConfig) -> Built:

@@ -22,6 +22,8 @@ from pathlib import Path
 from bayesadmm import likelihoods
 from bayesadmm.algorithms import spec as method_specs
 from bayesadmm.engine import settings as engine_settings
+from bayesadmm.experiments.methods import method_parameters, method_spec, preset_for
+from bayesadmm.experiments.privacy import DP_DEFAULTS, dp_problems
 from bayesadmm.experiments.values import ConfigError, convert, kinds
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.tracking import TRACKERS, available
@@ -62,6 +64,11 @@ class RunConfig:
     data_dir: str = ""
     out: str = ""  # run directory (default runs/<scenario>-<method>-s<seed>)
     log: str = ""  # also send each round's metrics to: tensorboard, mlflow or both ("tensorboard,mlflow")
+    dp: str = ""  # differential privacy: "" none, "client" (experiments.privacy: the dp_* keys)
+    dp_clip: float = 1.0  # the L2 bound of a client's update
+    dp_noise: float = -1.0  # the noise multiplier (-1: calibrated from dp_epsilon)
+    dp_epsilon: float = 0.0  # the privacy budget ε (0: none)
+    dp_delta: float = 1e-5  # the δ of (ε, δ)-DP
     hparams: dict = field(default_factory=dict)
     likelihood_params: dict = field(default_factory=dict)  # the likelihood's settings, e.g. {"noise": 0.5}
 
@@ -73,9 +80,9 @@ class RunConfig:
         return [name.strip() for name in self.log.split(",") if name.strip()]
 
     def to_json(self) -> dict:
-        """config.json's content; keys added later (dtype, ood, exclude_client, personal_*) only where set."""
+        """config.json's content; keys added later (dtype, ood, exclude_client, personal_*, dp_*) only where set."""
         data = dataclasses.asdict(self)
-        for key, default in (("dtype", "float32"), ("ood", ""), ("exclude_client", -1)):
+        for key, default in (("dtype", "float32"), ("ood", ""), ("exclude_client", -1), *DP_DEFAULTS.items()):
             if data[key] == default:
                 del data[key]
         for key in ("personal_split", "personal_every", "finetune_epochs") if not data["personal_split"] else ():
@@ -122,46 +129,6 @@ def presets() -> dict:
     return table
 
 
-def method_spec(method: str) -> method_specs.MethodSpec:
-    """The registered spec of `method`; a `ConfigError` listing the registered methods otherwise."""
-    try:
-        return method_specs.get(method)
-    except ValueError as exc:
-        own = "a method of your own: load its module with --methods path/to/module.py, docs/guides/own-algorithm.md"
-        raise ConfigError(f"{exc} ({own})") from None
-
-
-def method_parameters(method: str) -> dict[str, inspect.Parameter]:
-    """The user-settable hyperparameters of a registered method: the fields of its spec's `hparams` dataclass, as
-    keyword parameters (the annotation a string such as "float | str", the default or `Parameter.empty`)."""
-    params = {}
-    for f in method_spec(method).fields():
-        annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", None) or str(f.type)
-        default = f.default if f.default is not dataclasses.MISSING else inspect.Parameter.empty
-        if f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        params[f.name] = inspect.Parameter(
-            f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
-        )
-    return params
-
-
-def _preset_for(spec: method_specs.MethodSpec, scenario: str, given: typing.Collection[str]) -> dict:
-    """The method's settings for a built-in scenario. A method with presets for other scenarios but not this one does
-    not silently fall back on its defaults: every key its presets set must then be given (KEY=VALUE)."""
-    if scenario in spec.presets or not spec.presets:
-        return dict(spec.presets.get(scenario, {}))
-    keys = sorted({key for values in spec.presets.values() for key in values})
-    missing = [key for key in keys if key not in given]
-    if missing:
-        raise ConfigError(
-            f"{spec.name} has no preset for scenario {scenario} "
-            f"(it has presets for {', '.join(sorted(spec.presets))}); set its hyperparameters explicitly: "
-            + " ".join(f"{k}=VALUE" for k in missing)
-        )
-    return {}
-
-
 def likelihood_parameters(name: str) -> dict[str, inspect.Parameter]:
     """The settings of a likelihood: its dataclass's fields (e.g. GaussianRegression's `noise`)."""
     if name not in LIKELIHOODS:
@@ -198,7 +165,7 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
     method = str(dict(pairs).get("method", base.get("method", RunConfig.method)))
     hparam_specs = method_parameters(method)
     if source in table:
-        method_table = {method: _preset_for(method_spec(method), source, {key for key, _ in pairs})}
+        method_table = {method: preset_for(method_spec(method), source, {key for key, _ in pairs})}
     file_likelihood = str(base.get("likelihood", RunConfig.likelihood))
     likelihood = str(dict(pairs).get("likelihood", file_likelihood))
     likelihood_specs = likelihood_parameters(likelihood)
@@ -363,6 +330,7 @@ def _validate(config: RunConfig) -> None:
     # the run's schedule and execution (rounds, seed, participation, device, workers, dtype, ...): the engine's
     # Settings check them, with the same messages for every entry point
     problems.extend(engine_settings.problems({key: getattr(config, key) for key in engine_settings.KEYS}))
+    problems.extend(dp_problems(config))
     for key in ("clients", "classes_per_client", "per_class", "finetune_epochs"):
         if getattr(config, key) < 1:
             problems.append(f"{key} must be >= 1, got {getattr(config, key)}")

@@ -52,6 +52,7 @@ from bayesadmm.flower import records
 from bayesadmm.flower.app_config import Timeouts
 from bayesadmm.flower.runlog import RunLog
 from bayesadmm.flower.runner import FlowerClients, discover, exchange
+from bayesadmm.privacy import BudgetExhausted
 
 SERVER_ARRAYS, SERVER_TREE = "bayesadmm.server-state", "bayesadmm.server-state.tree"
 CLIENT_EVALUATION = "client-evaluation.jsonl"
@@ -68,7 +69,7 @@ class BayesStrategy(Strategy):
     def __init__(
         self,
         federation_of: FederationOf,
-        setup: Mapping[str, Any],
+        setup: dict[str, Any],
         settings: Settings,
         run_dir: Path | str,
         *,
@@ -85,7 +86,7 @@ class BayesStrategy(Strategy):
         super().__init__()
         if not 0.0 <= fraction_evaluate <= 1.0:
             raise ValueError(f"fraction_evaluate={fraction_evaluate} must be in [0, 1] (0: no client evaluation)")
-        self.federation_of, self.setup, self.settings = federation_of, dict(setup), settings
+        self.federation_of, self.setup, self.settings = federation_of, setup, settings
         self.run_dir, self.config, self.clients_expected = Path(run_dir), config, clients
         self.fraction_evaluate, self.timeouts = fraction_evaluate, timeouts or Timeouts()
         self.resume, self.overwrite = resume, overwrite
@@ -149,7 +150,12 @@ class BayesStrategy(Strategy):
         round_, chosen = run.next_round()
         if round_ != server_round:
             raise RuntimeError(f"Flower asks for round {server_round}, the run is at round {round_}")
-        message = run.algorithm.broadcast(run.server)
+        try:
+            message = run.algorithm.broadcast(run.server)
+        except BudgetExhausted as exc:  # a private run's budget: stopped before the round, resumable with more
+            run._out_of_budget(round_, str(exc))
+            self._finish()
+            return []
         extra = {key: value for key, value in config.items() if not key.startswith("bayesadmm.")}
         messages = clients.outbox(round_, message, chosen, extra)
         self._pending = (round_, chosen, time.perf_counter())
@@ -239,6 +245,7 @@ class BayesStrategy(Strategy):
             raise RuntimeError(f"after {self.timeouts.discovery:g} s no SuperNode answered; start them and try again")
         self.log("clients -> nodes: " + ", ".join(f"{k} -> {n}" for k, n in nodes.items()))
         federation = self.federation_of(sizes, _named(arrays))
+        self._text = json.dumps(self.setup, sort_keys=True)  # as `federation_of` completed it (a DP noise)
         ids = federation.clients.sizes
         clients = self.clients = FlowerClients(
             grid, federation.make_algorithm(), sorted(ids), nodes, asked, self._text, ids, self.timeouts,

@@ -116,7 +116,13 @@ def algorithm_for(text: str, setup: Mapping[str, Any], sizes: str, data: ClientD
         if model is None:
             model, _ = model_of(setup)
         by_id = {int(k): int(n) for k, n in json.loads(sizes).items()}
-        _algorithms[key] = algorithm_of(setup, model, by_id, getattr(data, "likelihood", None))()
+        algorithm = algorithm_of(setup, model, by_id, getattr(data, "likelihood", None))()
+        if "dp" in setup:  # example-level DP: DP-Adam with the noise the server calibrated (`strategies.strategy`)
+            from bayesadmm.privacy import DPSettings
+            from bayesadmm.privacy.example_level import example_private
+
+            algorithm = example_private(algorithm, DPSettings.from_json(setup["dp"]), setup["dp"]["dp_noise"], by_id)
+        _algorithms[key] = algorithm
     return _algorithms[key]
 
 

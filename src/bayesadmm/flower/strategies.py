@@ -7,6 +7,8 @@ run-config conventions:
     <method>.<name>     one hyperparameter of the method, typed (a TOML table ``[tool.flwr.app.config.<method>]``),
                         so ``flwr run . --run-config 'ivon-admm.lr=0.05'`` overrides one of them
     seed, out, resume, overwrite, stop-at, eval-samples, dtype, device, clients, checkpoint-every   as in `strategy`
+    dp, dp-clip, dp-noise, dp-epsilon, dp-delta   differential privacy (`bayesadmm.DPSettings`: dp = "client" or
+                        "example", "" for none; dp-noise 0 with a dp-epsilon: calibrated to spend it)
 
 Any other key of the run config is your app's own (a batch size, a data path) and is left alone.
 """
@@ -14,6 +16,7 @@ Any other key of the run config is your app's own (a batch size, a data path) an
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,8 @@ from bayesadmm.flower.app_config import NodeClients, Timeouts
 from bayesadmm.flower.bayes_strategy import BayesStrategy
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
 from bayesadmm.models import FlatModel
+from bayesadmm.privacy import DPSettings, private_factory
+from bayesadmm.privacy.example_level import example_noise
 from bayesadmm.userdata import as_tensors, check_data
 
 __all__ = ["strategy", "strategy_from_config", "CONFIG_KEYS"]
@@ -62,6 +67,7 @@ def strategy(
     stop_at: int = 0,
     checkpoint_every: int = 1,
     timeouts: Timeouts | None = None,
+    dp: DPSettings | None = None,
     **hparams: Any,
 ) -> BayesStrategy:
     """The Flower strategy of registry method `method` with hyperparameters `hparams` (checked now) for `model`.
@@ -73,9 +79,12 @@ def strategy(
     scores the posterior on it; None: only the nodes evaluate). The run directory `out` (default
     runs/flower-<time>) gets what a local run writes; `resume=True` continues it. `likelihood`: Classification by
     default, or GaussianRegression; the nodes rebuild it from its name (a likelihood of your own: pass it to the
-    nodes' `bayesadmm.flower.client` calls too)."""
+    nodes' `bayesadmm.flower.client` calls too). `dp`: differential privacy as `bayesadmm.run`'s (docs/guides/
+    privacy.md): client level on the server's sum (the replies clipped and the sum noised here, ε per round in the
+    metrics line, the run stopping with status "budget" before it would exceed `dp.epsilon`), or example level
+    (DP-Adam on the nodes, which the messages tell the noise multiplier to use)."""
     spec = get(method)
-    spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on the nodes
+    record = spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on nodes
     likelihood = likelihood if likelihood is not None else Classification()
     settings = Settings(
         rounds=rounds, seed=seed, participation=fraction_train, eval_samples=eval_samples, device=device,
@@ -89,12 +98,23 @@ def strategy(
     config = {
         "flower-strategy": {**setup, "clients": None, "participation": fraction_train, "model": repr(model)},
         "parameters": flat.dim,
+        **({"dp": dp.to_json()} if dp is not None else {}),
     }
     evaluation = _evaluation(flat, model, likelihood, eval_data, settings.torch_dtype)
 
     def federation_of(sizes: Mapping[int, int], initial: Mapping[str, Tensor] | None) -> Federation:
         theta0 = _initial(flat, model, initial).to(device, settings.torch_dtype)
         make = algorithm_factory(method, hparams, flat, dict(sizes), likelihood, rounds)
+        if dp is not None:
+            chosen = dp
+            if dp.level == "example":  # the nodes train with DP-Adam: they are told its noise (`client_app`)
+                sigma = dp.noise_multiplier
+                chosen = replace(
+                    dp, noise_multiplier=example_noise(make(), dp, sizes, rounds) if sigma is None else sigma
+                )
+                setup["dp"] = chosen.to_json()
+            make = private_factory(make, spec, record, chosen, participation=fraction_train, sizes=sizes,
+                                   rounds=rounds, seed=seed)  # fmt: skip
         X, y = evaluation if evaluation is not None else (None, None)
         return Federation(flat, NodeClients(dict(sizes)), make, theta0, X, y, likelihood)
 
@@ -123,6 +143,14 @@ def strategy_from_config(
     found = {CONFIG_KEYS[k]: v for k, v in run_config.items() if k in CONFIG_KEYS and v != ""}
     if "clients" in found and not found["clients"]:
         found.pop("clients")  # 0: as many as the nodes' num-partitions says
+    if run_config.get("dp"):
+        found["dp"] = DPSettings(
+            level=str(run_config["dp"]),
+            clip=float(run_config.get("dp-clip", 1.0)),
+            noise_multiplier=float(run_config["dp-noise"]) if run_config.get("dp-noise") else None,
+            epsilon=float(run_config["dp-epsilon"]) if run_config.get("dp-epsilon") else None,
+            delta=float(run_config.get("dp-delta", 1e-5)),
+        )
     return strategy(method, model=model, **{**found, **hparams, **arguments})
 
 

@@ -1,0 +1,51 @@
+"""The tables of docs/results/privacy.md from its runs' folders: python scripts/privacy_table.py runs/privacy"""
+
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = ("test_acc", "test_nll", "test_ece", "ens_test_acc", "ens_test_nll", "ens_test_ece")
+HEADER = (
+    "| method | DP | ε (δ = 1e-5) | σ | status | acc | NLL | ECE | pred. acc | pred. NLL | pred. ECE |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
+)
+# (run folder, method, DP, the round whose metrics the row shows: None for the last)
+CLIENT_LEVEL = [(f"{m}-eps{e}", m, "client", None) for m in ("fedavg", "ivon-admm") for e in (1, 3, 8)] + [
+    ("fedavg-inf", "fedavg", "none", None),
+    ("ivon-admm-inf", "ivon-admm", "none", None),
+]
+EXAMPLE_LEVEL = [(f"fedavg-example-eps{e}", "fedavg", "example", None) for e in (1, 3, 8)] + [
+    ("fedavg-inf", "fedavg", "none", 5)
+]
+
+
+def row(root: Path, name: str, method: str, dp: str, at: int | None) -> str | None:
+    """The table's row of one run (None where its folder is missing)."""
+    run = root / name
+    if not (run / "status.json").exists():
+        return None
+    status = json.loads((run / "status.json").read_text())
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    lines = [line for line in lines if at is None or line["round"] <= at]
+    if not lines:
+        budget = name.rsplit("eps", 1)[-1]
+        return f"| {method} | {dp} | budget {budget} | | {status['status']} in round {status['round'] + 1} |" + " |" * 6
+    last = lines[-1]
+    spent = "∞" if "dp_epsilon" not in last else f"{last['dp_epsilon']:.3f}"
+    sigma = f"{last['dp_noise_multiplier']:.3f}" if "dp_noise_multiplier" in last else ""
+    state = f"round {last['round']}" if at is not None else f"{status['status']} (round {last['round']})"
+    values = " | ".join(f"{last[k]:.3f}" if k in last else "" for k in COLUMNS)
+    return f"| {method} | {dp} | {spent} | {sigma} | {state} | {values} |"
+
+
+def main(root: Path) -> None:
+    for title, runs in (("client level, 10 rounds", CLIENT_LEVEL), ("example level, 5 rounds", EXAMPLE_LEVEL)):
+        print(f"{title}:\n\n{HEADER}")
+        for found in (row(root, *run) for run in runs):
+            if found is not None:
+                print(found)
+        print()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,103 @@
+"""Differential privacy of a run (docs/guides/privacy.md): `DPSettings`, client-level DP of the server's sum
+(`client_level`), example-level DP of Adam's local training (`example_level`), the accounting by Opacus
+(`accountant`) and the budget (`BudgetExhausted`).
+
+`private_factory` turns a method's factory into that of its private version, for `bayesadmm.run(dp=...)`, the
+command line's `dp=` keys and `bayesadmm.load`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bayesadmm.algorithms.base import Algorithm
+from bayesadmm.privacy.accountant import calibrated_noise, epsilon
+from bayesadmm.privacy.client_level import DP_NOISE, BudgetExhausted, PrivateServer, private, privatize
+from bayesadmm.privacy.example_level import example_noise, example_private
+from bayesadmm.privacy.mechanism import clip_factor, gaussian_noise, noised_sum
+from bayesadmm.privacy.message import ClientUpdate
+from bayesadmm.privacy.settings import DPSettings
+
+__all__ = [
+    "DPSettings",
+    "ClientUpdate",
+    "BudgetExhausted",
+    "PrivateServer",
+    "private",
+    "private_factory",
+    "privatize",
+    "sampling_rate",
+    "epsilon",
+    "calibrated_noise",
+    "clip_factor",
+    "gaussian_noise",
+    "noised_sum",
+    "DP_NOISE",
+    "example_private",
+    "example_noise",
+]
+
+
+def sampling_rate(participation: float, clients: int) -> float:
+    """The accountant's sampling rate: the clients the engine draws per round (`engine.federation.participants`:
+    all, or ⌈participation · K⌉) over the K clients."""
+    if participation >= 1.0:
+        return 1.0
+    return max(1, math.ceil(participation * clients)) / clients
+
+
+def private_factory(
+    make: Callable[[], Algorithm],
+    spec: Any,
+    hparams: Any,
+    dp: DPSettings,
+    *,
+    participation: float,
+    sizes: Mapping[int, int],
+    rounds: int,
+    seed: int,
+) -> Callable[[], Algorithm]:
+    """The zero-argument factory of `make`'s algorithm with the DP of `dp` (picklable where `make` is): `spec` is
+    the method's `MethodSpec` (its `dp_update` says what a reply's update is; None for an algorithm given as an
+    object or factory, which has none), `hparams` its hyperparameters, `sizes` the clients' sizes (client id → N_k).
+    The noise multiplier is `dp`'s, or the one with which `rounds` rounds spend `dp.epsilon` (at level "example",
+    the largest of the clients': `example_level.example_noise`). A ValueError naming the fix where the method cannot
+    be private in the way asked."""
+    name = getattr(spec, "name", "this algorithm")
+    if dp.level == "example":
+        built = make()
+        example_noise_multiplier = dp.noise_multiplier
+        if example_noise_multiplier is None:
+            example_noise_multiplier = example_noise(built, dp, sizes, rounds)
+        example_private(built, dp, example_noise_multiplier, sizes)  # refuses a method not trained by Adam
+        return functools.partial(_build_example, make, dp, example_noise_multiplier, dict(sizes))
+    if spec is None or spec.dp_update is None:
+        raise ValueError(
+            f"{name} has no client-level DP (its replies are not an update the server sums); "
+            "use fedavg, fedprox, ivon-admm or ivon-pvi, or declare the method's MethodSpec.dp_update"
+        )
+    update = spec.dp_update(hparams)
+    rate = sampling_rate(participation, len(sizes))
+    if update.every_round and rate < 1:
+        raise ValueError(
+            f"{name} with client-level DP needs participation=1: its server sums every client's last reply, which "
+            "would reuse a reply's share of an old round's noise; use fedavg or fedprox for partial participation"
+        )
+    sigma = dp.noise_multiplier
+    if sigma is None:
+        assert dp.epsilon is not None  # DPSettings requires one of the two
+        sigma = calibrated_noise(dp.epsilon, dp.delta, rate, rounds, dp.accountant)
+    return functools.partial(_build, make, update, dp, sigma, rate, seed)
+
+
+def _build_example(make: Callable[[], Algorithm], dp: DPSettings, sigma: float, sizes: dict[int, int]) -> Algorithm:
+    return example_private(make(), dp, sigma, sizes)
+
+
+def _build(
+    make: Callable[[], Algorithm], update: ClientUpdate, dp: DPSettings, sigma: float, rate: float, seed: int
+) -> Algorithm:
+    return private(make(), update, dp, sigma, rate, seed)

@@ -1,0 +1,130 @@
+"""Example-level DP (`bayesadmm.privacy.example_level`): per-example gradients against autograd example by example,
+the clipped and noised minibatch gradient, the per-client ε against Opacus, and runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import bayesadmm
+from bayesadmm.clients import SupervisedData
+from bayesadmm.models import FlatModel
+from bayesadmm.privacy import DPSettings
+from bayesadmm.privacy.example_level import PrivateGradients, per_example_gradients, round_step
+from bayesadmm.solvers.adam import LocalAdam
+
+pytest.importorskip("opacus")
+
+
+def _data(dtype=torch.float64):
+    torch.manual_seed(0)
+    model = FlatModel.from_module(nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).to(dtype))
+    X = torch.randn(12, 4, dtype=dtype)
+    return SupervisedData(model, X, torch.randint(0, 3, (12,))), model.initial_params(torch.Generator().manual_seed(1))
+
+
+def _autograd_rows(data, theta, idx):
+    """Each example's gradient of its cross-entropy, by autograd on the model's forward, one example at a time."""
+    rows = []
+    for i in idx.tolist():
+        leaf = theta.detach().clone().requires_grad_(True)
+        loss = nn.functional.cross_entropy(data.model.forward(leaf, data.X[i : i + 1]), data.y[i : i + 1])
+        rows.append(torch.autograd.grad(loss, leaf)[0])
+    return torch.stack(rows)
+
+
+def test_per_example_gradients_are_each_examples_own():
+    data, theta = _data()
+    idx = torch.tensor([3, 0, 7, 11])
+    assert torch.allclose(per_example_gradients(data, theta, idx), _autograd_rows(data, theta, idx), atol=1e-12)
+
+
+def test_the_private_gradient_is_the_mean_of_clipped_gradients_plus_noise_over_the_batch():
+    data, theta = _data()
+    idx = torch.tensor([1, 2, 5, 8, 9])
+    rows = _autograd_rows(data, theta, idx)
+    clip = float(rows.norm(dim=1).median())  # about half the rows are clipped
+    clipped = torch.stack([r * min(1.0, clip / r.norm().item()) for r in rows])
+    assert (clipped.norm(dim=1) <= clip * (1 + 1e-12)).all()
+    quiet = PrivateGradients(data, clip, 0.0, torch.Generator())
+    assert torch.allclose(quiet.batch_grad(theta, idx), clipped.mean(dim=0), atol=1e-12)
+    noisy = PrivateGradients(data, clip, 2.0, torch.Generator().manual_seed(4))
+    z = torch.randn(theta.shape, generator=torch.Generator().manual_seed(4), dtype=theta.dtype) * 2.0 * clip
+    assert torch.allclose(noisy.batch_grad(theta, idx), (clipped.sum(dim=0) + z) / 5, atol=1e-12)
+
+
+def test_a_clients_epsilon_is_opacus_own_for_its_sampling_rate_and_steps():
+    """N_k = 50, B = 8, 2 epochs: 7 steps a round at q = 8/50; 3 rounds are 21 steps."""
+    from opacus.accountants import RDPAccountant
+
+    (sigma, rate), steps = round_step(LocalAdam(batch_size=8, epochs=2), 50, 1.3)
+    assert (sigma, rate, steps) == (1.3, 8 / 50, 14)
+    accountant = RDPAccountant()
+    for _ in range(3 * steps):
+        accountant.step(noise_multiplier=1.3, sample_rate=8 / 50)
+    from bayesadmm.privacy.accountant import epsilon
+
+    assert epsilon([(sigma, rate)] * (3 * steps), 1e-5) == accountant.get_epsilon(delta=1e-5)
+
+
+def _clients():
+    torch.manual_seed(0)
+    w = torch.randn(4, 3)
+    parts = []
+    for n in (20, 30, 40):
+        X = torch.randn(n, 4)
+        parts.append((X, (X @ w).argmax(dim=1)))
+    return parts
+
+
+def _run(out, method="fedavg", **kwargs):
+    torch.manual_seed(0)
+    parts = _clients()
+    return bayesadmm.run(
+        nn.Linear(4, 3), parts, parts[0], algorithm=method, hparams={"lr": 0.05, "epochs": 1, "batch_size": 8},
+        rounds=2, out=out, progress=False, eval_samples=2, **kwargs,
+    )  # fmt: skip
+
+
+def test_no_noise_and_a_large_clip_give_the_methods_own_run_up_to_rounding(tmp_path):
+    """Per-example gradients summed are the minibatch gradient up to rounding, not to the bit."""
+    plain = _run(tmp_path / "plain")
+    private = _run(tmp_path / "dp", dp=DPSettings(level="example", clip=1e9, noise_multiplier=0.0))
+    assert torch.allclose(private.posterior.mean, plain.posterior.mean, rtol=1e-4, atol=1e-5)
+    assert private.history[-1]["dp_epsilon"] == math.inf
+
+
+def test_a_noised_run_reports_the_largest_clients_epsilon(tmp_path):
+    """The smallest client (20 examples, q = 8/20, 3 steps a round) spends the most."""
+    from bayesadmm.privacy.accountant import epsilon
+
+    result = _run(tmp_path / "dp", dp=DPSettings(level="example", clip=1.0, noise_multiplier=1.0))
+    assert result.history[-1]["dp_epsilon"] == epsilon([(1.0, 8 / 20)] * 6, 1e-5)
+    calibrated = _run(tmp_path / "eps", dp=DPSettings(level="example", clip=1.0, epsilon=4.0))
+    assert calibrated.status == "completed" and calibrated.history[-1]["dp_epsilon"] <= 4.0
+
+
+def test_methods_not_trained_by_adam_refuse_example_level_dp(tmp_path):
+    with pytest.raises(ValueError, match="example-level DP is available for the methods trained by Adam"):
+        torch.manual_seed(0)
+        parts = _clients()
+        bayesadmm.run(
+            nn.Linear(4, 3), parts, parts[0], algorithm="ivon-admm",
+            hparams=dict(bayesadmm.algorithms.spec.get("ivon-admm").example), rounds=1, out=tmp_path / "x",
+            progress=False, dp=DPSettings(level="example", noise_multiplier=1.0),
+        )  # fmt: skip
+
+
+def test_the_budget_stops_before_the_round_that_would_exceed_it_and_a_resume_goes_on_to_the_same_numbers(tmp_path):
+    from bayesadmm.privacy.accountant import epsilon
+
+    budget = (epsilon([(1.0, 0.4)] * 3, 1e-5) + epsilon([(1.0, 0.4)] * 6, 1e-5)) / 2  # the smallest client's rounds
+    stopped = _run(tmp_path / "run", dp=DPSettings(level="example", clip=1.0, noise_multiplier=1.0, epsilon=budget))
+    assert stopped.status == "budget" and stopped.round == 1
+    resumed = _run(tmp_path / "run", resume=True, dp=DPSettings(level="example", clip=1.0, noise_multiplier=1.0))
+    whole = _run(tmp_path / "whole", dp=DPSettings(level="example", clip=1.0, noise_multiplier=1.0))
+    assert torch.equal(resumed.posterior.mean, whole.posterior.mean)
+    assert [line["dp_epsilon"] for line in resumed.history] == [line["dp_epsilon"] for line in whole.history]
