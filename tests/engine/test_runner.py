@@ -87,16 +87,16 @@ def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeyp
 
     # kill the process after round 2's metrics line but before its checkpoint: resume must redo round 2
     killed = tmp_path / "killed"
-    save = engine_run._save_checkpoint
+    save = engine_run.save_checkpoint
 
     def dying_save(path, round_, server, clients, identity):
         if round_ == 2:
             raise KeyboardInterrupt
         save(path, round_, server, clients, identity)
 
-    monkeypatch.setattr(engine_run, "_save_checkpoint", dying_save)
+    monkeypatch.setattr(engine_run, "save_checkpoint", dying_save)
     assert main(["run", "fmnist-heterog10", *args, f"out={killed}", "--quiet"]) == 130  # as a shell reports Ctrl-C
-    monkeypatch.setattr(engine_run, "_save_checkpoint", save)
+    monkeypatch.setattr(engine_run, "save_checkpoint", save)
     assert [line["round"] for line in _lines(killed)] == [1, 2]
     status = json.loads((killed / "status.json").read_text())
     assert status["status"] == "interrupted" and status["round"] == 1 and "resume" in status["message"]
@@ -168,7 +168,7 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
     from bayesadmm.problems.neural import ClassificationData
 
     after_round_1 = {"yes": False}
-    batch_loss, batch_grad, save = ClassificationData.batch_loss, ClassificationData.batch_grad, engine_run._save_checkpoint
+    batch_loss, batch_grad, save = ClassificationData.batch_loss, ClassificationData.batch_grad, engine_run.save_checkpoint
 
     def poisoned(self, theta, idx):
         loss = batch_loss(self, theta, idx)
@@ -184,7 +184,7 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ClassificationData, "batch_loss", poisoned)
     monkeypatch.setattr(ClassificationData, "batch_grad", poisoned_grad)
-    monkeypatch.setattr(engine_run, "_save_checkpoint", save_and_flag)
+    monkeypatch.setattr(engine_run, "save_checkpoint", save_and_flag)
     out = tmp_path / "diverged"
     # cohort=1: the per-client path, whose batch_loss and batch_grad are poisoned (a cohort's breakdown: test_cohort.py)
     code = main(["run", "fmnist-heterog10", *SMALL, "rounds=3", "method=fedavg", "cohort=1", f"out={out}", "--quiet"])

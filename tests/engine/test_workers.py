@@ -157,7 +157,7 @@ def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_che
     common = ["fmnist-heterog10", *SMALL, "method=feddyn", "rounds=3", "--quiet"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert main(["run", *common, "workers=1", f"out={whole}"]) == 0
-    save = engine_run._save_checkpoint
+    save = engine_run.save_checkpoint
 
     def dies_after_the_shards(path, round_, server, clients, identity):
         if round_ == 2:
@@ -165,9 +165,9 @@ def test_killed_while_checkpointing_with_workers_resumes_from_the_last_whole_che
             raise KeyboardInterrupt                    # ... checkpoint.pt still says round 1
         save(path, round_, server, clients, identity)
 
-    monkeypatch.setattr(engine_run, "_save_checkpoint", dies_after_the_shards)
+    monkeypatch.setattr(engine_run, "save_checkpoint", dies_after_the_shards)
     assert main(["run", *common, "workers=2", f"out={killed}"]) == 130  # as a shell reports Ctrl-C
-    monkeypatch.setattr(engine_run, "_save_checkpoint", save)
+    monkeypatch.setattr(engine_run, "save_checkpoint", save)
     checkpoint = load_state(killed / "checkpoint.pt")
     assert checkpoint["round"] == 1 and "clients" not in checkpoint
     assert sorted(p.name for p in (killed / SHARDS).iterdir()) == ["r000001-w0.pt", "r000001-w1.pt",
@@ -204,13 +204,13 @@ def test_resume_with_another_number_of_workers(tmp_path):
 @needs_fmnist
 def test_checkpoint_every_skips_rounds_but_always_saves_the_last(tmp_path, monkeypatch):
     saved = []
-    save = engine_run._save_checkpoint
+    save = engine_run.save_checkpoint
 
     def recording_save(path, round_, server, clients, identity):
         saved.append(round_)
         save(path, round_, server, clients, identity)
 
-    monkeypatch.setattr(engine_run, "_save_checkpoint", recording_save)
+    monkeypatch.setattr(engine_run, "save_checkpoint", recording_save)
     assert main(["run", "fmnist-heterog10", *SMALL, "method=fedavg", "rounds=5", "checkpoint_every=2",
                  f"out={tmp_path / 'run'}", "--quiet"]) == 0
     assert saved == [0, 2, 4, 5]
