@@ -50,12 +50,15 @@ def algorithm_factory(
     client_sizes: Mapping[int, int],
     likelihood: Likelihood | None = None,
     rounds: int | None = None,
+    participation: float = 1.0,
+    compile: str = "auto",
 ) -> Callable[[], Algorithm]:
     """A zero-argument callable that builds the algorithm, picklable when `algorithm` is (worker processes get it).
 
     `algorithm`: a registered method's name (`bayesadmm.algorithms.names()`) or its `MethodSpec`: `hparams` are its
     hyperparameters (checked now: unknown, missing or invalid ones raise ValueError), built with a `Context` of the
-    model, the client sizes, `likelihood` and `rounds` (the run's length, for schedules such as IVON's `cosine`);
+    model, the client sizes, `likelihood`, `rounds` (the run's length, for schedules such as IVON's `cosine`),
+    `participation` and `compile` (the run's setting, which the method's solver turns into its kernels' choice);
     a factory (any callable returning an Algorithm:
     it gets `hparams` as keyword arguments plus whichever of `dim`, `model`, `num_clients`, `client_sizes` and
     `likelihood` its signature names; `likelihood` only where one is given here, so that a method that needs its
@@ -65,7 +68,7 @@ def algorithm_factory(
     if isinstance(algorithm, str):
         algorithm = get(algorithm)
     if isinstance(algorithm, MethodSpec):
-        context = Context(model.dim, model, dict(client_sizes), likelihood, rounds)
+        context = Context(model.dim, model, dict(client_sizes), likelihood, rounds, participation, compile)
         return algorithm.factory(algorithm.make_hparams(**hparams), context)
     if isinstance(algorithm, Algorithm):
         if hparams:
@@ -138,6 +141,7 @@ def run(
     stop_at: int = 0,
     cohort: int = 0,
     dtype: str | None = None,
+    compile: str = "auto",
     out: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -190,6 +194,10 @@ def run(
             GPU); 1: one client at a time.
         dtype: "float32" or "float64", the precision the run computes in; by default the model's (a float64
             module runs in float64). One that differs from the model's parameters is an error: cast the model.
+        compile: "auto", "on" or "off": whether IVON's solver calls its torch.compile'd kernels (seconds to
+            compile once per process, then faster steps) or the same maths eagerly; the numbers agree to rounding,
+            not bit for bit. "auto" compiles where the run's local steps win back the compilation, a rule of the
+            run's settings and model only (`bayesadmm.optim.compilation`), recorded in environment.json.
         out: the run directory (default: a new `runs/run-<date-time>`).
         resume: continue the checkpoint in `out`, called with the same arguments; the numbers are those an
             uninterrupted run would have.
@@ -214,6 +222,7 @@ def run(
         stop_at=stop_at,
         cohort=cohort,
         dtype=dtype or "float32",
+        compile=compile,
     )
     likelihood = _checked_arguments(hparams, likelihood)
     flat, theta0 = _flat_model(model)
@@ -222,7 +231,9 @@ def run(
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
     source, tests = _personal_split(source, personal_split, seed, device)
     X_ood = _ood_inputs(ood, likelihood, flat, theta0, X_test)
-    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
+    make = algorithm_factory(
+        algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds, participation, settings.compile
+    )
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
     personal = Personalisation(tests, personal_every, finetune) if tests is not None else None
     federation = Federation(
@@ -319,6 +330,7 @@ def _run_config(settings: Settings, algorithm, hparams, likelihood, model, flat:
                 "checkpoint_every",
                 "stop_at",
                 "cohort",
+                "compile",
             )
         },
         "algorithm": algorithm if isinstance(algorithm, str) else _name(algorithm),
@@ -358,11 +370,17 @@ def _check_same_run(run_dir: Path, config: Mapping[str, Any]) -> None:
     from bayesadmm.engine.rundir import read_bytes
 
     saved = json.loads(read_bytes(path))  # never through a link out of the run directory
+    saved.get("settings", {}).setdefault("compile", "on")  # written before the setting: it compiled
     mine = json.loads(json.dumps(config))
     for key in ("stop_at", "workers"):
         saved.get("settings", {}).pop(key, None)
         mine["settings"].pop(key, None)
     differ = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+    if "settings" in differ:  # named one by one: e.g. compile, which a run of an older version left out
+        old, new = saved.get("settings", {}), mine["settings"]
+        differ = [k for k in differ if k != "settings"] + [
+            f"{k}={old.get(k)!r} (now {new.get(k)!r})" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+        ]
     if differ:
         raise ValueError(
             f"{run_dir} holds a different run (it differs in {', '.join(differ)}); "

@@ -138,10 +138,14 @@ def make_algorithm_factory(
 ):
     """The configured method's factory: its spec built with the configured hyperparameters and a context of the
     model, the client sizes, `likelihood` (the clients', for the methods that check what they need of it) and the
-    run's rounds (a method's `cosine=true` is a cosine learning-rate schedule over the whole run)."""
+    run's rounds (a method's `cosine=true` is a cosine learning-rate schedule over the whole run), participation
+    and `compile` setting (the kernels' choice of the method's solver)."""
     from bayesadmm.experiments.config import method_spec
 
-    return algorithm_factory(method_spec(config.method), config.hparams, model, client_sizes, likelihood, config.rounds)
+    spec = method_spec(config.method)
+    return algorithm_factory(
+        spec, config.hparams, model, client_sizes, likelihood, config.rounds, config.participation, config.compile
+    )
 
 
 def build(config: RunConfig) -> Built:
