@@ -88,6 +88,9 @@ def test_auto_runs_the_readme_quickstart_eagerly_and_the_papers_mlp_compiled():
         assert built.algorithm().local.solver.compiled is True, method
         config, _ = run_config.resolve("fmnist-heterog10", [f"method={method}", "compile=off"])
         assert build(config).algorithm().local.solver.compiled is False
+    pytest.importorskip("sklearn")  # the diabetes set: a small MLP, eagerly
+    config, _ = run_config.resolve("diabetes-iid5", ["method=ivon-admm"])
+    assert build(config).algorithm().local.solver.compiled is False
 
 
 def test_the_rule_is_the_measured_line_against_the_compilation():
