@@ -9,12 +9,11 @@ processes, each on a new, empty Inductor cache, with bayesadmm.run's compile="au
 compile="off", `--repeats` times in turn; printed: each child's wall time (Python start, imports and the run), the
 medians and their difference (what a first try pays for compiling).
 
-Otherwise:
-For each `--cohort` setting (bayesadmm.run's: 1 the clients one after the other, 10 a round's clients as one
-batched computation, 0 the engine's choice),
-two child processes run `bayesadmm.run` of `--method` on fmnist-heterog10 (the preset's split and hyperparameters,
-`--rounds` rounds; `--epochs` overrides the preset's 10 local epochs to make it quicker) with the same new, empty
-Inductor cache (TORCHINDUCTOR_CACHE_DIR, a temporary folder): the first compiles every kernel it uses (cold), the
+Otherwise, for each `--cohort` setting (bayesadmm.run's: 1 the clients one after the other, 10 a round's clients as
+one batched computation, 0 the engine's choice), two child processes run `bayesadmm.run` of `--method` with
+compile="on" on fmnist-heterog10 (the preset's split and hyperparameters, `--rounds` rounds; `--epochs` overrides the
+preset's 10 local epochs to make it quicker) with the same new, empty Inductor cache (TORCHINDUCTOR_CACHE_DIR, a
+temporary folder): the first compiles every kernel it uses (cold), the
 second finds them in the cache (warm). Printed for each: the seconds of every round (the `seconds` field of the run's
 metrics.jsonl: the client updates and the server's, without the evaluation) and round 1's seconds minus the median
 of the later rounds' (what compiling, and anything else done once, adds to the first round), and the child's wall
@@ -64,6 +63,7 @@ def child(method: str, rounds: int, epochs: int, cohort: int, threads: int, out:
         rounds=rounds,
         seed=config.seed,
         cohort=cohort,
+        compile="on",  # what compiling costs (compile="auto" would run these short runs eagerly)
         out=out,
         progress=False,
     )
