@@ -1,13 +1,13 @@
 """The cost of compiling the fused kernels (IVON's, the cohorts' Adam) in a run's first round: on an empty Inductor
 cache, and with the cache a first run left behind.
 
-    python benchmarks/cold_start.py --quickstart [--repeats 3]
+    python benchmarks/cold_start.py --quickstart [--repeats 3] [--modes auto off on]
     python benchmarks/cold_start.py [--method ivon-admm] [--rounds 3] [--epochs N] [--cohort 1 10] [--threads N]
 
 With --quickstart: the README quickstart (a 771-parameter MLP, 5 clients, IVON-ADMM for 5 rounds) in child
-processes, each on a new, empty Inductor cache, with bayesadmm.run's compile="auto" (the default) and
-compile="off", `--repeats` times in turn; printed: each child's wall time (Python start, imports and the run), the
-medians and their difference (what a first try pays for compiling).
+processes, each on a new, empty Inductor cache, with bayesadmm.run's compile="auto" (the default), compile="off" and
+any other `--modes` ("on": the kernels compiled), `--repeats` times in turn; printed: each child's wall time (Python
+start, imports and the run), the medians, and auto's minus off's (what a first try pays for compiling).
 
 Otherwise, for each `--cohort` setting (bayesadmm.run's: 1 the clients one after the other, 10 a round's clients as
 one batched computation, 0 the engine's choice), two child processes run `bayesadmm.run` of `--method` with
@@ -91,9 +91,9 @@ def quickstart(compile: str, out: str) -> None:
     print(result.history[-1]["ens_test_acc"])
 
 
-def time_quickstart(repeats: int) -> None:
-    """The quickstart's wall time on an empty cache, compile="auto" and "off" in turn."""
-    walls: dict[str, list[float]] = {"auto": [], "off": []}
+def time_quickstart(repeats: int, modes: list[str]) -> None:
+    """The quickstart's wall time on an empty cache with each compile setting of `modes`, in turn."""
+    walls: dict[str, list[float]] = {mode: [] for mode in ["auto", "off", *modes]}
     for _ in range(repeats):
         for mode in walls:
             with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache, tempfile.TemporaryDirectory() as runs:
@@ -103,9 +103,10 @@ def time_quickstart(repeats: int) -> None:
                 walls[mode].append(time.perf_counter() - began)
                 accuracy = done.stdout.strip()
                 print(f"compile={mode:<4} wall {walls[mode][-1]:5.1f} s (predictive accuracy {accuracy})", flush=True)
-    auto, off = (statistics.median(walls[mode]) for mode in ("auto", "off"))
-    print(f"README quickstart on an empty cache, median of {repeats}: compile=auto {auto:.1f} s, "
-          f"compile=off {off:.1f} s, difference {auto - off:+.1f} s")  # fmt: skip
+    medians = {mode: statistics.median(times) for mode, times in walls.items()}
+    shown = ", ".join(f"compile={mode} {seconds:.1f} s" for mode, seconds in medians.items())
+    print(f"README quickstart on an empty cache, median of {repeats}: {shown}; "
+          f"auto − off {medians['auto'] - medians['off']:+.1f} s")  # fmt: skip
 
 
 def _round_seconds(run_dir: Path) -> list[float]:
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads in the children (0: torch's default)")
     parser.add_argument("--quickstart", action="store_true", help="time the README quickstart, compile=auto and off")
     parser.add_argument("--repeats", type=int, default=3, help="with --quickstart: runs of each")
+    parser.add_argument("--modes", nargs="*", default=[], help="with --quickstart: compile settings besides auto, off")
     parser.add_argument("--quickstart-child", default=None, help=argparse.SUPPRESS)  # the compile mode, in a child
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)  # the cohort, in a child
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -130,7 +132,7 @@ def main() -> None:
         quickstart(args.quickstart_child, args.out)
         return
     if args.quickstart:
-        time_quickstart(args.repeats)
+        time_quickstart(args.repeats, args.modes)
         return
     if args.child is not None:
         child(args.method, args.rounds, args.epochs, args.child, args.threads, args.out)
