@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 
 import pytest
 import torch
@@ -48,9 +49,10 @@ def _numbers(result):
     return [{k: v for k, v in line.items() if k not in timing} for line in result.history]
 
 
-def test_compile_off_gives_the_numbers_of_the_environments_eager_switch_bit_for_bit(tmp_path, monkeypatch):
+@pytest.mark.parametrize("cohort", [1, 5])
+def test_compile_off_gives_the_numbers_of_the_environments_eager_switch_bit_for_bit(tmp_path, monkeypatch, cohort):
     """compile="off" calls the eager maths that BAYESADMM_COMPILE=0 runs the compiled kernels as: the same bits,
-    and nothing is compiled even where the environment allows it."""
+    and nothing is compiled even where the environment allows it, one client at a time and in a cohort."""
     monkeypatch.setenv("BAYESADMM_COMPILE", "1")
     kernels.recheck_compile_enabled()
 
@@ -58,10 +60,10 @@ def test_compile_off_gives_the_numbers_of_the_environments_eager_switch_bit_for_
         raise AssertionError("compile='off' compiled a kernel")
 
     monkeypatch.setattr(kernels, "_compiled", no_compilation)
-    off = _run(tmp_path / "off", compile="off")
+    off = _run(tmp_path / "off", compile="off", cohort=cohort)
     monkeypatch.setenv("BAYESADMM_COMPILE", "0")
     kernels.recheck_compile_enabled()
-    overridden = _run(tmp_path / "env", compile="on")
+    overridden = _run(tmp_path / "env", compile="on", cohort=cohort)
     assert off.algorithm.local.solver.compiled is False and overridden.algorithm.local.solver.compiled is True
     assert _numbers(off) == _numbers(overridden)
     for a, b in zip(off.server.natural, overridden.server.natural, strict=True):
@@ -91,6 +93,18 @@ def test_auto_runs_the_readme_quickstart_eagerly_and_the_papers_mlp_compiled():
     pytest.importorskip("sklearn")  # the diabetes set: a small MLP, eagerly
     config, _ = run_config.resolve("diabetes-iid5", ["method=ivon-admm"])
     assert build(config).algorithm().local.solver.compiled is False
+
+
+def test_worker_processes_build_the_runs_choice():
+    """A worker process builds the algorithm from the factory (pickled by multiprocessing, as here), whose context
+    carries the run's setting."""
+    from bayesadmm.federated import algorithm_factory
+    from bayesadmm.models import FlatModel
+
+    flat = FlatModel.from_module(_model())
+    for mode, compiled in (("auto", False), ("on", True), ("off", False)):
+        make = algorithm_factory("ivon-admm", QUICKSTART, flat, {k: 200 for k in range(5)}, rounds=5, compile=mode)
+        assert pickle.loads(pickle.dumps(make))().local.solver.compiled is compiled
 
 
 def test_the_rule_is_the_measured_line_against_the_compilation():
