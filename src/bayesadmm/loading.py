@@ -168,8 +168,10 @@ def _api_run(
     if method not in names():
         raise RunDirError(_unregistered(run_dir, repr(method)))
     sizes = _client_sizes(run_dir, config["clients"])
-    rounds = config["settings"].get("rounds") if isinstance(config["settings"], Mapping) else None
-    return algorithm_factory(method, dict(config["hparams"]), flat, sizes, likelihood, rounds), flat
+    settings = config["settings"] if isinstance(config["settings"], Mapping) else {}
+    # the run's compile choice: "on" for a run written before the setting (its kernels were compiled)
+    schedule = (settings.get("rounds"), settings.get("participation", 1.0), settings.get("compile", "on"))
+    return algorithm_factory(method, dict(config["hparams"]), flat, sizes, likelihood, *schedule), flat
 
 
 def _run_likelihood(run_dir: Path, recorded: str, given: Likelihood | None) -> Likelihood:
