@@ -30,7 +30,7 @@ def _quickstart_data(per_client: int = 200):
         X = torch.randn(n, 20)
         return X, (X @ w).argmax(dim=1)
 
-    return [make_data(per_client) for _ in range(5)], make_data(100)
+    return [make_data(per_client) for _ in range(5)], make_data(1000)
 
 
 def _model():
@@ -70,6 +70,22 @@ def test_compile_off_gives_the_numbers_of_the_environments_eager_switch_bit_for_
         assert torch.equal(a, b)
     for run in ("off", "env"):  # what ran: eager both times (the environment overrides "on")
         assert json.loads((tmp_path / run / "environment.json").read_text())[-1]["compiled_kernels"] is False
+
+
+def test_the_readme_quickstart_compiles_nothing(tmp_path, monkeypatch):
+    """The README's quickstart as it is (compile="auto" by default), where compiling is allowed: nothing compiles."""
+    monkeypatch.setenv("BAYESADMM_COMPILE", "1")
+    kernels.recheck_compile_enabled()
+
+    def no_compilation(*args, **kwargs):
+        raise AssertionError("the quickstart compiled a kernel")
+
+    monkeypatch.setattr(kernels, "_compiled", no_compilation)
+    clients, test = _quickstart_data()
+    result = bayesadmm.run(_model(), clients, test, algorithm="ivon-admm", rounds=5, out=tmp_path / "quickstart",
+                           hparams=QUICKSTART, progress=False)
+    assert result.history[-1]["ens_test_acc"] > 0.8
+    assert json.loads((tmp_path / "quickstart" / "environment.json").read_text())[-1]["compiled_kernels"] is False
 
 
 def test_auto_runs_the_readme_quickstart_eagerly_and_the_papers_mlp_compiled():
