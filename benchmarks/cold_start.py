@@ -1,13 +1,19 @@
 """The cost of compiling the fused kernels (IVON's, the cohorts' Adam) in a run's first round: on an empty Inductor
 cache, and with the cache a first run left behind.
 
+    python benchmarks/cold_start.py --quickstart [--repeats 3] [--modes auto off on]
     python benchmarks/cold_start.py [--method ivon-admm] [--rounds 3] [--epochs N] [--cohort 1 10] [--threads N]
 
-For each `--cohort` setting (bayesadmm.run's: 1 the clients one after the other, 10 a round's clients as one
-batched computation, 0 the engine's choice),
-two child processes run `bayesadmm.run` of `--method` on fmnist-heterog10 (the preset's split and hyperparameters,
-`--rounds` rounds; `--epochs` overrides the preset's 10 local epochs to make it quicker) with the same new, empty
-Inductor cache (TORCHINDUCTOR_CACHE_DIR, a temporary folder): the first compiles every kernel it uses (cold), the
+With --quickstart: the README quickstart (a 771-parameter MLP, 5 clients, IVON-ADMM for 5 rounds) in child
+processes, each on a new, empty Inductor cache, with bayesadmm.run's compile="auto" (the default), compile="off" and
+any other `--modes` ("on": the kernels compiled), `--repeats` times in turn; printed: each child's wall time (Python
+start, imports and the run), the medians, and auto's minus off's (what a first try pays for compiling).
+
+Otherwise, for each `--cohort` setting (bayesadmm.run's: 1 the clients one after the other, 10 a round's clients as
+one batched computation, 0 the engine's choice), two child processes run `bayesadmm.run` of `--method` with
+compile="on" on fmnist-heterog10 (the preset's split and hyperparameters, `--rounds` rounds; `--epochs` overrides the
+preset's 10 local epochs to make it quicker) with the same new, empty Inductor cache (TORCHINDUCTOR_CACHE_DIR, a
+temporary folder): the first compiles every kernel it uses (cold), the
 second finds them in the cache (warm). Printed for each: the seconds of every round (the `seconds` field of the run's
 metrics.jsonl: the client updates and the server's, without the evaluation) and round 1's seconds minus the median
 of the later rounds' (what compiling, and anything else done once, adds to the first round), and the child's wall
@@ -57,9 +63,50 @@ def child(method: str, rounds: int, epochs: int, cohort: int, threads: int, out:
         rounds=rounds,
         seed=config.seed,
         cohort=cohort,
+        compile="on",  # what compiling costs (compile="auto" would run these short runs eagerly)
         out=out,
         progress=False,
     )
+
+
+def quickstart(compile: str, out: str) -> None:
+    """The README quickstart's code, with `compile` (README.md)."""
+    import torch
+    from torch import nn
+
+    import bayesadmm
+
+    torch.manual_seed(0)
+    w = torch.randn(20, 3)
+
+    def make_data(n):
+        X = torch.randn(n, 20)
+        return X, (X @ w).argmax(dim=1)
+
+    clients = [make_data(200) for _ in range(5)]
+    model = nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 3))
+    result = bayesadmm.run(model, clients, test=make_data(1000), algorithm="ivon-admm", rounds=5, out=out,
+                           hparams=dict(lr=0.05, hess_init=0.1, epochs=2, rho=0.5, gamma=0.5, delta=1.0),
+                           compile=compile, progress=False)  # fmt: skip
+    print(result.history[-1]["ens_test_acc"])
+
+
+def time_quickstart(repeats: int, modes: list[str]) -> None:
+    """The quickstart's wall time on an empty cache with each compile setting of `modes`, in turn."""
+    walls: dict[str, list[float]] = {mode: [] for mode in ["auto", "off", *modes]}
+    for _ in range(repeats):
+        for mode in walls:
+            with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache, tempfile.TemporaryDirectory() as runs:
+                began = time.perf_counter()
+                command = [sys.executable, __file__, "--quickstart-child", mode, "--out", str(Path(runs) / "run")]
+                done = subprocess.run(command, env=_environment(cache), check=True, capture_output=True, text=True)
+                walls[mode].append(time.perf_counter() - began)
+                accuracy = done.stdout.strip()
+                print(f"compile={mode:<4} wall {walls[mode][-1]:5.1f} s (predictive accuracy {accuracy})", flush=True)
+    medians = {mode: statistics.median(times) for mode, times in walls.items()}
+    shown = ", ".join(f"compile={mode} {seconds:.1f} s" for mode, seconds in medians.items())
+    print(f"README quickstart on an empty cache, median of {repeats}: {shown}; "
+          f"auto − off {medians['auto'] - medians['off']:+.1f} s")  # fmt: skip
 
 
 def _round_seconds(run_dir: Path) -> list[float]:
@@ -74,9 +121,19 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=0, help="local epochs (0: the preset's)")
     parser.add_argument("--cohort", type=int, nargs="+", default=[1, 10])
     parser.add_argument("--threads", type=int, default=0, help="torch threads in the children (0: torch's default)")
+    parser.add_argument("--quickstart", action="store_true", help="time the README quickstart, compile=auto and off")
+    parser.add_argument("--repeats", type=int, default=3, help="with --quickstart: runs of each")
+    parser.add_argument("--modes", nargs="*", default=[], help="with --quickstart: compile settings besides auto, off")
+    parser.add_argument("--quickstart-child", default=None, help=argparse.SUPPRESS)  # the compile mode, in a child
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)  # the cohort, in a child
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quickstart_child is not None:
+        quickstart(args.quickstart_child, args.out)
+        return
+    if args.quickstart:
+        time_quickstart(args.repeats, args.modes)
+        return
     if args.child is not None:
         child(args.method, args.rounds, args.epochs, args.child, args.threads, args.out)
         return
@@ -97,7 +154,7 @@ def main() -> None:
 
 def _environment(cache: str) -> dict[str, str]:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
-    env.pop("BAYESADMM_COMPILE", None)  # the kernels compiled, as by default
+    env.pop("BAYESADMM_COMPILE", None)  # the kernels as the run's compile setting says
     return env
 
 

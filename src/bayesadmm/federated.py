@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -36,6 +35,7 @@ from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.metrics import check_ood
 from bayesadmm.models import FlatModel
 from bayesadmm.privacy import DPSettings, private_factory
+from bayesadmm.run_identity import check_same_run, run_config
 from bayesadmm.userdata import as_tensors, check_client_objects, check_data, check_inputs
 
 __all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
@@ -51,12 +51,15 @@ def algorithm_factory(
     client_sizes: Mapping[int, int],
     likelihood: Likelihood | None = None,
     rounds: int | None = None,
+    participation: float = 1.0,
+    compile: str = "auto",
 ) -> Callable[[], Algorithm]:
     """A zero-argument callable that builds the algorithm, picklable when `algorithm` is (worker processes get it).
 
     `algorithm`: a registered method's name (`bayesadmm.algorithms.names()`) or its `MethodSpec`: `hparams` are its
     hyperparameters (checked now: unknown, missing or invalid ones raise ValueError), built with a `Context` of the
-    model, the client sizes, `likelihood` and `rounds` (the run's length, for schedules such as IVON's `cosine`);
+    model, the client sizes, `likelihood`, `rounds` (the run's length, for schedules such as IVON's `cosine`),
+    `participation` and `compile` (the run's setting, which the method's solver turns into its kernels' choice);
     a factory (any callable returning an Algorithm:
     it gets `hparams` as keyword arguments plus whichever of `dim`, `model`, `num_clients`, `client_sizes` and
     `likelihood` its signature names; `likelihood` only where one is given here, so that a method that needs its
@@ -66,7 +69,7 @@ def algorithm_factory(
     if isinstance(algorithm, str):
         algorithm = get(algorithm)
     if isinstance(algorithm, MethodSpec):
-        context = Context(model.dim, model, dict(client_sizes), likelihood, rounds)
+        context = Context(model.dim, model, dict(client_sizes), likelihood, rounds, participation, compile)
         return algorithm.factory(algorithm.make_hparams(**hparams), context)
     if isinstance(algorithm, Algorithm):
         if hparams:
@@ -139,6 +142,7 @@ def run(
     stop_at: int = 0,
     cohort: int = 0,
     dtype: str | None = None,
+    compile: str = "auto",
     out: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -192,6 +196,10 @@ def run(
             GPU); 1: one client at a time.
         dtype: "float32" or "float64", the precision the run computes in; by default the model's (a float64
             module runs in float64). One that differs from the model's parameters is an error: cast the model.
+        compile: "auto", "on" or "off": whether IVON's solver calls its torch.compile'd kernels (seconds to
+            compile once per process, then faster steps) or the same maths eagerly; the numbers agree to rounding,
+            not bit for bit. "auto" compiles where the run's local steps win back the compilation, a rule of the
+            run's settings and model only (`bayesadmm.optim.compilation`), recorded in environment.json.
         out: the run directory (default: a new `runs/run-<date-time>`).
         resume: continue the checkpoint in `out`, called with the same arguments; the numbers are those an
             uninterrupted run would have.
@@ -220,6 +228,7 @@ def run(
         stop_at=stop_at,
         cohort=cohort,
         dtype=dtype or "float32",
+        compile=compile,
     )
     likelihood = _checked_arguments(hparams, likelihood)
     flat, theta0 = _flat_model(model)
@@ -228,7 +237,9 @@ def run(
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
     source, tests = _personal_split(source, personal_split, seed, device)
     X_ood = _ood_inputs(ood, likelihood, flat, theta0, X_test)
-    make = algorithm_factory(algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds)
+    make = algorithm_factory(
+        algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds, participation, settings.compile
+    )
     if dp is not None:
         make = _private(make, algorithm, hparams, dp, settings, source.sizes)
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
@@ -238,7 +249,8 @@ def run(
         personal=personal, ood_X=None if X_ood is None else X_ood.to(device),
     )  # fmt: skip
     run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
-    config = _run_config(settings, algorithm, hparams, likelihood, model, flat, source.sizes)
+    name = algorithm if isinstance(algorithm, str) else _name(algorithm)
+    config = run_config(settings, name, hparams, likelihood, model, flat, source.sizes)
     if personal is not None:  # only then: the files of other runs stay as they were
         config["personal"] = {"split": personal_split, "every": personal_every, "finetune_epochs": finetune_epochs}
     if X_ood is not None:  # likewise
@@ -246,7 +258,7 @@ def run(
     if dp is not None:  # likewise
         config["dp"] = dp.to_json()
     if resume:
-        _check_same_run(run_dir, config)
+        check_same_run(run_dir, config)
     return run_federation(
         federation,
         settings,
@@ -324,32 +336,6 @@ def _flat_model(model) -> tuple[FlatModel, Tensor]:
     return flat, theta0
 
 
-def _run_config(settings: Settings, algorithm, hparams, likelihood, model, flat: FlatModel, sizes) -> dict:
-    """The run's identity, written to its directory and compared on resume (`_check_same_run`)."""
-    return {
-        "settings": {
-            k: getattr(settings, k)
-            for k in (
-                "rounds",
-                "seed",
-                "participation",
-                "eval_samples",
-                "device",
-                "workers",
-                "checkpoint_every",
-                "stop_at",
-                "cohort",
-            )
-        },
-        "algorithm": algorithm if isinstance(algorithm, str) else _name(algorithm),
-        "hparams": {k: _jsonable(v) for k, v in (hparams or {}).items()},
-        "likelihood": repr(likelihood),
-        "model": repr(model) if isinstance(model, nn.Module) else repr(flat),
-        "parameters": flat.dim,
-        "clients": {str(k): n for k, n in sizes.items()},
-    }
-
-
 def _in_model_dtype(settings: Settings, dtype: str | None, theta0: Tensor) -> Settings:
     """The settings with the model's dtype (that of its parameters `theta0`); a ValueError naming the fix where
     `dtype` was given and differs from it."""
@@ -360,35 +346,3 @@ def _in_model_dtype(settings: Settings, dtype: str | None, theta0: Tensor) -> Se
             f"(model.to(torch.{dtype})), or leave dtype unset to run in the model's"
         )
     return dataclasses.replace(settings, dtype=model_dtype)
-
-
-def _jsonable(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return repr(value)
-
-
-def _check_same_run(run_dir: Path, config: Mapping[str, Any]) -> None:
-    """A resume must continue the same experiment: everything but stop_at, workers and the dp budget and noise as
-    saved."""
-    path = run_dir / "config.json"
-    if not (run_dir / "checkpoint.pt").exists() or not path.exists():
-        raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from; run without resume=True")
-    from bayesadmm.engine.rundir import read_bytes
-
-    saved = json.loads(read_bytes(path))  # never through a link out of the run directory
-    mine = json.loads(json.dumps(config))
-    for key in ("stop_at", "workers"):
-        saved.get("settings", {}).pop(key, None)
-        mine["settings"].pop(key, None)
-    for key in ("dp_epsilon", "dp_noise"):  # a larger budget (or other noise) goes on: the accountant has each round's
-        saved.get("dp", {}).pop(key, None)
-        mine.get("dp", {}).pop(key, None)
-    differ = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
-    if differ:
-        raise ValueError(
-            f"{run_dir} holds a different run (it differs in {', '.join(differ)}); "
-            f"resume with the same arguments, or choose another out="
-        )

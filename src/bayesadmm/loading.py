@@ -169,7 +169,9 @@ def _api_run(
         raise RunDirError(_unregistered(run_dir, repr(method)))
     sizes = _client_sizes(run_dir, config["clients"])
     settings = config["settings"] if isinstance(config["settings"], Mapping) else {}
-    make = algorithm_factory(method, dict(config["hparams"]), flat, sizes, likelihood, settings.get("rounds"))
+    # the run's compile choice: "on" for a run written before the setting (its kernels were compiled)
+    schedule = (settings.get("rounds"), settings.get("participation", 1.0), settings.get("compile", "on"))
+    make = algorithm_factory(method, dict(config["hparams"]), flat, sizes, likelihood, *schedule)
     if isinstance(config.get("dp"), Mapping):  # a private run: its server state is the private wrapper's
         from bayesadmm.algorithms.spec import get
         from bayesadmm.privacy import DPSettings, private_factory

@@ -37,15 +37,16 @@ def make(
     num_clients: int | None = None,
     likelihood: Any = None,
     rounds: int | None = None,
+    compile: str = "auto",
     **hyperparameters: Any,
 ) -> Algorithm:
     """Build a registered method by name from keyword hyperparameters and what the engine would supply (`Context`):
     `num_clients=K` without `client_sizes` stands for K clients of one example each (for the methods that only count
-    them)."""
+    them); `compile`: the run's setting ("auto", "on", "off"; `Context.compile`)."""
     spec = get(name)
     if client_sizes is None:
         client_sizes = {k: 1 for k in range(num_clients or 0)}
-    context = Context(dim=dim, model=model, client_sizes=dict(client_sizes), likelihood=likelihood, rounds=rounds)
+    context = Context(dim, model, dict(client_sizes), likelihood, rounds, compile=compile)
     return spec.build(spec.make_hparams(**hyperparameters), context)
 
 

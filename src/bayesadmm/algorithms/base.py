@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from bayesadmm.optim.kernels import compile_enabled
 from bayesadmm.trees import register
 
 Message = dict[str, Tensor]
@@ -128,6 +129,13 @@ def trains_in_cohorts(algorithm: Algorithm) -> bool:
     """Whether the engine can train `algorithm`'s clients in batched cohorts: its client step is a `LocalStep` whose
     solver `batches`."""
     return algorithm.local is not None and batches(algorithm.local.solver)
+
+
+def compiled_kernels(algorithm: Algorithm) -> bool | None:
+    """Whether `algorithm`'s client solves call compiled kernels: its local solver's `compiled` choice (IVON's,
+    `optim.compilation`), False where BAYESADMM_COMPILE=0 overrides it; None for a solver without that choice."""
+    compiled = getattr(algorithm.local.solver, "compiled", None) if algorithm.local is not None else None
+    return None if compiled is None else bool(compiled) and compile_enabled()
 
 
 def update_from(name: str, local: LocalStep) -> Callable[[Any, Message, Any, torch.Generator], tuple]:

@@ -20,6 +20,7 @@ The keywords `cosine_rounds` (the method's `cosine: true` sets it to the run's l
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from bayesadmm.algorithms import bayes_admm
@@ -27,6 +28,7 @@ from bayesadmm.algorithms.base import Algorithm
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian
+from bayesadmm.optim.compilation import decide
 from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.solvers.ivon import ConstantLR, CosineLR, IVONSolver, RestartAtHessInit, RestartAtQg
 
@@ -43,9 +45,11 @@ def make_solver(
     clip_radius: float = float("inf"),
     cosine_rounds: int | None = None,
     restart_at_q_g: bool = False,
+    compiled: bool = True,
 ) -> IVONSolver:
-    """The IVON client solver `make` uses: cosine decay over `cosine_rounds` rounds (None: constant lr), and rounds
-    after the first starting at q_g with `restart_at_q_g` (else at h0 every round, Alg. 2)."""
+    """The IVON client solver `make` uses: cosine decay over `cosine_rounds` rounds (None: constant lr), rounds
+    after the first starting at q_g with `restart_at_q_g` (else at h0 every round, Alg. 2), and the compiled kernels
+    or (`compiled=False`) the eager maths."""
     schedule = ConstantLR() if cosine_rounds is None else CosineLR(cosine_rounds)
     start = RestartAtQg() if restart_at_q_g else RestartAtHessInit()
     return IVONSolver(
@@ -60,6 +64,7 @@ def make_solver(
         clip_radius=clip_radius,
         schedule=schedule,
         start=start,
+        compiled=compiled,
     )
 
 
@@ -81,6 +86,7 @@ def make(
     restart_at_q_g: bool = False,
     server_rho: float | None = None,
     name: str = "ivon-admm",
+    compiled: bool = True,
 ) -> Algorithm:
     """IVON-ADMM over `dim` parameters: ρ = `rho`, dual step γ = `gamma`, prior precision δ = `delta`, server
     proximal weight ρ_s = `server_rho` (default ρ); the IVON settings as `make_solver` takes them."""
@@ -96,6 +102,7 @@ def make(
         clip_radius=clip_radius,
         cosine_rounds=cosine_rounds,
         restart_at_q_g=restart_at_q_g,
+        compiled=compiled,
     )
     return bayes_admm.make(
         DiagonalGaussian(dim), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name
@@ -117,6 +124,7 @@ def make_pvi(
     clip_radius: float = float("inf"),
     cosine_rounds: int | None = None,
     restart_at_q_g: bool = False,
+    compiled: bool = True,
 ) -> Algorithm:
     """IVON-PVI: ρ = 1, α = 1 (no server proximal term), dual step γ = `damping`; IVON settings as in `make`."""
     return make(
@@ -137,6 +145,7 @@ def make_pvi(
         restart_at_q_g=restart_at_q_g,
         server_rho=0.0,
         name="ivon-pvi",
+        compiled=compiled,
     )
 
 
@@ -158,9 +167,17 @@ class IVONSettings:
     restart_at_q_g: bool = False
 
     def solver_keywords(self, context: Context, name: str) -> dict:
-        """The keywords `make` and `make_pvi` take for the solver, the cosine schedule's length from `context`."""
+        """The keywords `make` and `make_pvi` take for the solver, the cosine schedule's length and the kernels'
+        choice (`compiled`) from `context`."""
         keywords = {f.name: getattr(self, f.name) for f in dataclasses.fields(IVONSettings) if f.name != "cosine"}
-        return keywords | {"cosine_rounds": cosine_rounds(self.cosine, context, name)}
+        compiled = decide(context.compile, context.dim, self.local_steps(context))
+        return keywords | {"cosine_rounds": cosine_rounds(self.cosine, context, name), "compiled": compiled}
+
+    def local_steps(self, context: Context) -> float:
+        """The IVON steps the run's clients take in all: epochs × ⌈N_k / batch_size⌉ per client and round, over the
+        run's rounds (one where unknown) with its fraction of clients per round."""
+        per_round = sum(self.epochs * math.ceil(n / self.batch_size) for n in context.client_sizes.values())
+        return per_round * (context.rounds or 1) * context.participation
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -47,14 +47,18 @@ __all__ = ["Context", "MethodSpec", "register", "get", "names", "specs", "choice
 @dataclass(frozen=True)
 class Context:
     """What the engine supplies to a method's `build`: the parameter dimension, the model, each client's number of
-    examples (client id -> N_k), the clients' likelihood (None where the caller has none to give) and the run's
-    number of rounds (for schedules over the whole run, e.g. IVON's `cosine`; None where unknown)."""
+    examples (client id -> N_k), the clients' likelihood (None where the caller has none to give), the run's
+    number of rounds (for schedules over the whole run, e.g. IVON's `cosine`; None where unknown), the fraction of
+    clients per round, and the run's `compile` setting ("auto", "on", "off"), which a method with compiled kernels
+    turns into its solver's choice (`optim.compilation.decide`, from its local steps over the run)."""
 
     dim: int
     model: FlatModel | None = None
     client_sizes: Mapping[int, int] = field(default_factory=dict)
     likelihood: Likelihood | None = None
     rounds: int | None = None
+    participation: float = 1.0
+    compile: str = "auto"
 
     @property
     def num_clients(self) -> int:

@@ -11,15 +11,16 @@ def add_parser(commands) -> argparse.ArgumentParser:
     precompile = commands.add_parser(
         "precompile",
         help="compile the fused kernels of a scenario's runs into torch's on-disk cache (make setup does this)",
-        description="Runs each of the scenario's methods with an Adam or IVON local solver for two short rounds "
-        "(one client at a time and in cohorts) and the drop-in optimizer, so that later runs find their compiled "
-        "kernels in the cache instead of compiling them in their first round.",
+        description="Runs each of the scenario's methods whose runs compile their kernels (IVON's solver, where "
+        "compile=auto compiles for the scenario; the others are skipped) for two short rounds with compile=on (one "
+        "client at a time and in cohorts) and the drop-in optimizer, so that later runs find their compiled kernels "
+        "in the cache instead of compiling them in their first round.",
     )
     precompile.add_argument(
         "scenario", nargs="?", default="fmnist-heterog10", help="a preset (default fmnist-heterog10)"
     )
     precompile.add_argument(
-        "--methods", default=None, help="comma-separated methods (default: the preset's with an Adam or IVON solver)"
+        "--methods", default=None, help="comma-separated methods (default: the preset's; those that compile run)"
     )
     precompile.add_argument(
         "--cohorts", default="0,4", help="comma-separated cohort settings to run each method with (default 0,4)"

@@ -21,8 +21,9 @@ RESUME_MAY_CHANGE = frozenset(
     {"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device", "dp_epsilon", "dp_noise"}
     | {"resume", "overwrite", "round_timeout", "discovery_timeout"}
 )
-# a key a configuration written before it existed leaves out, and the value that means: (key, JSON value)
-IMPLIED = {"dtype": json.dumps("float32")}
+# a key a configuration written before it existed leaves out, and the value that means: (key, JSON value); the
+# kernels were compiled before `compile` chose (the command line's key, and bayesadmm.run's)
+IMPLIED = {"dtype": json.dumps("float32"), "compile": json.dumps("on"), "settings.compile": json.dumps("on")}
 
 
 def flat_settings(config: Mapping, prefix: str = "") -> dict[str, str]:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from bayesadmm import reports
-from bayesadmm.algorithms.base import info_scalars
+from bayesadmm.algorithms.base import compiled_kernels, info_scalars
 from bayesadmm.clients import fingerprint
 from bayesadmm.engine import personal
 from bayesadmm.engine.checkpoint import final_status, save_checkpoint
@@ -157,7 +157,8 @@ class Run:
         self._cohort = settings.cohort or automatic_cohort(
             len(self.ids), self._workers, settings.device, self.algorithm
         )
-        layout = {"workers": self._workers, "cohort": self._cohort} if self.runner is None else {}
+        layout: dict[str, Any] = {"workers": self._workers, "cohort": self._cohort} if self.runner is None else {}
+        layout["compiled_kernels"] = compiled_kernels(self.algorithm)  # the run's `compile` setting, decided
         record_environment(self.run_dir, settings.device, start, layout)
         self.history = _read_metrics(self.metrics_path, start)
         # drop rounds after the checkpoint (a kill here leaves the old file whole: the next resume drops them again)

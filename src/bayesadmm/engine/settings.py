@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from bayesadmm.optim.compilation import check_mode
+
 __all__ = ["Settings", "DTYPES", "KEYS", "check_device", "problems", "dtype_name"]
 
 # the engine's precisions: name → torch dtype
@@ -46,7 +48,9 @@ class Settings:
     batching is no faster; each worker's clients on a GPU).
     `stop_at`: stop after that round with the schedule of `rounds` (0: run all). `checkpoint_every`: write the
     checkpoint every N rounds (and after the last). `dtype`: "float32" or "float64", the precision of the server's
-    state and the evaluation (`torch_dtype`)."""
+    state and the evaluation (`torch_dtype`). `compile`: "auto" (default), "on" or "off": whether the local solvers
+    call compiled kernels (IVON's; the numbers equal to rounding, not bit for bit), "auto" where the run's local
+    steps win back the compilation (`optim.compilation.decide`, a rule of the run's settings and model only)."""
 
     rounds: int = 10
     seed: int = 0
@@ -58,6 +62,7 @@ class Settings:
     stop_at: int = 0
     cohort: int = 0
     dtype: str = "float32"
+    compile: str = "auto"
 
     def __post_init__(self) -> None:
         found = problems({f.name: getattr(self, f.name) for f in fields(self)})
@@ -91,6 +96,8 @@ def problems(values: Mapping[str, Any], check_machine: bool = True) -> list[str]
         value = values["participation"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             found.append(f"participation must be in (0, 1] (the fraction of clients per round), got {value!r}")
+    if "compile" in values and check_mode(values["compile"]):
+        found.append(str(check_mode(values["compile"])))
     if "dtype" in values and values["dtype"] not in DTYPES:
         found.append(f"dtype must be one of {', '.join(DTYPES)}, got {values['dtype']!r}")
     if "device" in values:

@@ -139,13 +139,16 @@ def make_algorithm_factory(
 ):
     """The configured method's factory: its spec built with the configured hyperparameters and a context of the
     model, the client sizes, `likelihood` (the clients', for the methods that check what they need of it) and the
-    run's rounds (a method's `cosine=true` is a cosine learning-rate schedule over the whole run); with the
-    configuration's differential privacy (`dp=client`, `experiments.privacy`) where it asks for it."""
+    run's rounds (a method's `cosine=true` is a cosine learning-rate schedule over the whole run), participation
+    and `compile` setting (the kernels' choice of the method's solver); with the configuration's differential
+    privacy (`dp=client`, `experiments.privacy`) where it asks for it."""
     from bayesadmm.experiments.config import method_spec
     from bayesadmm.experiments.privacy import dp_settings
 
     spec = method_spec(config.method)
-    make = algorithm_factory(spec, config.hparams, model, client_sizes, likelihood, config.rounds)
+    make = algorithm_factory(
+        spec, config.hparams, model, client_sizes, likelihood, config.rounds, config.participation, config.compile
+    )
     dp = dp_settings(config)
     if dp is None:
         return make

@@ -54,9 +54,9 @@ class RunConfig:
     device: str = "cpu"
     workers: int = 0  # client updates in parallel processes (0: one per core on a CPU, 1 on a GPU; same results)
     checkpoint_every: int = 1  # write checkpoint.pt every this many rounds (and after the last)
-    cohort: int = 0  # train a round's clients this many at a time as one batched computation (0: automatic: on
-    # a CPU up to 16 for Adam, 1 for IVON; each worker's clients on a GPU; 1: one at a time; engine.cohort)
+    cohort: int = 0  # clients trained at a time as one batched computation (0: automatic; 1: one; engine.cohort)
     dtype: str = "float32"  # the precision the run computes in: float32 or float64
+    compile: str = "auto"  # IVON's kernels compiled: auto (where the run wins the compilation back), on or off
     personal_split: float = 0.0  # > 0: hold out this fraction of every client's data as its own test split
     personal_every: int = 0  # evaluate the personal models every N rounds too (0: after the last round only)
     finetune_epochs: int = 3  # local Adam epochs of the personal model of methods without client posteriors
@@ -364,4 +364,4 @@ def load(run_dir: Path) -> RunConfig:
         _validate(dataclasses.replace(config, device="cpu"))  # the device is the machine's, checked by the caller
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}; restore the file, or start a new run") from None
-    return config
+    return config if "compile" in data else dataclasses.replace(config, compile="on")  # older runs compiled

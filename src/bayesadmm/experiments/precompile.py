@@ -4,8 +4,9 @@ The first call of each compiled kernel (`optim.kernels`) in a process runs torch
 seconds per kernel variant, ~15 s before a run's first client has trained. With the compiled code in the on-disk
 cache (Inductor's cache directory, $TORCHINDUCTOR_CACHE_DIR or /tmp/torchinductor_<user>) a later process only
 traces and loads it. `precompile` fills that cache the way the runs themselves would: it runs each of the scenario's
-methods whose local solver is Adam or IVON (those with a cohort solver, `Algorithm.local`) for two rounds of one epoch
-on a small part of the scenario's data and model, one client at a time and in cohorts, then a few steps of the
+methods whose runs call compiled kernels (IVON's solver, where the scenario's run with `compile=auto` compiles:
+`algorithms.base.compiled_kernels`; the others are skipped, and say why) for two rounds of one epoch on a small part
+of the scenario's data and model with `compile=on`, one client at a time and in cohorts, then a few steps of the
 drop-in optimizer `optim.IVON` on the scenario's model. Running the real code paths, not calls of each kernel with
 made-up arguments, is what makes every variant torch.compile tells apart (shapes of size 1, views of a cohort's
 matrices) the one a run will ask for. Kernels compiled with dynamic shapes serve any model and client size.
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 import bayesadmm
-from bayesadmm.algorithms.base import trains_in_cohorts
+from bayesadmm.algorithms.base import compiled_kernels
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import method_parameters, presets, resolve
 from bayesadmm.optim import IVON, kernels
@@ -68,7 +69,7 @@ def precompile(
     """Compile the kernels `scenario`'s runs use into the on-disk cache; False where there was nothing to do (done
     before for this cache, source and torch, or compiling switched off with BAYESADMM_COMPILE=0).
 
-    methods: the methods to run (default: those of the scenario's preset with a cohort solver); cohorts: the
+    methods: the methods to run (default: the scenario preset's, of which those whose runs compile); cohorts: the
     `cohort` settings to run each with (0: the engine's choice for the device and method, `automatic_cohort`; K >= 2:
     cohorts of K); data_fraction: the part of the scenario's training set the short runs use; data_dir: where the
     dataset's files are (default: the scenario's).
@@ -84,20 +85,22 @@ def precompile(
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bayesadmm-precompile-") as scratch:
         model, clients = None, None
+        where = [f"data_dir={data_dir}"] if data_dir else []
         for method in names:
-            overrides = [f"method={method}", "rounds=2", f"data_fraction={data_fraction}", "workers=1"]
-            overrides += [f"data_dir={data_dir}"] if data_dir else []
-            overrides += ["epochs=1"] if "epochs" in method_parameters(method) else []
+            full = build(resolve(scenario, [f"method={method}", *where])[0])  # the scenario's run as it would run
+            model, clients = full.federation.model, full.federation.clients
+            compiled = compiled_kernels(full.algorithm())
+            if not compiled:
+                why = "compile=auto runs it eagerly" if compiled is False else "its solver has no compiled kernels"
+                report(f"precompile: {method}: skipped ({why})")
+                continue
+            overrides = [f"method={method}", "rounds=2", f"data_fraction={data_fraction}", "workers=1", "compile=on"]
+            overrides += where + (["epochs=1"] if "epochs" in method_parameters(method) else [])
             for cohort in cohorts:
                 start = time.perf_counter()
                 out = Path(scratch) / f"{method}-{cohort}"
                 config, _ = resolve(scenario, [*overrides, f"cohort={cohort}", f"out={out}"])
-                built = build(config)
-                model, clients = built.federation.model, built.federation.clients
-                if not trains_in_cohorts(built.algorithm()):
-                    report(f"precompile: {method}: skipped (trains without a cohort solver)")
-                    break
-                run(config, progress=False, built=built)
+                run(config, progress=False)
                 report(f"precompile: {method}, cohort={cohort}: {time.perf_counter() - start:.1f} s")
         if model is not None:
             start = time.perf_counter()

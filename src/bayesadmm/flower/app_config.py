@@ -43,7 +43,7 @@ _TUNABLE = ("stop-at", "round-timeout", "discovery-timeout")  # what a resume ma
 KEYS = {
     *("scenario", "overrides", "model", "algorithm", "hparams", "likelihood", "clients", "rounds", "seed"),
     *("participation", "eval-samples", "device", "dtype", "eval-data", "out", "resume", "overwrite"),
-    *("method", "num-server-rounds", "fraction-train"),
+    *("method", "num-server-rounds", "fraction-train", "compile"),
     *_TUNABLE,
 }
 # Flower's spelling of a run config's keys → this module's (either is accepted; Flower's apps declare Flower's)
@@ -216,6 +216,8 @@ def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> Flowe
         "device": settings.device,
         "dtype": settings.dtype,
         "clients": int(run_config["clients"]),
+        "participation": settings.participation,  # with rounds: the local steps `compile=auto` weighs
+        "compile": settings.compile,
     }
     run_dir = Path(run_config.get("out") or Path("runs") / datetime.now().strftime("flower-%Y%m%d-%H%M%S"))
     return FlowerRun(
@@ -344,6 +346,8 @@ def algorithm_of(
         dict(sizes),
         likelihood if likelihood is not None else likelihood_of(setup),
         None if rounds is None else int(rounds),
+        float(setup.get("participation", 1.0)),
+        str(setup.get("compile", "auto")),
     )
 
 

@@ -6,7 +6,8 @@ run-config conventions:
     method              a registry name             fraction-evaluate  the share of nodes evaluating each round
     <method>.<name>     one hyperparameter of the method, typed (a TOML table ``[tool.flwr.app.config.<method>]``),
                         so ``flwr run . --run-config 'ivon-admm.lr=0.05'`` overrides one of them
-    seed, out, resume, overwrite, stop-at, eval-samples, dtype, device, clients, checkpoint-every   as in `strategy`
+    seed, out, resume, overwrite, stop-at, eval-samples, dtype, device, clients, checkpoint-every, compile
+                        as in `strategy`
     dp, dp-clip, dp-noise, dp-epsilon, dp-delta   differential privacy (`bayesadmm.DPSettings`: dp = "client" or
                         "example", "" for none; dp-noise 0 with a dp-epsilon: calibrated to spend it)
 
@@ -43,7 +44,7 @@ CONFIG_KEYS = {
     "num-server-rounds": "rounds", "fraction-train": "fraction_train", "fraction-evaluate": "fraction_evaluate",
     "seed": "seed", "out": "out", "resume": "resume", "overwrite": "overwrite", "stop-at": "stop_at",
     "eval-samples": "eval_samples", "dtype": "dtype", "device": "device", "clients": "clients",
-    "checkpoint-every": "checkpoint_every",
+    "checkpoint-every": "checkpoint_every", "compile": "compile",
 }  # fmt: skip
 
 
@@ -68,6 +69,7 @@ def strategy(
     checkpoint_every: int = 1,
     timeouts: Timeouts | None = None,
     dp: DPSettings | None = None,
+    compile: str = "auto",
     **hparams: Any,
 ) -> BayesStrategy:
     """The Flower strategy of registry method `method` with hyperparameters `hparams` (checked now) for `model`.
@@ -82,18 +84,20 @@ def strategy(
     nodes' `bayesadmm.flower.client` calls too). `dp`: differential privacy as `bayesadmm.run`'s (docs/guides/
     privacy.md): client level on the server's sum (the replies clipped and the sum noised here, ε per round in the
     metrics line, the run stopping with status "budget" before it would exceed `dp.epsilon`), or example level
-    (DP-Adam on the nodes, which the messages tell the noise multiplier to use)."""
+    (DP-Adam on the nodes, which the messages tell the noise multiplier to use). `compile`: IVON's kernels compiled
+    ("on"), eager ("off") or where the run's local steps make it pay ("auto"), decided alike on every node."""
     spec = get(method)
     record = spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on nodes
     likelihood = likelihood if likelihood is not None else Classification()
     settings = Settings(
         rounds=rounds, seed=seed, participation=fraction_train, eval_samples=eval_samples, device=device,
-        workers=1, checkpoint_every=checkpoint_every, stop_at=stop_at, cohort=1, dtype=dtype,
+        workers=1, checkpoint_every=checkpoint_every, stop_at=stop_at, cohort=1, dtype=dtype, compile=compile,
     )  # fmt: skip
     flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
     setup = {
         "algorithm": method, "hparams": dict(hparams), "likelihood": _spelt(likelihood), "seed": seed,
         "rounds": rounds, "device": device, "dtype": dtype, "clients": clients, "eval_samples": eval_samples,
+        "participation": fraction_train, "compile": compile,
     }  # fmt: skip
     config = {
         "flower-strategy": {**setup, "clients": None, "participation": fraction_train, "model": repr(model)},
@@ -104,7 +108,7 @@ def strategy(
 
     def federation_of(sizes: Mapping[int, int], initial: Mapping[str, Tensor] | None) -> Federation:
         theta0 = _initial(flat, model, initial).to(device, settings.torch_dtype)
-        make = algorithm_factory(method, hparams, flat, dict(sizes), likelihood, rounds)
+        make = algorithm_factory(method, hparams, flat, dict(sizes), likelihood, rounds, fraction_train, compile)
         if dp is not None:
             chosen = dp
             if dp.level == "example":  # the nodes train with DP-Adam: they are told its noise (`client_app`)

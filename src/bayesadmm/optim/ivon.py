@@ -59,7 +59,7 @@ from torch import Tensor
 
 from bayesadmm import rng
 from bayesadmm.checks import all_positive
-from bayesadmm.optim import kernels
+from bayesadmm.optim.compilation import COMPILED, Kernels
 from bayesadmm.optim.ivon_terms import UpdateTerms, _check_delta, _check_positive, _scalar, _vector, update_terms
 from bayesadmm.trees import register
 
@@ -142,13 +142,14 @@ def sample(
     generator: torch.Generator | Tensor | None,
     mc_samples: int = 1,
     check: bool = True,
+    kernels: Kernels = COMPILED,
 ) -> tuple[Tensor, Tensor]:
     """Draw θ_i = m + σ ε_i for i = 1..S: returns (thetas (S, d), eps (S, d)).
 
     The noise comes from `generator`:
     * a 0-d int64 key tensor (`rng.stream_key`): block number `state.step` of that counter-based stream
       (`rng.block_key`, `rng.counter_normal`), drawn inside one fused kernel (`optim.kernels`). Fast; what the
-      federated solver uses.
+      federated solver uses; `kernels` the compiled or eager ones (`optim.compilation`).
     * a torch.Generator, or None for torch's global RNG (what ivon-opt does): one randn((S, d)) call. Note that
       randn((S, d)) is not the same stream as S calls of randn(d); `IVON` draws one row per `sampled_params` entry.
     """
@@ -216,10 +217,17 @@ def update(
     return update_with(state, grads, eps, terms)
 
 
-def update_with(state: IVONState, grads: Tensor, eps: Tensor, terms: UpdateTerms, inplace: bool = False) -> IVONState:
+def update_with(
+    state: IVONState,
+    grads: Tensor,
+    eps: Tensor,
+    terms: UpdateTerms,
+    inplace: bool = False,
+    kernels: Kernels = COMPILED,
+) -> IVONState:
     """`update` with its fixed inputs prepared by `update_terms` (no elementwise checks, as
     `update_and_sample_with`): for the last step of a loop, whose next samples would go unused.
-    inplace=True: see `update_and_sample_with`."""
+    inplace=True and `kernels`: see `update_and_sample_with`."""
     state, args = _writable(state, grads, eps, terms, inplace)
     kernels.update_step_(*args)
     return state._replace(step=state.step + 1)
@@ -273,6 +281,7 @@ def update_and_sample_with(
     mc_samples: int,
     terms: UpdateTerms,
     inplace: bool = False,
+    kernels: Kernels = COMPILED,
 ) -> tuple[IVONState, Tensor, Tensor]:
     """`update_and_sample` with its fixed inputs prepared by `update_terms`: the hot loop's call. No elementwise
     checks: the caller checks h + δ > 0 before the loop and the result for non-finite values after it.
@@ -280,6 +289,7 @@ def update_and_sample_with(
     inplace=True writes the new m, h, g into `state`'s tensors (returned in a state with the step advanced): the same
     numbers, 5–7 % less time per step on the papers' MLP (optim/kernels.py), for a loop that owns its state (e.g. one
     made by `init`, which copies). They must not share memory with each other or the other inputs (checked).
+    `kernels`: the compiled kernels (default) or the eager maths (`optim.compilation.EAGER`), equal to rounding.
     """
     step = state.step + 1
     state, args = _writable(state, grads, eps, terms, inplace)

@@ -10,8 +10,10 @@ torch.compile (Inductor) fuses it, and the sampling kernel draws its noise from 
 
 The functions are plain torch and are the reference: `fused(fn)` compiles them on first use and falls back to running
 them eagerly (with one warning) where compilation is unavailable (no C++ compiler, an unsupported device) or switched
-off with BAYESADMM_COMPILE=0. Compiled and eager agree to rounding (tests/optim/test_kernels.py), not necessarily bit
-for bit (Inductor computes some scalar arithmetic in double precision).
+off with BAYESADMM_COMPILE=0 (an override for tests and debugging). Whether a run calls the compiled or the eager
+ones is its `compile` setting (`optim.compilation`: each solver holds its choice). Compiled and eager agree to
+rounding (tests/optim/test_kernels.py), not necessarily bit for bit (Inductor computes some scalar arithmetic in
+double precision).
 
 Every hyperparameter is a tensor, never a Python float (torch.compile treats Python numbers as constants and would
 recompile for every new learning rate), and every per-coordinate quantity is a full vector even where it is constant
@@ -54,8 +56,9 @@ RECOMPILE_LIMIT = 16
 
 
 def compile_enabled() -> bool:
-    """Whether the kernels are compiled (BAYESADMM_COMPILE=0 switches it off, e.g. to debug in eager mode). Each
-    kernel reads it on its first call, and again after `recheck_compile_enabled`."""
+    """Whether the compiled kernels may compile: False where BAYESADMM_COMPILE=0 (an override for tests and
+    debugging; a run's own choice is its `compile` setting, `optim.compilation`). Each kernel reads it on its first
+    call, and again after `recheck_compile_enabled`."""
     return os.environ.get("BAYESADMM_COMPILE", "1") != "0"
 
 

@@ -4,10 +4,11 @@ Each client's solve starts as `solve` starts it (`IVONSolver.setup`: its moments
 generator), its shuffles are drawn next from the same generator (`plan_batches`), and its posterior is read off as
 `solve` reads it (`IVONSolver.result`). In between, the clients' IVON states are the rows of (K, d) matrices and every
 step is batched: the minibatch gradients at the clients' samples (`batch_gradients`), IVON's update by the fused
-kernel `kernels.update_step_` on the rows of the active clients seen as one long vector (every per-client quantity,
-ess included, laid out per coordinate), and the next samples by `kernels.sample_rows_step` with each client's own
-noise block (`rng.block_key` of its key and its step). The arithmetic per coordinate is `solve`'s, so the results are
-its results up to the rounding of the batched products.
+kernel `update_step_` on the rows of the active clients seen as one long vector (every per-client quantity, ess
+included, laid out per coordinate), and the next samples by `sample_rows_step` with each client's own noise block
+(`rng.block_key` of its key and its step); both of the solver's kernels (`IVONSolver.kernels`: compiled or eager).
+The arithmetic per coordinate is `solve`'s, so the results are its results up to the rounding of the batched
+products.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor
 
 from bayesadmm import rng
-from bayesadmm.optim import ivon, kernels
+from bayesadmm.optim import ivon
 from bayesadmm.solvers.cohort import StackedClients, batch_gradients, plan_batches
 from bayesadmm.solvers.von import SolveResult, SubproblemError, VariationalProblem
 
@@ -60,6 +61,7 @@ def ivon_cohort(
     def flat(x: Tensor, count: int) -> Tensor:
         return x[:count].view(count * d)
 
+    kernels = solver.kernels  # compiled or eager, as the solver's `compiled` says
     try:
         thetas, eps = kernels.sample_rows_step(
             mean, hess, fixed["delta"], ess, block_keys(k, base), samples

@@ -38,6 +38,7 @@ from bayesadmm import rng
 from bayesadmm.checks import all_finite, all_positive
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.optim import ivon
+from bayesadmm.optim.compilation import Kernels, kernels_for
 from bayesadmm.solvers.adam import minibatches
 from bayesadmm.solvers.cohort_ivon import ivon_cohort
 from bayesadmm.solvers.von import SolveResult, SubproblemError, VariationalProblem, VariationalSolver
@@ -138,6 +139,9 @@ class IVONSolver(VariationalSolver):
     clip_radius: float = float("inf")
     schedule: LRSchedule = field(default_factory=ConstantLR)  # the step size of each round
     start: RoundStart = field(default_factory=RestartAtHessInit)  # what each round's IVON state starts from
+    # the compiled kernels or the eager maths (equal to rounding): a run's `compile` setting decides
+    # (`optim.compilation.decide`, e.g. eagerly for a small model whose run would not win back the compilation)
+    compiled: bool = True
     # one client at a time where the engine chooses on a CPU: IVON's per-step passes over the parameters (drawing
     # the noise, the update) cost per client what they cost batched: cohorts of 5 to 32 took 1.03-1.19 of the
     # per-client round's time on one thread (`python benchmarks/cohort.py --method ivon-admm`) and 1.09 of it with
@@ -168,6 +172,11 @@ class IVONSolver(VariationalSolver):
             problems.append(f"clip_radius must be > 0 (inf: no clipping), got {self.clip_radius}")
         if problems:
             raise ValueError("IVONSolver: " + "; ".join(problems))
+
+    @property
+    def kernels(self) -> Kernels:
+        """The fused kernels the solves call: compiled or eager, as `compiled` says."""
+        return kernels_for(self.compiled)
 
     def setup(self, problem: VariationalProblem, data, generator: torch.Generator) -> Setup:
         """Everything a client's solve starts from (the first draw from its generator, the noise key, included)."""
@@ -228,7 +237,8 @@ class IVONSolver(VariationalSolver):
         state, terms, ess, delta, noise_key = setup = self.setup(problem, data, generator)
         steps = 0
         try:
-            thetas, eps = ivon.sample(state, ess, delta, noise_key, self.mc_samples, check=False)
+            kernels = self.kernels
+            thetas, eps = ivon.sample(state, ess, delta, noise_key, self.mc_samples, check=False, kernels=kernels)
             batches = minibatches(data.num_examples, self.batch_size, self.epochs, generator, state.mean.device)
             idx = next(batches, None)
             while idx is not None:
@@ -241,10 +251,10 @@ class IVONSolver(VariationalSolver):
                 idx = next(batches, None)
                 # in place: the state is this solve's own (RoundStart's contract; ivon.init copies m_g)
                 if idx is None:  # the last step: no sample after it (its noise is a third of a 2-step client's)
-                    state = ivon.update_with(state, grads, eps, terms, inplace=True)
+                    state = ivon.update_with(state, grads, eps, terms, inplace=True, kernels=kernels)
                 else:  # the update and the next step's samples in one pass
                     state, thetas, eps = ivon.update_and_sample_with(
-                        state, grads, eps, noise_key, self.mc_samples, terms, inplace=True
+                        state, grads, eps, noise_key, self.mc_samples, terms, inplace=True, kernels=kernels
                     )
                 steps += 1
         except ValueError as exc:  # IVON refuses to sample once h + δ ≤ 0: the dual curvature won
