@@ -52,7 +52,7 @@ def _wait(out: Path, states: tuple, runner, deployment, timeout: float) -> dict:
 def test_a_restarted_supernode_is_picked_up_again_with_its_state(tmp_path):
     files, test, node_configs = _setup(tmp_path)
     out = tmp_path / "run"
-    run_config = {"eval-data": str(test), "out": str(out), "num-server-rounds": 4, "round-timeout": 60.0}
+    run_config = {"eval-data": str(test), "out": str(out), "clients": 3, "num-server-rounds": 4, "round-timeout": 60.0}
     result = run_deployment(EXAMPLE, run_config, node_configs, tmp_path / "deployment", kill_after_round=1,
                             restart=True, timeout=300.0, echo=lambda text: None)
     assert result["killed"] and result["status"]["status"] == "completed"
@@ -79,7 +79,7 @@ def test_a_stopped_deployment_resumes_with_the_numbers_of_the_local_engine(tmp_p
     out = tmp_path / "run"
     with Deployment(tmp_path / "deployment", 3, node_configs) as deployment:
         deployment.start()
-        first = deployment.flwr_run(EXAMPLE, {"eval-data": str(test), "out": str(out), "num-server-rounds": 4, "stop-at": 2, "round-timeout": 120.0})
+        first = deployment.flwr_run(EXAMPLE, {"eval-data": str(test), "out": str(out), "clients": 3, "num-server-rounds": 4, "stop-at": 2, "round-timeout": 120.0})
         assert _wait(out, ("stopped", "failed"), first, deployment, 300)["status"] == "stopped"
         first.wait(timeout=60)
         deployment.processes.pop("flwr-run")

@@ -75,3 +75,14 @@ def test_flwr_run_of_the_preset_app_works_out_of_the_box(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1 and _status(runs[0]) == "completed", (runs[0] / "flower.log").read_text()
+
+
+def test_flwr_run_of_the_own_model_example_works_out_of_the_box(tmp_path):
+    """examples/flower on the simulation: its nodes have no file, so the app's loader draws theirs by partition-id."""
+    app = tmp_path / "app"
+    shutil.copytree(ROOT / "examples" / "flower", app)
+    done = _flwr_run(app, tmp_path, "--run-config", 'num-server-rounds=2 out="runs/example"')
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "example"
+    assert _status(run_dir) == "completed", (run_dir / "flower.log").read_text()
+    assert "ens_test_acc" in (run_dir / "metrics.jsonl").read_text()

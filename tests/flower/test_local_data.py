@@ -200,8 +200,8 @@ def test_flower_resume_builds_the_flwr_run_command_and_checks_the_run_directory(
 def test_a_run_config_with_a_mistake_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="unknown run config key.*round; valid: .*rounds"):
         flower_run({"model": "user_app:make_model", "round": 3})
-    with pytest.raises(ValueError, match="eval-data= is not"):
-        flower_run({"model": "user_app:make_model", "clients": 3})
+    with pytest.raises(ValueError, match="clients= must be"):
+        flower_run({"model": "user_app:make_model", "clients": -1})
     with pytest.raises(ValueError, match="resume=true needs out="):
         flower_run({"resume": True, "out": str(tmp_path)})
     with pytest.raises(ValueError, match="model=nomodule:f: cannot import nomodule"):

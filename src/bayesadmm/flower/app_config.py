@@ -35,7 +35,7 @@ from bayesadmm.federated import algorithm_factory
 from bayesadmm.flower.loaders import entry_point, load_tensors
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
 from bayesadmm.models import FlatModel
-from bayesadmm.userdata import check_data
+from bayesadmm.userdata import as_tensors, check_data
 
 APP_CONFIG = "flower.json"  # in the run directory: the run config a resume starts from
 _TUNABLE = ("stop-at", "round-timeout", "discovery-timeout")  # what a resume may change
@@ -43,7 +43,7 @@ _TUNABLE = ("stop-at", "round-timeout", "discovery-timeout")  # what a resume ma
 KEYS = {
     *("scenario", "overrides", "model", "algorithm", "hparams", "likelihood", "clients", "rounds", "seed"),
     *("participation", "eval-samples", "device", "dtype", "eval-data", "out", "resume", "overwrite"),
-    *("method", "num-server-rounds", "fraction-train", "compile"),
+    *("method", "num-server-rounds", "fraction-train", "compile", "loader"),
     *_TUNABLE,
 }
 # Flower's spelling of a run config's keys → this module's (either is accepted; Flower's apps declare Flower's)
@@ -199,12 +199,8 @@ def _preset_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> Flo
 
 def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> FlowerRun:
     """A run of your own model: its Settings, and the setup every node builds the model and algorithm from."""
-    if not run_config.get("eval-data"):
-        raise ValueError(
-            'model= is set but eval-data= is not: name the server\'s evaluation file (eval-data="test.npz")'
-        )
-    if int(run_config.get("clients") or 0) < 1:
-        raise ValueError("clients= must be the number of SuperNodes (clients) of the run, at least 1")
+    if int(run_config.get("clients") or 0) < 0:
+        raise ValueError("clients= must be the number of SuperNodes (clients) of the run, or 0: their num-partitions")
     settings = _settings(run_config)
     setup: dict[str, Any] = {
         "model": str(run_config["model"]),
@@ -215,7 +211,8 @@ def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> Flowe
         "rounds": settings.rounds,  # for a registered method's schedules over the run (e.g. cosine=true)
         "device": settings.device,
         "dtype": settings.dtype,
-        "clients": int(run_config["clients"]),
+        "clients": int(run_config.get("clients") or 0) or None,  # None: the nodes' num-partitions
+        "loader": str(run_config.get("loader") or ""),  # for nodes whose node config names no data (simulation)
         "participation": settings.participation,  # with rounds: the local steps `compile=auto` weighs
         "compile": settings.compile,
     }
@@ -224,11 +221,11 @@ def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> Flowe
         settings,
         run_dir,
         setup,
-        int(run_config["clients"]),
+        int(run_config.get("clients") or 0),
         timeouts,
         bool(run_config.get("resume")),
         bool(run_config.get("overwrite")),
-        eval_data=str(run_config["eval-data"]),
+        eval_data=str(run_config.get("eval-data") or ""),
         app_config=_app_config(run_config),
     )
 
@@ -381,14 +378,18 @@ def user_federation(run: FlowerRun, sizes: Mapping[int, int]) -> Federation:
     set, the model's initial parameters."""
     model, initial = model_of(run.setup)
     theta0, likelihood = initial().to(run.dtype), likelihood_of(run.setup)  # in the run's precision
-    _, (X, y) = check_data(model, theta0, likelihood, {}, load_tensors(run.eval_data))  # as bayesadmm.run's test set
+    X, y = None, None  # without eval-data the server scores nothing (the metrics line has no test_* keys)
+    if run.eval_data:  # a file of X and y, or module:function returning them; checked as bayesadmm.run's test set
+        is_file = Path(run.eval_data).suffix in (".npz", ".pt")
+        found = load_tensors(run.eval_data) if is_file else entry_point(run.eval_data, "eval-data")()
+        _, (X, y) = check_data(model, theta0, likelihood, {}, as_tensors(found, "eval-data"))
     device = run.settings.device
     return Federation(
         model,
         NodeClients(dict(sizes)),
         algorithm_of(run.setup, model, sizes),
         theta0.to(device),
-        X.to(device),
-        y.to(device),
+        None if X is None else X.to(device),
+        None if y is None else y.to(device),
         likelihood,
     )

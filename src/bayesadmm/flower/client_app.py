@@ -97,6 +97,8 @@ def client_data(text: str, setup: Mapping[str, Any], node_config: Mapping[str, A
                 data = preset_slice(setup["preset"], k, data_dir)
         else:
             model, _ = model_of(setup)
+            if not (node_config.get("data") or node_config.get("loader")) and setup.get("loader"):
+                node_config = {**node_config, "loader": setup["loader"]}  # the app's loader (a simulation's nodes)
             data = node_data(node_config, model, likelihood_of(setup), setup["device"], k, _dtype(setup))
             if data is None:
                 raise ValueError(

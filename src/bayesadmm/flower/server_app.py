@@ -73,7 +73,7 @@ def strategy_of(run: FlowerRun) -> BayesStrategy:
     else:
 
         def federation_of(sizes: Mapping[int, int], initial: object) -> Federation:
-            missing = sorted(set(range(run.clients)) - set(sizes))
+            missing = sorted(set(range(run.clients or max(sizes, default=-1) + 1)) - set(sizes))
             if missing:
                 raise RuntimeError(
                     f"after {run.timeouts.discovery:g} s no SuperNode holds client(s) {missing}; start them "
@@ -94,7 +94,7 @@ def strategy_of(run: FlowerRun) -> BayesStrategy:
         log(f"round {line['round']}: {line['participants']} clients, " + ", ".join(scores[:1]))
 
     return BayesStrategy(
-        federation_of, setup, run.settings, run.run_dir, config=run.config_record, clients=run.clients,
+        federation_of, setup, run.settings, run.run_dir, config=run.config_record, clients=run.clients or None,
         fraction_evaluate=0.0, timeouts=run.timeouts, resume=run.resume, overwrite=run.overwrite, title=run.title,
         on_start=started, on_round=on_round,
     )  # fmt: skip
