@@ -138,6 +138,7 @@ def run(
     stop_at: int = 0,
     cohort: int = 0,
     dtype: str | None = None,
+    client_store: str = "auto",
     out: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -190,6 +191,8 @@ def run(
             GPU); 1: one client at a time.
         dtype: "float32" or "float64", the precision the run computes in; by default the model's (a float64
             module runs in float64). One that differs from the model's parameters is an error: cast the model.
+        client_store: where the client states live: "memory", "disk" (block files in the run directory, at most
+            a bounded cache of them in memory) or "auto" (on disk above 2000 clients); the same numbers either way.
         out: the run directory (default: a new `runs/run-<date-time>`).
         resume: continue the checkpoint in `out`, called with the same arguments; the numbers are those an
             uninterrupted run would have.
@@ -214,6 +217,7 @@ def run(
         stop_at=stop_at,
         cohort=cohort,
         dtype=dtype or "float32",
+        client_store=client_store,
     )
     likelihood = _checked_arguments(hparams, likelihood)
     flat, theta0 = _flat_model(model)

@@ -16,7 +16,7 @@ __all__ = ["RESUME_MAY_CHANGE", "IMPLIED", "check_same_run", "flat_settings"]
 # device (the numbers are those of the run's configuration, only rounded differently by another processor), and a
 # Flower run config's launch flags and timeouts (its keys are spelt with '-': stop-at, round-timeout, ...)
 RESUME_MAY_CHANGE = frozenset(
-    {"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device"}
+    {"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device", "client_store"}
     | {"resume", "overwrite", "round_timeout", "discovery_timeout"}
 )
 # a key a configuration written before it existed leaves out, and the value that means: (key, JSON value)

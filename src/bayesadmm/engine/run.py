@@ -16,7 +16,7 @@ import torch
 from bayesadmm import reports
 from bayesadmm.algorithms.base import info_scalars
 from bayesadmm.clients import fingerprint
-from bayesadmm.engine import personal
+from bayesadmm.engine import personal, store
 from bayesadmm.engine.cohort import automatic_cohort
 from bayesadmm.engine.federation import (
     BREAKDOWNS,
@@ -46,6 +46,7 @@ from bayesadmm.engine.rundir import (
 from bayesadmm.engine.runners import ClientRunner, RunnerFactory, check_states, remove_stale_shards
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.store import StoreSpec, store_kind
 from bayesadmm.metrics import evaluate
 
 __all__ = ["Run"]
@@ -198,8 +199,9 @@ class Run:
             self.checkpoint()
         else:
             self.server = checkpoint["server"]
+            # those of a checkpoint the kill did not let finish, before a disk store writes blocks of its own
+            remove_stale_shards(self.run_dir, checkpoint)
             self.clients.restore(checkpoint, self.run_dir)
-            remove_stale_shards(self.run_dir, checkpoint)  # those of a checkpoint the kill did not let finish
 
     def _make_clients(self) -> ClientRunner:
         if self.runner is not None:
@@ -212,6 +214,7 @@ class Run:
             self._workers,
             self.algorithm,
             cohort_size=self._cohort if self._cohort > 1 else 0,
+            store=StoreSpec(store_kind(self.settings.client_store, len(self.ids)), self.run_dir, store.CACHE_BYTES),
         )
 
     # ---- rounds ----------------------------------------------------------------------------------------------------

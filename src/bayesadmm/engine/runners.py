@@ -25,6 +25,7 @@ import torch
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
 from bayesadmm.engine.rundir import SHARD_NAME, SHARDS, RunDirError, load_state, real_folder, save_state, shard_path
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.store import DiskStore, MemoryStore, StoreSpec, make_store, read_block
 
 __all__ = [
     "ClientRunner",
@@ -35,6 +36,7 @@ __all__ = [
     "checkpointed_states",
     "check_states",
     "remove_stale_shards",
+    "read_shard",
     "SHARDS",
 ]
 
@@ -94,20 +96,24 @@ RunnerFactory = Callable[[Algorithm, int], ClientRunner]
 
 
 class LocalClients:
-    """The states and updates of `clients` (id → data), one client after the other in this process."""
+    """The states and updates of `clients` (id → data), one client after the other in this process; the states in
+    the store `store` describes (`engine.store`: in memory by default)."""
 
-    def __init__(self, algorithm: Algorithm, clients: Mapping[int, Any], seed: int):
+    def __init__(self, algorithm: Algorithm, clients: Mapping[int, Any], seed: int, store: StoreSpec | None = None):
         self.algorithm, self.clients, self.seed = algorithm, dict(clients), seed
-        self._states: dict[int, Any] = {}
+        self._states: MemoryStore | DiskStore = make_store(store, self.clients)
         self.last_info: dict[int, dict[str, float]] = {}  # the scalars of each client's info record, last round
 
     def start(self, server) -> None:
         """Every client's initial state, from the initial server state."""
-        self._states = {k: self.algorithm.init_client(server, k) for k in self.clients}
+        self._states.fill(self.clients, lambda k: self.algorithm.init_client(server, k))
 
     def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
         """The client states a checkpoint recorded (`save`'s record in checkpoint.pt: the states, or shards)."""
-        self._states = checkpointed_states(checkpoint, run_dir, self.clients)
+        if isinstance(self._states, DiskStore):
+            self._states.restore(checkpoint, run_dir)
+        else:
+            self._states = MemoryStore(checkpointed_states(checkpoint, run_dir, self.clients))
 
     def units(self, chosen: Sequence[int]) -> list[list[int]]:
         """The `chosen` clients grouped as they train: one at a time here, a cohort at a time in `CohortClients`."""
@@ -135,13 +141,19 @@ class LocalClients:
         return dict(self._states)
 
     def save(self, run_dir: Path, round_: int) -> dict:
-        """The checkpoint's record of the client states: the states themselves (they are in this process)."""
+        """The checkpoint's record of the client states: the states themselves (they are in this process), or the
+        disk store's blocks."""
+        if isinstance(self._states, DiskStore):
+            return {"shards": self._states.flush()}
         return {"clients": self.states()}
 
-    def write_shard(self, path: Path) -> dict:
-        """Write the states to `path` (complete or not at all, synced); the shard's entry in checkpoint.pt."""
-        save_state(path, self._states)
-        return {"file": f"{path.parent.name}/{path.name}", "clients": sorted(self._states)}
+    def write_shard(self, path: Path) -> list[dict]:
+        """Write the states to `path` (complete or not at all, synced), or flush the disk store's blocks; the entries
+        of checkpoint.pt's list of shards."""
+        if isinstance(self._states, DiskStore):
+            return self._states.flush()
+        save_state(path, dict(self._states))
+        return [{"file": f"{path.parent.name}/{path.name}", "clients": sorted(self._states)}]
 
     def close(self) -> None:
         pass
@@ -157,7 +169,7 @@ def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int
         found, needed = {}, set(wanted)
         for shard in checkpoint["shards"]:
             if not needed.isdisjoint(shard["clients"]):
-                states = load_state(shard_path(run_dir, shard["file"]))
+                states = read_shard(run_dir, shard)
                 found.update((k, state) for k, state in states.items() if k in needed)
     missing = [k for k in wanted if k not in found]
     if missing:
@@ -180,7 +192,7 @@ def check_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> N
         ):
             raise RunDirError(f"{path} lists its shards in a form the engine does not write; start the run again")
         for shard in shards:
-            states = load_state(shard_path(run_dir, shard["file"]))
+            states = read_shard(run_dir, shard)
             if not isinstance(states, dict) or sorted(states) != sorted(shard["clients"]):
                 raise RunDirError(
                     f"{shard_path(run_dir, shard['file'])} does not hold the clients {path} lists for it; "
@@ -193,6 +205,15 @@ def check_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> N
             f"{path} has no state for clients {missing[:10]}{' ...' if len(missing) > 10 else ''}; "
             "resume with the run's own clients, or start a new run"
         )
+
+
+def read_shard(run_dir: Path, shard: Mapping) -> dict[int, Any]:
+    """The states in the shard file a checkpoint lists (`shard`: its entry): a worker's shard, or a disk store's
+    block (checked against the sha256 the entry records); a RunDirError naming the file where it is not whole."""
+    path = shard_path(run_dir, shard["file"])
+    if path.suffix == ".safetensors":
+        return read_block(path, shard.get("sha256"))
+    return load_state(path)
 
 
 def remove_stale_shards(run_dir: Path, record: Mapping) -> None:

@@ -23,6 +23,9 @@ __all__ = ["Settings", "DTYPES", "KEYS", "check_device", "problems", "dtype_name
 # the engine's precisions: name → torch dtype
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 
+# where client states live (`engine.store.STORES`; spelt here so that settings import nothing of the engine)
+CLIENT_STORES = ("auto", "memory", "disk")
+
 # integer keys: (smallest valid value, what the values mean, for the message)
 _INTEGERS: dict[str, tuple[int, str]] = {
     "rounds": (1, "the communication rounds"),
@@ -46,7 +49,9 @@ class Settings:
     batching is no faster; each worker's clients on a GPU).
     `stop_at`: stop after that round with the schedule of `rounds` (0: run all). `checkpoint_every`: write the
     checkpoint every N rounds (and after the last). `dtype`: "float32" or "float64", the precision of the server's
-    state and the evaluation (`torch_dtype`)."""
+    state and the evaluation (`torch_dtype`). `client_store`: where the client states live, "memory", "disk" (block
+    files in the run directory with a bounded cache: `engine.store`) or "auto" (on disk above
+    `store.AUTO_DISK_CLIENTS` clients); the numbers are the same bits in either."""
 
     rounds: int = 10
     seed: int = 0
@@ -58,6 +63,7 @@ class Settings:
     stop_at: int = 0
     cohort: int = 0
     dtype: str = "float32"
+    client_store: str = "auto"
 
     def __post_init__(self) -> None:
         found = problems({f.name: getattr(self, f.name) for f in fields(self)})
@@ -91,6 +97,8 @@ def problems(values: Mapping[str, Any], check_machine: bool = True) -> list[str]
         value = values["participation"]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
             found.append(f"participation must be in (0, 1] (the fraction of clients per round), got {value!r}")
+    if "client_store" in values and values["client_store"] not in CLIENT_STORES:
+        found.append(f"client_store must be one of {', '.join(CLIENT_STORES)}, got {values['client_store']!r}")
     if "dtype" in values and values["dtype"] not in DTYPES:
         found.append(f"dtype must be one of {', '.join(DTYPES)}, got {values['dtype']!r}")
     if "device" in values:

@@ -52,9 +52,9 @@ class RunConfig:
     device: str = "cpu"
     workers: int = 0  # client updates in parallel processes (0: one per core on a CPU, 1 on a GPU; same results)
     checkpoint_every: int = 1  # write checkpoint.pt every this many rounds (and after the last)
-    cohort: int = 0  # train a round's clients this many at a time as one batched computation (0: automatic: on
-    # a CPU up to 16 for Adam, 1 for IVON; each worker's clients on a GPU; 1: one at a time; engine.cohort)
+    cohort: int = 0  # clients a batched computation (0: automatic; 1: one at a time; engine.cohort)
     dtype: str = "float32"  # the precision the run computes in: float32 or float64
+    client_store: str = "auto"  # where client states live: memory, disk, or auto (disk above 2000 clients)
     personal_split: float = 0.0  # > 0: hold out this fraction of every client's data as its own test split
     personal_every: int = 0  # evaluate the personal models every N rounds too (0: after the last round only)
     finetune_epochs: int = 3  # local Adam epochs of the personal model of methods without client posteriors
@@ -75,7 +75,7 @@ class RunConfig:
     def to_json(self) -> dict:
         """config.json's content; keys added later (dtype, ood, exclude_client, personal_*) only where set."""
         data = dataclasses.asdict(self)
-        for key, default in (("dtype", "float32"), ("ood", ""), ("exclude_client", -1)):
+        for key, default in (("dtype", "float32"), ("ood", ""), ("exclude_client", -1), ("client_store", "auto")):
             if data[key] == default:
                 del data[key]
         for key in ("personal_split", "personal_every", "finetune_epochs") if not data["personal_split"] else ():
