@@ -80,9 +80,11 @@ def make(
     restart_at_q_g: bool = False,
     server_rho: float | None = None,
     name: str = "ivon-admm",
+    incremental: bool = False,
 ) -> Algorithm:
     """IVON-ADMM over `dim` parameters: ρ = `rho`, dual step γ = `gamma`, prior precision δ = `delta`, server
-    proximal weight ρ_s = `server_rho` (default ρ); the IVON settings as `make_solver` takes them."""
+    proximal weight ρ_s = `server_rho` (default ρ); the IVON settings as `make_solver` takes them; `incremental`:
+    the server keeps the running sum of the clients' terms, not each client's (`bayes_admm.make`)."""
     solver = make_solver(
         lr=lr,
         tau=tau,
@@ -97,8 +99,9 @@ def make(
         restart_at_q_g=restart_at_q_g,
     )
     return bayes_admm.make(
-        DiagonalGaussian(dim), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name
-    )
+        DiagonalGaussian(dim), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name,
+        incremental=incremental,
+    )  # fmt: skip
 
 
 def make_pvi(
@@ -116,8 +119,10 @@ def make_pvi(
     clip_radius: float = float("inf"),
     cosine_rounds: int | None = None,
     restart_at_q_g: bool = False,
+    incremental: bool = False,
 ) -> Algorithm:
-    """IVON-PVI: ρ = 1, α = 1 (no server proximal term), dual step γ = `damping`; IVON settings as in `make`."""
+    """IVON-PVI: ρ = 1, α = 1 (no server proximal term), dual step γ = `damping`; IVON settings and `incremental`
+    as in `make`."""
     return make(
         dim,
         rho=1.0,
@@ -136,6 +141,7 @@ def make_pvi(
         restart_at_q_g=restart_at_q_g,
         server_rho=0.0,
         name="ivon-pvi",
+        incremental=incremental,
     )
 
 
@@ -164,20 +170,23 @@ class IVONSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class Hparams(IVONSettings):
-    """IVON-ADMM's hyperparameters (`make`): ρ, γ, δ, `server_rho` ρ_s (None: ρ) and IVON's settings."""
+    """IVON-ADMM's hyperparameters (`make`): ρ, γ, δ, `server_rho` ρ_s (None: ρ), IVON's settings and
+    `incremental` (the server's running sum: for many clients, a few per round)."""
 
     rho: float
     gamma: float
     delta: float
     server_rho: float | None = None
+    incremental: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class PVIHparams(IVONSettings):
-    """IVON-PVI's hyperparameters (`make_pvi`): PVI's `damping`, δ and IVON's settings."""
+    """IVON-PVI's hyperparameters (`make_pvi`): PVI's `damping`, δ, IVON's settings and `incremental`."""
 
     damping: float
     delta: float
+    incremental: bool = False
 
 
 def cosine_rounds(cosine: bool, context: Context, name: str) -> int | None:
@@ -196,13 +205,18 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
         gamma=hparams.gamma,
         delta=hparams.delta,
         server_rho=hparams.server_rho,
+        incremental=hparams.incremental,
         **hparams.solver_keywords(context, "ivon-admm"),
     )
 
 
 def build_pvi(hparams: PVIHparams, context: Context) -> Algorithm:
     return make_pvi(
-        context.dim, damping=hparams.damping, delta=hparams.delta, **hparams.solver_keywords(context, "ivon-pvi")
+        context.dim,
+        damping=hparams.damping,
+        delta=hparams.delta,
+        incremental=hparams.incremental,
+        **hparams.solver_keywords(context, "ivon-pvi"),
     )
 
 
