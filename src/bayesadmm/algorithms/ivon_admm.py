@@ -307,6 +307,10 @@ PRESETS = {
         "restart_at_q_g": False,
     },
 }
+# The cross-device scenarios (not tuned): fmnist-heterog100's settings, and the server's running sum (`incremental`:
+# its memory and work follow the round's 1 % of the clients)
+PRESETS["fmnist-xdevice"] = {**PRESETS["fmnist-heterog100"], "incremental": True}
+PRESETS["logreg-100k"] = {**PRESETS["fmnist-heterog100"], "lr": 1e-2, "tau": 1.0, "incremental": True}
 _PVI = {"damping": 0.1, "restart_at_q_g": True}
 PVI_PRESETS = {
     "fmnist-heterog10": {**_FMNIST, "delta": 1.0, **_PVI, "cosine": True},

@@ -97,6 +97,7 @@ DATASETS: dict[str, tuple[str, ...]] = {
     "cifar10": ("classes",),
     "cifar100": ("classes",),
     "diabetes": ("real", "counts"),  # scikit-learn's diabetes regression set: progression scores 25-346
+    "synthetic-softmax": ("classes",),  # bayesadmm.data.synthetic: 10⁶ draws of a softmax model, 20 features
 }
 # likelihood name -> its class in bayesadmm.likelihoods
 LIKELIHOODS: dict[str, type] = {
@@ -187,10 +188,8 @@ def make_likelihood(name: str, params: typing.Mapping[str, object]) -> Likelihoo
 
 
 def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfig, list[str]]:
-    """Build the config from a preset name or a JSON config file plus KEY=VALUE overrides.
-
-    Returns the config and a list of human-readable lines saying which values the command line changed.
-    """
+    """Build the config from a preset name or a JSON config file plus KEY=VALUE overrides; returns the config and a
+    list of human-readable lines saying which values the command line changed."""
     table = presets()
     base = _read_source(source, table)
     method_table, file_hparams, file_likelihood_params = _file_tables(base, source)
