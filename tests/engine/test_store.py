@@ -97,27 +97,29 @@ def _states(n=7):
 
 def test_disk_store_gives_back_the_bits_it_was_given_through_evictions(tmp_path, monkeypatch):
     states = _states()
+    monkeypatch.setattr(store, "BLOCK_BYTES", 2 * 11 * states[0][0].element_size())  # blocks of two clients
     disk = DiskStore(tmp_path, states, cache_bytes=1)
     disk.fill(states, lambda k: states[k])
-    assert disk.block_size == store.MAX_BLOCK and len(block_files(tmp_path / SHARDS)) == 1  # 11 numbers a state
-    # filled again in blocks of two clients (the old block deleted)
-    monkeypatch.setattr(store, "BLOCK_BYTES", 2 * 11 * states[0][0].element_size())
-    disk.fill(states, lambda k: states[k])
-    assert disk.block_size == 2 and len(block_files(tmp_path / SHARDS)) == 4
+    assert disk.block_size == 2 and block_files(tmp_path / SHARDS) == []  # initial states: made when read
     for k in reversed(range(7)):
         assert _same(disk[k], states[k])
+    assert block_files(tmp_path / SHARDS) == []  # read, evicted, unchanged: nothing to write
     new = {k: (states[k][0] * 2, states[k][1], None) for k in states}
-    for k in (3, 0, 6):
+    for k in (3, 0, 6, 0):
         disk[k] = new[k]
     expected = {k: new[k] if k in (3, 0, 6) else states[k] for k in states}
     assert _same(dict(disk), expected)
     record = disk.flush()
-    assert sorted(k for entry in record for k in entry["clients"]) == list(range(7))
-    for entry in record:  # names the engine accepts in a checkpoint, read back with their checksums
+    assert [entry["clients"] for entry in record] == [[0, 1], [2, 3], [4, 5], [6]]
+    assert [entry.get("fresh", False) for entry in record] == [False, False, True, False]
+    for entry in record[:2] + record[3:]:  # names the engine accepts in a checkpoint, read with their checksums
         read = read_block(shard_path(tmp_path, entry["file"]), entry["sha256"])
         assert _same(read, {k: expected[k] for k in entry["clients"]})
     # only the blocks' current files are left: superseded ones are deleted when no checkpoint names them
-    assert sorted(block_files(tmp_path / SHARDS)) == sorted(e["file"].split("/")[1] for e in record)
+    assert sorted(block_files(tmp_path / SHARDS)) == sorted(e["file"].split("/")[1] for e in record if "file" in e)
+    again = DiskStore(tmp_path, states, cache_bytes=1)  # a resume: the files adopted, the fresh block made again
+    again.restore({"shards": record}, tmp_path, lambda k: states[k])
+    assert again.files == disk.files and _same(dict(again), expected)
 
 
 def test_a_damaged_or_swapped_block_is_refused_naming_the_file(tmp_path, monkeypatch):
@@ -125,6 +127,8 @@ def test_a_damaged_or_swapped_block_is_refused_naming_the_file(tmp_path, monkeyp
     disk = DiskStore(tmp_path, states)
     monkeypatch.setattr(store, "BLOCK_BYTES", 2 * 11 * states[0][0].element_size())  # blocks of two clients
     disk.fill(states, lambda k: states[k])
+    for k in states:
+        disk[k] = states[k]  # changed (to the same values): written at the flush
     first, second = disk.flush()
     path = shard_path(tmp_path, first["file"])
     with pytest.raises(RunDirError, match="not the block its checkpoint names"):
@@ -136,9 +140,11 @@ def test_a_damaged_or_swapped_block_is_refused_naming_the_file(tmp_path, monkeyp
         read_block(path, first["sha256"])
 
 
-def test_auto_keeps_small_federations_in_memory():
-    assert store_kind("auto", store.AUTO_DISK_CLIENTS) == "memory"
-    assert store_kind("auto", store.AUTO_DISK_CLIENTS + 1) == "disk"
+def test_auto_keeps_small_federations_and_clients_without_tensors_in_memory():
+    many, state = store.AUTO_DISK_CLIENTS + 1, (torch.zeros(3),)
+    assert store_kind("auto", store.AUTO_DISK_CLIENTS, state) == "memory"
+    assert store_kind("auto", many, state) == "disk"
+    assert store_kind("auto", many, (0.5, None)) == "memory"  # (FedSEP's share, FedAvg's empty state)
     assert store_kind("memory", 10**6) == "memory"
     with pytest.raises(ValueError, match="client_store must be one of"):
         bayesadmm.run(_net(), *_problem(), client_store="ssd", rounds=1, progress=False)
@@ -190,4 +196,5 @@ def test_resume_with_the_disk_store_gives_the_uninterrupted_run(first, second, w
     assert _same(resumed.client_states(), whole.client_states())
     if second == "disk":  # the files of the last checkpoint, and nothing else
         checkpoint = load_state(out / "checkpoint.pt")
-        assert sorted(block_files(out / SHARDS)) == sorted(e["file"].split("/")[1] for e in checkpoint["shards"])
+        named = sorted(e["file"].split("/")[1] for e in checkpoint["shards"] if "file" in e)
+        assert sorted(block_files(out / SHARDS)) == named

@@ -41,7 +41,7 @@ from bayesadmm.engine.policy import assign, fixed_cohorts
 from bayesadmm.engine.processes import keep_freed_memory as _keep_freed_memory
 from bayesadmm.engine.processes import start_worker as _start
 from bayesadmm.engine.rundir import SHARDS, real_folder
-from bayesadmm.engine.runners import LocalClients, checkpointed_states
+from bayesadmm.engine.runners import LocalClients, checkpointed_states, initial_states
 from bayesadmm.engine.store import StoreSpec
 from bayesadmm.engine.transport import (
     ACK,
@@ -120,7 +120,8 @@ def _handle(local: LocalClients, request: Start | Put | Load | Save) -> Any:
     if isinstance(request, Put):
         return local.restore({"clients": loads(request.states)}, Path("."))
     if isinstance(request, Load):
-        return local.restore({"shards": request.shards}, request.run_dir)
+        initial = None if request.initial is None else loads(request.initial)
+        return local.restore({"shards": request.shards, "initial": initial}, request.run_dir)
     if isinstance(request, Save):
         return local.write_shard(request.path)
     raise TypeError(f"unknown request {request!r}")
@@ -189,7 +190,8 @@ class ClientPool:
         self.groups = assign(sizes, workers, layout)
         self.owner = {k: index for index, group in enumerate(self.groups) for k in group}
         self.last_info: dict[int, dict[str, float]] = {}
-        self.store = store
+        self.store, self.make_algorithm = store, make_algorithm
+        self.initial_server: Any = None  # what the clients a disk store never wrote start from
         context = torch.multiprocessing.get_context("spawn")
         self.connections, self.processes, self.arenas = [], [], []
         self._in_round = False  # True from sending a round's work until every worker has finished it
@@ -223,13 +225,16 @@ class ClientPool:
             raise
 
     def start(self, server) -> None:
+        self.initial_server = server
         self._call_all([Start(dumps(server))] * len(self.groups))
 
     def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
         """The client states a checkpoint recorded: each worker reads the shards that hold its clients, or is handed
         its clients' states (a checkpoint written by one process)."""
+        self.initial_server = checkpoint.get("initial")
         if "shards" in checkpoint:
-            self._call_all([Load(Path(run_dir), checkpoint["shards"])] * len(self.groups))
+            initial = None if self.initial_server is None else dumps(self.initial_server)
+            self._call_all([Load(Path(run_dir), checkpoint["shards"], initial)] * len(self.groups))
         else:
             states = checkpoint["clients"]
             self._call_all([Put(dumps({k: states[k] for k in group})) for group in self.groups])
@@ -281,7 +286,8 @@ class ClientPool:
         as bytes through the pipe, which would hold several copies in memory at once) and this process reads them."""
         if self.store is not None and self.store.kind == "disk" and self.store.run_dir is not None:
             run_dir = Path(self.store.run_dir)  # the workers' disk stores: their blocks, flushed
-            return checkpointed_states(self.save(run_dir, 0), run_dir, sorted(self.owner))
+            initial = initial_states(self.make_algorithm(), self.initial_server)
+            return checkpointed_states(self.save(run_dir, 0), run_dir, sorted(self.owner), initial)
         with tempfile.TemporaryDirectory(prefix="bayesadmm-states-") as folder:
             record = self.save(Path(folder), 0)
             return checkpointed_states(record, Path(folder), sorted(self.owner))
@@ -290,7 +296,10 @@ class ClientPool:
         """Each worker writes its clients' states to a shard file (in parallel); the checkpoint's record of them."""
         folder = real_folder(Path(run_dir) / SHARDS)
         shards = self._call_all([Save(folder / f"r{round_:06d}-w{index}.pt") for index in range(len(self.groups))])
-        return {"shards": [entry for entries in shards for entry in entries]}
+        record = {"shards": [entry for entries in shards for entry in entries]}
+        if any(entry.get("fresh") for entry in record["shards"]):
+            record["initial"] = self.initial_server
+        return record
 
     def close(self) -> None:
         """Stop the workers: asked to, or killed if in the middle of a round (an error or an interrupt)."""

@@ -214,8 +214,14 @@ class Run:
             self._workers,
             self.algorithm,
             cohort_size=self._cohort if self._cohort > 1 else 0,
-            store=StoreSpec(store_kind(self.settings.client_store, len(self.ids)), self.run_dir, store.CACHE_BYTES),
+            store=StoreSpec(self._store_kind(), self.run_dir, store.CACHE_BYTES),
         )
+
+    def _store_kind(self) -> str:
+        """Where the client states live (`engine.store.store_kind`, judged on the first client's initial state)."""
+        theta0 = self.federation.theta0.to(self.settings.device, self.settings.torch_dtype)
+        first = self.algorithm.init_client(self.algorithm.init_server(theta0), self.ids[0]) if self.ids else None
+        return store_kind(self.settings.client_store, len(self.ids), first)
 
     # ---- rounds ----------------------------------------------------------------------------------------------------
 

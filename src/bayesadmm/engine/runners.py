@@ -103,17 +103,21 @@ class LocalClients:
         self.algorithm, self.clients, self.seed = algorithm, dict(clients), seed
         self._states: MemoryStore | DiskStore = make_store(store, self.clients)
         self.last_info: dict[int, dict[str, float]] = {}  # the scalars of each client's info record, last round
+        self.initial_server: Any = None  # what the clients a disk store never wrote start from
 
     def start(self, server) -> None:
         """Every client's initial state, from the initial server state."""
+        self.initial_server = server
         self._states.fill(self.clients, lambda k: self.algorithm.init_client(server, k))
 
     def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
         """The client states a checkpoint recorded (`save`'s record in checkpoint.pt: the states, or shards)."""
+        self.initial_server = checkpoint.get("initial")
+        initial = initial_states(self.algorithm, self.initial_server)
         if isinstance(self._states, DiskStore):
-            self._states.restore(checkpoint, run_dir)
+            self._states.restore(checkpoint, run_dir, initial)
         else:
-            self._states = MemoryStore(checkpointed_states(checkpoint, run_dir, self.clients))
+            self._states = MemoryStore(checkpointed_states(checkpoint, run_dir, self.clients, initial))
 
     def units(self, chosen: Sequence[int]) -> list[list[int]]:
         """The `chosen` clients grouped as they train: one at a time here, a cohort at a time in `CohortClients`."""
@@ -144,7 +148,7 @@ class LocalClients:
         """The checkpoint's record of the client states: the states themselves (they are in this process), or the
         disk store's blocks."""
         if isinstance(self._states, DiskStore):
-            return {"shards": self._states.flush()}
+            return {"shards": self._states.flush(), "initial": self.initial_server}
         return {"clients": self.states()}
 
     def write_shard(self, path: Path) -> list[dict]:
@@ -159,16 +163,29 @@ class LocalClients:
         pass
 
 
-def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> dict[int, Any]:
+def initial_states(algorithm: Algorithm, server: Any) -> Callable[[int], Any] | None:
+    """Client k's initial state from the initial server state `server` (None where there is none)."""
+    return None if server is None else (lambda k: algorithm.init_client(server, k))
+
+
+def checkpointed_states(
+    checkpoint: Mapping, run_dir: Path, wanted: Iterable[int], initial: Callable[[int], Any] | None = None
+) -> dict[int, Any]:
     """The states of the `wanted` clients recorded in a checkpoint: inline ("clients") or in shard files ("shards",
-    of which only those holding wanted clients are read)."""
+    of which only those holding wanted clients are read; a disk store's "fresh" blocks are `initial(k)`)."""
     wanted = list(wanted)
     if "clients" in checkpoint:
         found = checkpoint["clients"]
     else:
         found, needed = {}, set(wanted)
         for shard in checkpoint["shards"]:
-            if not needed.isdisjoint(shard["clients"]):
+            if needed.isdisjoint(shard["clients"]):
+                continue
+            if shard.get("fresh"):
+                if initial is None:
+                    raise ValueError("the checkpoint's clients in their initial state need the algorithm to make them")
+                found.update((k, initial(k)) for k in shard["clients"] if k in needed)
+            else:
                 states = read_shard(run_dir, shard)
                 found.update((k, state) for k, state in states.items() if k in needed)
     missing = [k for k in wanted if k not in found]
@@ -188,10 +205,15 @@ def check_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> N
     else:
         shards = checkpoint["shards"]
         if not isinstance(shards, list) or not all(
-            isinstance(s, Mapping) and {"file", "clients"} <= set(s) for s in shards
+            isinstance(s, Mapping) and "clients" in s and ("file" in s or s.get("fresh") is True) for s in shards
         ):
             raise RunDirError(f"{path} lists its shards in a form the engine does not write; start the run again")
         for shard in shards:
+            if shard.get("fresh"):
+                if checkpoint.get("initial") is None:
+                    raise RunDirError(f"{path} lists clients in their initial state but no initial server state")
+                found.update(shard["clients"])
+                continue
             states = read_shard(run_dir, shard)
             if not isinstance(states, dict) or sorted(states) != sorted(shard["clients"]):
                 raise RunDirError(
@@ -222,7 +244,7 @@ def remove_stale_shards(run_dir: Path, record: Mapping) -> None:
     if not os.path.lexists(folder):
         return
     real_folder(folder)  # a link to elsewhere is refused: deleting "stale shards" there would delete others' files
-    keep = {shard["file"] for shard in record.get("shards", [])}
+    keep = {shard["file"] for shard in record.get("shards", []) if "file" in shard}
     for path in folder.iterdir():  # only the engine's own names: anything else there is not ours to delete
         name = path.name.removesuffix(".tmp")
         if SHARD_NAME.fullmatch(name) and f"{SHARDS}/{path.name}" not in keep:

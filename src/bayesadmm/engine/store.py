@@ -33,7 +33,7 @@ from typing import Any
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from bayesadmm.engine.rundir import SHARDS, RunDirError, read_bytes, real_folder, write_bytes
+from bayesadmm.engine.rundir import SHARDS, RunDirError, _sync_directory, read_bytes, real_folder
 from bayesadmm.engine.settings import CLIENT_STORES
 from bayesadmm.trees import flatten, hash_tensors, unflatten
 
@@ -62,12 +62,15 @@ BLOCK_FORMAT = "bayesadmm-store-1"
 BLOCK_NAME = re.compile(r"b[0-9]{1,12}-[0-9a-f]{16}\.safetensors")
 
 
-def store_kind(setting: str, clients: int) -> str:
-    """ "memory" or "disk": what `client_store=setting` means for a federation of `clients` clients."""
+def store_kind(setting: str, clients: int, state: Any = None) -> str:
+    """What `client_store=setting` means ("memory" or "disk") for a federation of `clients` clients whose states
+    are like `state`. "auto": on disk above `AUTO_DISK_CLIENTS` clients, unless their states hold no tensors
+    (FedAvg's and FedSEP's clients keep nothing worth a file)."""
     if setting not in STORES:
         raise ValueError(f"client_store must be one of {', '.join(STORES)}, got {setting!r}")
     if setting == "auto":
-        return "disk" if clients > AUTO_DISK_CLIENTS else "memory"
+        heavy = state is None or _nbytes(state) > 0
+        return "disk" if clients > AUTO_DISK_CLIENTS and heavy else "memory"
     return setting
 
 
@@ -167,7 +170,9 @@ class DiskStore:
         self.block_size = 1
         self.files: dict[int, tuple[str, str]] = {}  # block → (file name, sha256)
         self.protected: set[str] = set()  # files the last checkpoint names: never deleted here
+        self.unsynced: set[str] = set()  # files written since the last flush
         self.cache: OrderedDict[int, _Block] = OrderedDict()
+        self.initial: Callable[[int], Any] | None = None  # the state of a client never written (`fill`)
         self.cached_bytes = 0
         self._position = {k: i for i, k in enumerate(self.ids)}
 
@@ -199,21 +204,21 @@ class DiskStore:
     # ---- filling -----------------------------------------------------------------------------------------------------
 
     def fill(self, ids: Iterable[int], make: Callable[[int], Any]) -> None:
-        """Every client's initial state, `make(k)`, written block by block (not held in memory all at once)."""
+        """Every client's initial state is `make(k)`: made when a block is first read, written only once changed (a
+        checkpoint lists the blocks never written as "fresh")."""
         self._reset()
-        ids = list(ids)
         if sorted(ids) != self.ids:
             raise ValueError("fill the store with the clients it was made for")
-        if ids:
+        self.initial = make
+        if self.ids:
             self.block_size = _block_size(make(self.ids[0]))
-        for first in range(0, len(self.ids), self.block_size):
-            members = self.ids[first : first + self.block_size]
-            self._write(first // self.block_size, {k: make(k) for k in members})
 
-    def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
+    def restore(self, checkpoint: Mapping, run_dir: Path, initial: Callable[[int], Any] | None = None) -> None:
         """The states a checkpoint recorded: its block files adopted where they are this store's blocks (same
-        clients), else read and written again block by block; inline states ("clients") are written likewise."""
+        clients), else read and written again block by block; inline states ("clients") are written likewise.
+        `initial(k)`: the state of a client the checkpoint lists as fresh (never written)."""
         self._reset()
+        self.initial = initial
         if "shards" in checkpoint and self._adopt(checkpoint["shards"]):
             return
         from bayesadmm.engine.runners import read_shard  # (runners imports this module)
@@ -221,13 +226,18 @@ class DiskStore:
         wanted, done = set(self.ids), set[int]()
         sources: list[Any] = [checkpoint["clients"]] if "clients" in checkpoint else checkpoint["shards"]
         for source in sources:
+            if isinstance(source, Mapping) and source.get("fresh"):  # made by `initial` when first read
+                if initial is None and not wanted.isdisjoint(source["clients"]):
+                    raise ValueError("the checkpoint lists fresh clients but no initial server state")
+                done.update(k for k in source["clients"] if k in wanted)
+                continue
             if isinstance(source, Mapping) and "file" in source:
                 if wanted.isdisjoint(source["clients"]):
                     continue
                 source = read_shard(Path(run_dir), source)
             for k, state in source.items():
                 if k in wanted:
-                    if not done:
+                    if not self.files and not self.cache:
                         self.block_size = _block_size(state)
                     self[k] = state
                     done.add(k)
@@ -236,16 +246,20 @@ class DiskStore:
             raise ValueError(f"the checkpoint has no state for clients {missing[:10]}")
 
     def flush(self) -> list[dict]:
-        """Write every changed block; the checkpoint's record of all blocks (file, clients, sha256), whose files are
-        kept from now on until the next flush."""
+        """Write every changed block; the checkpoint's record of all blocks (file, clients, sha256; or "fresh" for
+        those never written), whose files are kept from now on until the next flush."""
         for index, block in self.cache.items():
             if block.dirty:
                 self._write(index, block.states)
                 block.dirty = False
-        record = [
-            {"file": f"{SHARDS}/{name}", "clients": self._members(index), "sha256": digest}
-            for index, (name, digest) in sorted(self.files.items())
-        ]
+        self._sync()
+        record: list[dict] = []
+        for index in range(-(-len(self.ids) // self.block_size)):
+            if index in self.files:
+                name, digest = self.files[index]
+                record.append({"file": f"{SHARDS}/{name}", "clients": self._members(index), "sha256": digest})
+            else:
+                record.append({"clients": self._members(index), "fresh": True})
         self.protected = {name for name, _ in self.files.values()}
         return record
 
@@ -276,6 +290,8 @@ class DiskStore:
             if index in self.files:
                 name, digest = self.files[index]
                 block = _Block(read_block(self.folder / name, digest), dirty=False)
+            elif self.initial is not None:
+                block = _Block({k: self.initial(k) for k in self._members(index)}, dirty=False)
             else:
                 block = _Block({}, dirty=True)
             self.cache[index] = block
@@ -296,29 +312,51 @@ class DiskStore:
                 self._write(index, block.states)
 
     def _write(self, index: int, states: Mapping[int, Any]) -> None:
+        """A block's states to a new file: renamed into place when whole, synced to disk only by the next `flush`
+        (a checkpoint needs only the files it names on disk; most blocks written between two are replaced before)."""
         data, digest = block_bytes(states)
         name = f"b{self._members(index)[0]}-{secrets.token_hex(8)}.safetensors"
-        write_bytes(self.folder / name, data)
+        tmp = self.folder / (name + ".tmp")
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, self.folder / name)
+        self.unsynced.add(name)
         old = self.files.get(index)
         self.files[index] = (name, digest)
         if old is not None and old[0] not in self.protected:
             (self.folder / old[0]).unlink(missing_ok=True)
+            self.unsynced.discard(old[0])
+
+    def _sync(self) -> None:
+        """fsync the files written since the last flush that are still the blocks' files, then the folder."""
+        current = {name for name, _ in self.files.values()}
+        for name in sorted(self.unsynced & current):
+            fd = os.open(self.folder / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        if self.unsynced:
+            _sync_directory(self.folder)  # the renames
+        self.unsynced = set()
 
     def _adopt(self, entries: list) -> bool:
         """Take the checkpoint's block files as this store's where they are exactly its blocks; False otherwise."""
-        mine = [e for e in entries if BLOCK_NAME.fullmatch(str(e.get("file", "")).partition("/")[2])]
+        mine = [e for e in entries if e.get("fresh") or BLOCK_NAME.fullmatch(str(e.get("file", "")).partition("/")[2])]
         mine = [e for e in mine if e["clients"] and e["clients"][0] in self._position]
-        if not mine:
+        if not mine or (self.initial is None and any(e.get("fresh") for e in mine)):
             return False
         self.block_size = max(len(e["clients"]) for e in mine)
-        files = {}
+        files, indexes = {}, []
         for entry in mine:
-            index, _ = divmod(self._position[entry["clients"][0]], self.block_size)
-            if entry["clients"] != self._members(index) or self._position[entry["clients"][0]] % self.block_size:
+            index, offset = divmod(self._position[entry["clients"][0]], self.block_size)
+            if entry["clients"] != self._members(index) or offset:
                 self.block_size = 1
                 return False
-            files[index] = (entry["file"].partition("/")[2], entry["sha256"])
-        if sorted(files) != list(range(-(-len(self.ids) // self.block_size))):
+            indexes.append(index)
+            if not entry.get("fresh"):
+                files[index] = (entry["file"].partition("/")[2], entry["sha256"])
+        if sorted(indexes) != list(range(-(-len(self.ids) // self.block_size))):
             self.block_size = 1
             return False
         self.files, self.protected = files, {name for name, _ in files.values()}
