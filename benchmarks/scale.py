@@ -4,14 +4,16 @@ participants per round.
     python benchmarks/scale.py [--cases fmnist-xdevice:ivon-admm:100 logreg-100k:fedavg:1000 ...]
                                [--clients 1000 10000 100000] [--rounds 4] [--out /tmp/bayesadmm-scale]
 
-Each case is SCENARIO:METHOD:PARTICIPANTS; for every number of clients K it runs the scenario with `clients=K` and
-`participation=PARTICIPANTS/K` (the same clients per round at every K), `rounds` rounds in one worker, the client
-store chosen by the engine (`client_store=auto`: on disk above 2,000 clients whose states hold tensors), each run in
-a fresh child process. Printed per run: the median seconds per round after the first (wall time between the ends of
-consecutive rounds: training, server update, evaluation and any checkpoint), the peak resident memory of the child
-(`resource.getrusage`, max RSS), and the bytes the run directory holds at the end (its client-state blocks
-included). A K the scenario's data cannot cover (fmnist-xdevice's 60,000 images over more than 30,000 clients of at
-least 2 examples) is skipped. The ratio column is each K's seconds per round over the smallest K's of the same case.
+Each case is SCENARIO:METHOD:PARTICIPANTS; for every number of clients K it runs the scenario with `clients=K`,
+`participation=PARTICIPANTS/K` (the same clients per round at every K) and `data_fraction=K/K_scenario` (K_scenario:
+the scenario's own clients, 10,000 or 100,000), so that a client holds as many examples at every K and a round the
+same work: what grows with K is only the federation around the participants. `rounds` rounds in one worker, the
+client store chosen by the engine (`client_store=auto`: on disk above 2,000 clients whose states hold tensors), each
+run in a fresh child process. Printed per run: the median seconds per round after the first (wall time between the
+ends of consecutive rounds: training, server update, evaluation and any checkpoint), the peak resident memory of
+the child (`resource.getrusage`, max RSS), and the bytes the run directory holds at the end (its client-state
+blocks included). A K above the scenario's own is skipped (fmnist-xdevice's 60,000 images cover 10,000 clients of
+6 examples on average). The ratio column is each K's seconds per round over the smallest K's of the same case.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 
 DEFAULT_CASES = ["fmnist-xdevice:ivon-admm:100", "logreg-100k:fedavg:1000", "logreg-100k:ivon-admm:1000"]
-EXAMPLES = {"fmnist-xdevice": 60_000, "logreg-100k": 1_000_000}  # training examples: at most half as many clients
+SCENARIO_CLIENTS = {"fmnist-xdevice": 10_000, "logreg-100k": 100_000}  # the presets' clients
 
 
 def child(scenario: str, method: str, clients: int, participants: int, rounds: int, out: str) -> None:
@@ -35,8 +37,10 @@ def child(scenario: str, method: str, clients: int, participants: int, rounds: i
     from bayesadmm.experiments.build import run
     from bayesadmm.experiments.config import resolve
 
+    fraction = clients / SCENARIO_CLIENTS[scenario]
     overrides = [f"method={method}", f"clients={clients}", f"participation={participants / clients!r}",
-                 f"rounds={rounds}", "workers=1", f"out={out}", "eval_samples=4"]  # fmt: skip
+                 f"data_fraction={fraction!r}", f"rounds={rounds}", "workers=1", f"out={out}",
+                 "eval_samples=4"]  # fmt: skip
     config, _ = resolve(scenario, overrides)
     ends: list[float] = []
     result = run(config, progress=False, on_round=lambda line: ends.append(time.perf_counter()), overwrite=True)
@@ -66,8 +70,8 @@ def main() -> None:
         scenario, method, participants = case.split(":")
         base = None
         for clients in args.clients:
-            if clients * 2 > EXAMPLES.get(scenario, sys.maxsize):
-                print(f"{case:34} {clients:>8} (skipped: more clients than the data set covers)")
+            if clients > SCENARIO_CLIENTS[scenario]:
+                print(f"{case:34} {clients:>8} (skipped: more clients than the scenario's)")
                 continue
             out = Path(args.out) / f"{scenario}-{method}-{clients}"
             command = [sys.executable, __file__, "--child", scenario, method, str(clients), participants,
