@@ -6,11 +6,13 @@ Both stores are mappings from client id to state, read and replaced one client a
 from disk is the tensors that were written. The disk store keeps the states of a block of consecutive clients (by
 id) in one file, `client-states/b<first id>-<random hex>.safetensors`: the tree's structure as JSON
 (`bayesadmm.trees`, as checkpoints: no pickle, classes only from the registry) and its sha256 in the safetensors
-metadata, the tensors as named entries. A file is never rewritten: a changed block goes to a new file (written whole
-or not at all, `rundir.write_bytes`) and the old one is deleted unless the last checkpoint names it. A checkpoint
-flushes the changed blocks and records every block's file, clients and sha256 (checked on every read, so a file
-swapped for another block's or another round's is refused); checkpoint.pt, written last, is what makes them the
-run's state, and files it does not name are deleted after it (`runners.remove_stale_shards`).
+metadata, the tensors as named entries. A file is never rewritten: a changed block goes to a new file (under a
+temporary name, renamed when whole) and the old one is deleted unless the last checkpoint names it. A client never
+changed is never written: its state is made from the initial server state when its block is first read. A
+checkpoint flushes the changed blocks, syncs the files it names to disk, and records every block's file, clients and
+sha256 (checked on every read, so a file swapped for another block's or another round's is refused), or "fresh" for
+a block never written (checkpoint.pt then holds the initial server state); checkpoint.pt, written last, is what
+makes them the run's state, and files it does not name are deleted after it (`runners.remove_stale_shards`).
 
 The cache holds at most `cache_bytes` of states (least recently used blocks leave first, written if changed; at
 least the block in use stays). Blocks are as many clients as fit in `BLOCK_BYTES` (1 to 256): a round's clients are
