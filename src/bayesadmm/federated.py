@@ -143,6 +143,7 @@ def run(
     cohort: int = 0,
     dtype: str | None = None,
     compile: str = "auto",
+    client_store: str = "auto",
     out: str | Path | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -200,6 +201,8 @@ def run(
             compile once per process, then faster steps) or the same maths eagerly; the numbers agree to rounding,
             not bit for bit. "auto" compiles where the run's local steps win back the compilation, a rule of the
             run's settings and model only (`bayesadmm.optim.compilation`), recorded in environment.json.
+        client_store: where the client states live: "memory", "disk" (block files in the run directory, at most
+            a bounded cache of them in memory) or "auto" (on disk above 2000 clients); the same numbers either way.
         out: the run directory (default: a new `runs/run-<date-time>`).
         resume: continue the checkpoint in `out`, called with the same arguments; the numbers are those an
             uninterrupted run would have.
@@ -229,6 +232,7 @@ def run(
         cohort=cohort,
         dtype=dtype or "float32",
         compile=compile,
+        client_store=client_store,
     )
     likelihood = _checked_arguments(hparams, likelihood)
     flat, theta0 = _flat_model(model)

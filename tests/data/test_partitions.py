@@ -345,7 +345,8 @@ def test_plot_is_written(tmp_path, num_clients, num_classes):
 
 
 def test_registry_and_make_partition_errors():
-    assert set(PARTITIONS) == {"iid", "two-level-dirichlet", "per-class-dirichlet", "classes-per-client", "shards"}
+    assert set(PARTITIONS) == {"iid", "two-level-dirichlet", "per-class-dirichlet", "classes-per-client", "shards",
+                               "sized-dirichlet"}
     labels = fashion_like_labels(n=100)
     with pytest.raises(ValueError, match="valid names: iid, two-level-dirichlet, per-class-dirichlet"):
         make_partition("dirichlet", labels, 5, gen(0))

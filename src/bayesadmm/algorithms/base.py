@@ -23,6 +23,7 @@ derived from it (`update_from`, `Algorithm.from_local`). Batching a cohort of cl
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -203,8 +204,18 @@ def unpack(prefix: str, message: Mapping[str, Tensor]) -> tuple[Tensor, ...]:
 
 
 def seen_clients(previous: tuple[int, ...], replies: Mapping[int, Message]) -> tuple[int, ...]:
-    """The ids of every client that has replied so far, sorted: what a server keeps when it needs no old replies."""
-    return tuple(sorted(set(previous) | set(replies)))
+    """The ids of every client that has replied so far, sorted: what a server keeps when it needs no old replies.
+    `previous` is sorted, so each reply is looked up by bisection and the work per round follows the replies (with
+    10⁵ clients, a set of them all every round cost more than the round's server update)."""
+    new = sorted(k for k in set(replies) if not _holds(previous, k))
+    if not new:
+        return previous
+    return tuple(sorted(previous + tuple(new)))  # two sorted runs: merged in linear time
+
+
+def _holds(ordered: tuple[int, ...], k: int) -> bool:
+    i = bisect.bisect_left(ordered, k)
+    return i < len(ordered) and ordered[i] == k
 
 
 def merge_replies(previous: Mapping[int, Any], replies: Mapping[int, Any]) -> dict[int, Any]:

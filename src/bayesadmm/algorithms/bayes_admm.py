@@ -22,6 +22,14 @@ Special cases (all checked by tests):
 - ρ = 1/K, server at the prior, quadratic losses, full family: exact posterior after one round (Prop. D.1).
 
 ρ_s (`server_rho`) defaults to ρ as in the paper; ρ_s = 0 drops the server's proximal term (AMA / PVI form).
+
+Two servers compute this closed form. By default (`incremental=False`) the server keeps every client's last term
+r_k = η_k + ρ_s λ_k and sums them all each round: its memory and its work per round grow with the number of clients
+that ever replied, participants or not. With `incremental=True` it keeps only their running sum Σ_k r_k (in
+float64) and how many clients it holds: a client replies with the change of its term, r_k − r_k^old (its old term
+recomputed from its state, with the same operations that made it), and whether it is new, so the server's memory is
+two vectors and its work per round follows the participants (for 10⁴–10⁵ clients with a few per round). The sum then
+adds the same terms in another order, so the numbers equal the default's up to rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -60,6 +68,14 @@ class ServerState(NamedTuple):
     # client for the diagonal family.
     replies: Mapping[int, Natural]
     round: int = 0  # completed rounds (local solvers may schedule on it, e.g. cosine lr)
+
+
+@register
+class RunningServerState(NamedTuple):
+    natural: Natural  # λ_g
+    total: Natural  # Σ_k (η_k + ρ_s λ_k) over the clients that have replied, in float64
+    clients: int  # how many clients that is (K of the closed form)
+    round: int = 0
 
 
 @register
@@ -109,16 +125,71 @@ def unlearned_server(family, delta: float, server_rho: float, server: ServerStat
     states are kept."""
     if client_id not in server.replies:
         raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
-    c, _ = family.prior_terms(delta, dtype=server.natural[0].dtype, device=server.natural[0].device)
-    lam_g = nat.add_scaled(server.natural, -1.0 / c, dual)
-    if not family.is_valid(lam_g):
+    lam_g = _without_dual(family, delta, server.natural, client_id, dual)
+    shift = nat.scale(nat.sub(lam_g, server.natural), server_rho)
+    replies = {k: nat.add(r, shift) for k, r in server.replies.items() if k != client_id}
+    return ServerState(lam_g, replies, server.round)
+
+
+def _without_dual(family, delta: float, lam_g: Natural, client_id: int, dual: Natural) -> Natural:
+    """λ_g − η_j / c, checked to be a valid Gaussian (`unlearned_server`)."""
+    c, _ = family.prior_terms(delta, dtype=lam_g[0].dtype, device=lam_g[0].device)
+    lam = nat.add_scaled(lam_g, -1.0 / c, dual)
+    if not family.is_valid(lam):
         raise ValueError(
             f"removing client {client_id}'s dual leaves no valid Gaussian (its term outweighs the rest of the "
             "posterior, as can happen far from a fixed point): retrain without the client"
         )
-    shift = nat.scale(nat.sub(lam_g, server.natural), server_rho)
-    replies = {k: nat.add(r, shift) for k, r in server.replies.items() if k != client_id}
-    return ServerState(lam_g, replies, server.round)
+    return lam
+
+
+def _wide(parts: Natural) -> Natural:
+    return tuple(x.to(torch.float64) for x in parts)
+
+
+class RunningSums:
+    """The server of `make(incremental=True)`: the running sum of the clients' terms and their number, and the
+    clients' replies of its change (module docstring). Its work per round is over the replies only."""
+
+    def __init__(self, family: GaussianFamily, delta: float, server_rho: float, name: str):
+        self.family, self.delta, self.server_rho, self.name = family, delta, server_rho, name
+
+    def init_server(self, theta0: Tensor) -> RunningServerState:
+        lam = self.family.initial_natural(theta0, self.delta)
+        return RunningServerState(lam, nat.zeros_like(_wide(lam)), 0, 0)
+
+    def reply(self, state: ClientState, dual: Natural, lam_k: Natural) -> Message:
+        """The change of the client's term r_k = η_k + ρ_s λ_k (in float64, so that the server's sum does not drift)
+        and whether the server has counted the client yet (its first reply)."""
+        new = _wide(client_contribution(lam_k, dual, self.server_rho))
+        first = state.natural is None
+        if state.natural is not None:  # the old term, as `client_contribution` made it last time
+            new = nat.sub(new, _wide(client_contribution(state.natural, state.dual, self.server_rho)))
+        return {**pack("change", new), "first": torch.tensor(float(first), dtype=torch.float64)}
+
+    def server_update(self, server: RunningServerState, replies: Mapping[int, Message]):
+        total, count = server.total, server.clients
+        if replies:
+            total = nat.add(total, nat.total([unpack("change", replies[k]) for k in sorted(replies)]))
+            count += sum(int(replies[k]["first"]) for k in replies)
+        if count == 0:
+            raise ValueError(f"{self.name}: server_update needs at least one client's reply")
+        c, b = self.family.prior_terms(self.delta, dtype=torch.float64, device=total[0].device)
+        lam64 = nat.scale(nat.add(b, total), 1.0 / (c + self.server_rho * count))
+        lam_g = tuple(x.to(old.dtype) for x, old in zip(lam64, server.natural, strict=True))
+        if not self.family.is_valid(lam_g):
+            raise DivergenceError(f"{self.name}: the server's natural parameter is no longer a valid Gaussian")
+        return RunningServerState(lam_g, total, count, server.round + 1), ServerInfo(count)
+
+    def unlearn(self, server: RunningServerState, client_id: int, state: ClientState) -> RunningServerState:
+        """`unlearned_server` on the running sum: client j's term (from its state) leaves it, and the other K − 1
+        terms move by ρ_s (λ_g' − λ_g) each, as the default server's records do."""
+        if state.natural is None:
+            raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
+        lam_g = _without_dual(self.family, self.delta, server.natural, client_id, state.dual)
+        shift = nat.scale(_wide(nat.sub(lam_g, server.natural)), self.server_rho * (server.clients - 1))
+        own = _wide(client_contribution(state.natural, state.dual, self.server_rho))
+        return RunningServerState(lam_g, nat.add(nat.sub(server.total, own), shift), server.clients - 1, server.round)
 
 
 def make(
@@ -130,6 +201,7 @@ def make(
     server_rho: float | None = None,
     dual_step: Callable = natural_dual_step,
     name: str = "bayes-admm",
+    incremental: bool = False,
 ) -> Algorithm:
     """BayesADMM over `family` with local `solver` (ExactQuadratic, VON, IVONSolver, ...: a `LocalSolver` of the
     client's `VariationalProblem`, i.e. `solver.solve_problem(problem, loss, generator) -> SolveResult`).
@@ -137,6 +209,7 @@ def make(
     rho: ρ > 0, client proximal weight (the KL term in Eq. 15). delta: prior precision δ.
     gamma: dual step γ (default ρ). server_rho: ρ_s ≥ 0 in the server problem (default ρ).
     dual_step: Eq. 16 by default; BregmanADMM swaps in the expectation-parameter step.
+    incremental: keep the running sum of the clients' terms instead of each client's term (module docstring).
     """
     gamma = rho if gamma is None else gamma
     server_rho = rho if server_rho is None else server_rho
@@ -161,10 +234,13 @@ def make(
 
     def finish(state: ClientState, message: Message, loss, problem: VariationalProblem, result):
         dual = dual_step(family, state.dual, result.natural, problem.lam_g, gamma)
+        reply = (sums.reply if sums is not None else reply_of)(state, dual, result.natural)
+        return ClientState(dual, result.natural), reply, SolveInfo(result.iterations, result.converged)
+
+    def reply_of(state: ClientState, dual: Natural, lam_k: Natural) -> Message:
         # The reply is the client's term of the server's sum, not λ_k and η_k apart: half the numbers to send, and
         # the arithmetic is done by the clients (in parallel) rather than by the server.
-        reply = pack("contribution", client_contribution(result.natural, dual, server_rho))
-        return ClientState(dual, result.natural), reply, SolveInfo(result.iterations, result.converged)
+        return pack("contribution", client_contribution(lam_k, dual, server_rho))
 
     def server_update(server: ServerState, replies: Mapping[int, Message]):
         last = merge_replies(server.replies, {k: unpack("contribution", r) for k, r in replies.items()})
@@ -183,10 +259,16 @@ def make(
     def unlearn(server: ServerState, client_id: int, state: ClientState) -> ServerState:
         return unlearned_server(family, delta, server_rho, server, client_id, state.dual)
 
+    # the same closed form from the running sum, where asked (module docstring)
+    sums = RunningSums(family, delta, server_rho, name) if incremental else None
+    server: tuple[Callable, Callable, Callable] = (init_server, server_update, unlearn)
+    if sums is not None:
+        server = (sums.init_server, sums.server_update, sums.unlearn)
+
     # Only the natural-parameter dual step keeps η_k = −∇_μ L_k (App. C.1), the client's term of the posterior;
     # BregmanADMM's expectation-parameter step loses it (App. C.2, and it need not reach consensus), so it refuses.
     local = LocalStep(solver, prepare, finish)
     return Algorithm.from_local(
-        name, init_server, init_client, broadcast, local, server_update, posterior,
-        personal=personal, unlearn=unlearn if dual_step is natural_dual_step else None,
+        name, server[0], init_client, broadcast, local, server[1], posterior,
+        personal=personal, unlearn=server[2] if dual_step is natural_dual_step else None,
     )  # fmt: skip

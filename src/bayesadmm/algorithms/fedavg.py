@@ -215,6 +215,8 @@ SPEC = register_method(
             "cifar10-acar": LARGE_BATCH,
             "cifar100-resnet20": LARGE_BATCH,
             "diabetes-iid5": SMALL_BATCH,
+            "fmnist-xdevice": SMALL_BATCH,  # (not tuned)
+            "logreg-100k": {**SMALL_BATCH, "lr": 1e-2},  # (not tuned: a linear model takes a larger step)
         },
         search_space=LR_SPACE,
         reference={scenario: {"fedavg": numbers} for scenario, numbers in REFERENCE.items()},

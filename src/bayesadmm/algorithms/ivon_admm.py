@@ -87,26 +87,20 @@ def make(
     server_rho: float | None = None,
     name: str = "ivon-admm",
     compiled: bool = True,
+    incremental: bool = False,
 ) -> Algorithm:
     """IVON-ADMM over `dim` parameters: ρ = `rho`, dual step γ = `gamma`, prior precision δ = `delta`, server
-    proximal weight ρ_s = `server_rho` (default ρ); the IVON settings as `make_solver` takes them."""
+    proximal weight ρ_s = `server_rho` (default ρ); the IVON settings as `make_solver` takes them; `incremental`:
+    the server keeps the running sum of the clients' terms, not each client's (`bayes_admm.make`)."""
     solver = make_solver(
-        lr=lr,
-        tau=tau,
-        epochs=epochs,
-        batch_size=batch_size,
-        hess_init=hess_init,
-        beta1=beta1,
-        beta2=beta2,
-        mc_samples=mc_samples,
-        clip_radius=clip_radius,
-        cosine_rounds=cosine_rounds,
-        restart_at_q_g=restart_at_q_g,
+        lr=lr, tau=tau, epochs=epochs, batch_size=batch_size, hess_init=hess_init, beta1=beta1, beta2=beta2,
+        mc_samples=mc_samples, clip_radius=clip_radius, cosine_rounds=cosine_rounds, restart_at_q_g=restart_at_q_g,
         compiled=compiled,
-    )
+    )  # fmt: skip
     return bayes_admm.make(
-        DiagonalGaussian(dim), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name
-    )
+        DiagonalGaussian(dim), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name,
+        incremental=incremental,
+    )  # fmt: skip
 
 
 def make_pvi(
@@ -125,8 +119,10 @@ def make_pvi(
     cosine_rounds: int | None = None,
     restart_at_q_g: bool = False,
     compiled: bool = True,
+    incremental: bool = False,
 ) -> Algorithm:
-    """IVON-PVI: ρ = 1, α = 1 (no server proximal term), dual step γ = `damping`; IVON settings as in `make`."""
+    """IVON-PVI: ρ = 1, α = 1 (no server proximal term), dual step γ = `damping`; IVON settings and `incremental`
+    as in `make`."""
     return make(
         dim,
         rho=1.0,
@@ -146,6 +142,7 @@ def make_pvi(
         server_rho=0.0,
         name="ivon-pvi",
         compiled=compiled,
+        incremental=incremental,
     )
 
 
@@ -182,20 +179,23 @@ class IVONSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class Hparams(IVONSettings):
-    """IVON-ADMM's hyperparameters (`make`): ρ, γ, δ, `server_rho` ρ_s (None: ρ) and IVON's settings."""
+    """IVON-ADMM's hyperparameters (`make`): ρ, γ, δ, `server_rho` ρ_s (None: ρ), IVON's settings and
+    `incremental` (the server's running sum: for many clients, a few per round)."""
 
     rho: float
     gamma: float
     delta: float
     server_rho: float | None = None
+    incremental: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class PVIHparams(IVONSettings):
-    """IVON-PVI's hyperparameters (`make_pvi`): PVI's `damping`, δ and IVON's settings."""
+    """IVON-PVI's hyperparameters (`make_pvi`): PVI's `damping`, δ, IVON's settings and `incremental`."""
 
     damping: float
     delta: float
+    incremental: bool = False
 
 
 def cosine_rounds(cosine: bool, context: Context, name: str) -> int | None:
@@ -214,6 +214,7 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
         gamma=hparams.gamma,
         delta=hparams.delta,
         server_rho=hparams.server_rho,
+        incremental=hparams.incremental,
         **hparams.solver_keywords(context, "ivon-admm"),
     )
 
@@ -233,7 +234,11 @@ def pvi_dp_update(hparams: PVIHparams) -> ClientUpdate:
 
 def build_pvi(hparams: PVIHparams, context: Context) -> Algorithm:
     return make_pvi(
-        context.dim, damping=hparams.damping, delta=hparams.delta, **hparams.solver_keywords(context, "ivon-pvi")
+        context.dim,
+        damping=hparams.damping,
+        delta=hparams.delta,
+        incremental=hparams.incremental,
+        **hparams.solver_keywords(context, "ivon-pvi"),
     )
 
 
@@ -324,6 +329,10 @@ PRESETS = {
         "restart_at_q_g": False,
     },
 }
+# The cross-device scenarios (not tuned): fmnist-heterog100's settings, and the server's running sum (`incremental`:
+# its memory and work follow the round's 1 % of the clients)
+PRESETS["fmnist-xdevice"] = {**PRESETS["fmnist-heterog100"], "incremental": True}
+PRESETS["logreg-100k"] = {**PRESETS["fmnist-heterog100"], "lr": 1e-2, "tau": 1.0, "incremental": True}
 _PVI = {"damping": 0.1, "restart_at_q_g": True}
 PVI_PRESETS = {
     "fmnist-heterog10": {**_FMNIST, "delta": 1.0, **_PVI, "cosine": True},

@@ -32,6 +32,7 @@ from bayesadmm.algorithms.base import Algorithm, CohortSolver, LocalStep, Messag
 from bayesadmm.engine.policy import fixed_cohorts, usable_cores
 from bayesadmm.engine.runners import LocalClients, one_thread
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.store import StoreSpec
 from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
 
 # clients per batched computation: bounds the memory of the stacked states (about 10 model-sized vectors per client
@@ -80,8 +81,9 @@ class CohortClients(LocalClients):
         rows: ClientRows | None = None,
         single_thread: bool = True,
         cohorts: Sequence[Sequence[int]] | None = None,
+        store: StoreSpec | None = None,
     ):
-        super().__init__(algorithm, clients, seed)
+        super().__init__(algorithm, clients, seed, store)
         if algorithm.local is None or not trains_in_cohorts(algorithm):
             raise ValueError(f"{algorithm.name}: its local solver does not batch (no solve_cohort); use LocalClients")
         if cohort_size < 1:

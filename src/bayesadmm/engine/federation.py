@@ -121,7 +121,7 @@ class Result:
         from the run directory without unpickling (`rundir.load_state`). The checkpoint is of round `round` where the
         run ended normally; after a divergence, of the last checkpointed round (`round`, the last good one)."""
         from bayesadmm.engine.rundir import RunDirError, load_state
-        from bayesadmm.engine.runners import checkpointed_states
+        from bayesadmm.engine.runners import checkpointed_states, initial_states
 
         path = self.run_dir / "checkpoint.pt"
         checkpoint = load_state(path)
@@ -131,7 +131,8 @@ class Result:
             ids = sorted(checkpoint["clients"])
         else:
             ids = sorted(k for shard in checkpoint["shards"] for k in shard["clients"])
-        return checkpointed_states(checkpoint, self.run_dir, ids if clients is None else clients)
+        initial = initial_states(self.algorithm, checkpoint.get("initial"))  # a disk store's never-written clients
+        return checkpointed_states(checkpoint, self.run_dir, ids if clients is None else clients, initial)
 
 
 def participants(ids: list[int], participation: float, seed: int, round_: int) -> list[int]:

@@ -19,6 +19,7 @@ __all__ = ["RESUME_MAY_CHANGE", "IMPLIED", "check_same_run", "flat_settings"]
 # noise, so ε stays exact)
 RESUME_MAY_CHANGE = frozenset(
     {"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device", "dp_epsilon", "dp_noise"}
+    | {"client_store"}
     | {"resume", "overwrite", "round_timeout", "discovery_timeout"}
 )
 # a key a configuration written before it existed leaves out, and the value that means: (key, JSON value); the

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, PointEstimate
+from bayesadmm.engine.history import append_line
 from bayesadmm.engine.simulate import generator_of
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.metrics import evaluate
@@ -197,6 +200,24 @@ def evaluate_round(
     global_posterior = algorithm.posterior(server)
     model, likelihood = federation.model, federation.likelihood
     return evaluate_personal(model, global_posterior, personal, setup.tests, likelihood, samples, seed, round_)
+
+
+def round_metrics(
+    run_dir: Path,
+    federation: Any,
+    algorithm: Algorithm,
+    server: Any,
+    states: Mapping[int, Any],
+    seed: int,
+    samples: int,
+    round_: int,
+) -> dict[str, float]:
+    """Every client's global and personal metrics on its own test split (`evaluate_round`), appended to
+    run_dir/personal.jsonl; their mean and worst client, and the seconds it took, for the round's metrics line."""
+    began = time.perf_counter()
+    per_client = evaluate_round(federation, algorithm, server, states, seed, samples, round_)
+    append_line(run_dir / "personal.jsonl", personal_record(round_, per_client))
+    return {**summarise(per_client), "personal_seconds": time.perf_counter() - began}
 
 
 def personal_record(round_: int, per_client: Mapping[int, Mapping[str, Any]]) -> dict:

@@ -24,7 +24,6 @@ The requests and answers are `engine.transport`'s typed records.
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import tempfile
 import traceback
@@ -39,8 +38,11 @@ from bayesadmm.algorithms.base import Algorithm, Message, trains_in_cohorts
 from bayesadmm.engine import transport
 from bayesadmm.engine.cohort import CohortClients, cohort_rows
 from bayesadmm.engine.policy import assign, fixed_cohorts
+from bayesadmm.engine.processes import keep_freed_memory as _keep_freed_memory
+from bayesadmm.engine.processes import start_worker as _start
 from bayesadmm.engine.rundir import SHARDS, real_folder
-from bayesadmm.engine.runners import LocalClients, checkpointed_states
+from bayesadmm.engine.runners import LocalClients, checkpointed_states, initial_states
+from bayesadmm.engine.store import StoreSpec
 from bayesadmm.engine.transport import (
     ACK,
     CLOSE,
@@ -79,13 +81,14 @@ def _worker(
     default_dtype: torch.dtype,
     cohort_size: int = 0,
     cohorts: list[list[int]] | None = None,
+    store: StoreSpec | None = None,
 ) -> None:
     """A worker's life: build its clients, then answer the parent's requests until `CLOSE` (or the parent is gone)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent handles it
     _keep_freed_memory()
     torch.set_num_threads(1)
     torch.set_default_dtype(default_dtype)  # as in the parent, so that tensors made without a dtype agree
-    local = local_runner(make_algorithm(), {k: source(k) for k in group}, source, seed, cohort_size, cohorts)
+    local = local_runner(make_algorithm(), {k: source(k) for k in group}, source, seed, cohort_size, cohorts, store)
     while True:
         try:
             request = connection.recv()
@@ -117,7 +120,8 @@ def _handle(local: LocalClients, request: Start | Put | Load | Save) -> Any:
     if isinstance(request, Put):
         return local.restore({"clients": loads(request.states)}, Path("."))
     if isinstance(request, Load):
-        return local.restore({"shards": request.shards}, request.run_dir)
+        initial = None if request.initial is None else loads(request.initial)
+        return local.restore({"shards": request.shards, "initial": initial}, request.run_dir)
     if isinstance(request, Save):
         return local.write_shard(request.path)
     raise TypeError(f"unknown request {request!r}")
@@ -163,22 +167,6 @@ def _replies(local: LocalClients, round_: int, message: Message, chosen: list[in
             yield k, replies[k], info[k]
 
 
-def _keep_freed_memory() -> None:
-    """Have glibc keep the memory freed at the top of the heap rather than return it to the OS at once.
-
-    A worker frees each client's temporaries and its reply as soon as the client is done, so the top of its heap is
-    free between clients and glibc trims it; every allocation there then faults its pages in again (~400 page faults
-    per FedAvg client of the papers' MLP, ~0.5 ms, a fifth of the update). The worker's memory instead stays at its
-    high-water mark. A no-op where malloc is not glibc's (mallopt missing, or ignoring these settings).
-    """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: trim only above 1 GiB of free memory at the top
-    mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks below 32 MiB (the maximum) from the heap, where they are reused
-
-
 # ---- in the parent --------------------------------------------------------------------------------------------------
 
 
@@ -186,7 +174,15 @@ class ClientPool:
     """The clients' states and updates in `workers` processes, each on one thread, sharing the training data; each
     client stays in the worker it was assigned to (`assign`)."""
 
-    def __init__(self, make_algorithm: Callable[[], Algorithm], source, seed: int, workers: int, cohort_size: int = 0):
+    def __init__(
+        self,
+        make_algorithm: Callable[[], Algorithm],
+        source,
+        seed: int,
+        workers: int,
+        cohort_size: int = 0,
+        store: StoreSpec | None = None,
+    ):
         if workers < 2:
             raise ValueError(f"ClientPool needs at least 2 workers, got {workers} (use LocalClients)")
         sizes = dict(source.sizes)
@@ -194,6 +190,8 @@ class ClientPool:
         self.groups = assign(sizes, workers, layout)
         self.owner = {k: index for index, group in enumerate(self.groups) for k in group}
         self.last_info: dict[int, dict[str, float]] = {}
+        self.store, self.make_algorithm = store, make_algorithm
+        self.initial_server: Any = None  # what the clients a disk store never wrote start from
         context = torch.multiprocessing.get_context("spawn")
         self.connections, self.processes, self.arenas = [], [], []
         self._in_round = False  # True from sending a round's work until every worker has finished it
@@ -214,6 +212,7 @@ class ClientPool:
                         torch.get_default_dtype(),
                         cohort_size,
                         None if layout is None else [c for c in layout if self.owner[c[0]] == index],
+                        store,
                     ),
                 )
                 _start(process)
@@ -226,13 +225,16 @@ class ClientPool:
             raise
 
     def start(self, server) -> None:
+        self.initial_server = server
         self._call_all([Start(dumps(server))] * len(self.groups))
 
     def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
         """The client states a checkpoint recorded: each worker reads the shards that hold its clients, or is handed
         its clients' states (a checkpoint written by one process)."""
+        self.initial_server = checkpoint.get("initial")
         if "shards" in checkpoint:
-            self._call_all([Load(Path(run_dir), checkpoint["shards"])] * len(self.groups))
+            initial = None if self.initial_server is None else dumps(self.initial_server)
+            self._call_all([Load(Path(run_dir), checkpoint["shards"], initial)] * len(self.groups))
         else:
             states = checkpoint["clients"]
             self._call_all([Put(dumps({k: states[k] for k in group})) for group in self.groups])
@@ -282,6 +284,10 @@ class ClientPool:
     def states(self) -> dict[int, Any]:
         """Every client's current state, by client id: the workers write them as shards to a temporary directory (not
         as bytes through the pipe, which would hold several copies in memory at once) and this process reads them."""
+        if self.store is not None and self.store.kind == "disk" and self.store.run_dir is not None:
+            run_dir = Path(self.store.run_dir)  # the workers' disk stores: their blocks, flushed
+            initial = initial_states(self.make_algorithm(), self.initial_server)
+            return checkpointed_states(self.save(run_dir, 0), run_dir, sorted(self.owner), initial)
         with tempfile.TemporaryDirectory(prefix="bayesadmm-states-") as folder:
             record = self.save(Path(folder), 0)
             return checkpointed_states(record, Path(folder), sorted(self.owner))
@@ -290,7 +296,10 @@ class ClientPool:
         """Each worker writes its clients' states to a shard file (in parallel); the checkpoint's record of them."""
         folder = real_folder(Path(run_dir) / SHARDS)
         shards = self._call_all([Save(folder / f"r{round_:06d}-w{index}.pt") for index in range(len(self.groups))])
-        return {"shards": shards}
+        record = {"shards": [entry for entries in shards for entry in entries]}
+        if any(entry.get("fresh") for entry in record["shards"]):
+            record["initial"] = self.initial_server
+        return record
 
     def close(self) -> None:
         """Stop the workers: asked to, or killed if in the middle of a round (an error or an interrupt)."""
@@ -352,16 +361,20 @@ def client_runner(
     workers: int,
     algorithm: Algorithm | None = None,
     cohort_size: int = 0,
+    store: StoreSpec | None = None,
 ) -> LocalClients | ClientPool:
     """The clients of `source` in this process for one worker (or one participant), with `algorithm` (made by
     `make_algorithm` if not given), or in a pool of `workers` processes otherwise. With `cohort_size` > 0, the
     clients of a round are trained `cohort_size` at a time as one batched computation (`engine.cohort.CohortClients`,
-    in this process or in each worker) where the algorithm's client update and the clients allow it."""
+    in this process or in each worker) where the algorithm's client update and the clients allow it. `store`: where
+    the client states are kept (`engine.store`; in memory by default)."""
     algorithm = algorithm or make_algorithm()
     if workers <= 1:
-        return local_runner(algorithm, {k: source(k) for k in sorted(source.sizes)}, source, seed, cohort_size)
+        return local_runner(
+            algorithm, {k: source(k) for k in sorted(source.sizes)}, source, seed, cohort_size, store=store
+        )
     # each worker checks that its clients stack (`local_runner`); here only whether the method batches at all
-    return ClientPool(make_algorithm, source, seed, workers, cohort_size if trains_in_cohorts(algorithm) else 0)
+    return ClientPool(make_algorithm, source, seed, workers, cohort_size if trains_in_cohorts(algorithm) else 0, store)
 
 
 def local_runner(
@@ -371,25 +384,11 @@ def local_runner(
     seed: int,
     cohort_size: int,
     cohorts: list[list[int]] | None = None,
+    store: StoreSpec | None = None,
 ):
     """`CohortClients` where `cohort_size` > 0 and the algorithm and clients batch (in `cohorts` where given: a
     worker's share of the run's), `LocalClients` otherwise."""
     rows = cohort_rows(algorithm, clients, source) if cohort_size > 0 else None
     if rows is None:
-        return LocalClients(algorithm, clients, seed)
-    return CohortClients(algorithm, clients, seed, cohort_size, rows, cohorts=cohorts)
-
-
-def _start(process) -> None:
-    """Start a worker; its arguments (the algorithm's factory, the client source) are pickled here, in the parent, so
-    an object that does not pickle fails now, with the fix."""
-    import pickle
-
-    try:
-        process.start()
-    except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise ValueError(
-            f"the algorithm's factory and the clients must pickle to run in worker processes "
-            f"(workers > 1), and they do not ({exc}): make them module-level functions, "
-            f"functools.partials of them, or dataclasses of tensors; or use workers=1"
-        ) from exc
+        return LocalClients(algorithm, clients, seed, store)
+    return CohortClients(algorithm, clients, seed, cohort_size, rows, cohorts=cohorts, store=store)

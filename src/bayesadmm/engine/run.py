@@ -16,7 +16,7 @@ import torch
 from bayesadmm import reports
 from bayesadmm.algorithms.base import compiled_kernels, info_scalars
 from bayesadmm.clients import fingerprint
-from bayesadmm.engine import personal
+from bayesadmm.engine import personal, store
 from bayesadmm.engine.checkpoint import final_status, save_checkpoint
 from bayesadmm.engine.cohort import automatic_cohort
 from bayesadmm.engine.federation import (
@@ -46,6 +46,7 @@ from bayesadmm.engine.rundir import (
 from bayesadmm.engine.runners import ClientRunner, RunnerFactory, check_states, remove_stale_shards
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.store import StoreSpec, store_kind
 from bayesadmm.metrics import evaluate
 from bayesadmm.privacy.client_level import BudgetExhausted
 
@@ -182,8 +183,9 @@ class Run:
             self.checkpoint()
         else:
             self.server = checkpoint["server"]
+            # those of a checkpoint the kill did not let finish, before a disk store writes blocks of its own
+            remove_stale_shards(self.run_dir, checkpoint)
             self.clients.restore(checkpoint, self.run_dir)
-            remove_stale_shards(self.run_dir, checkpoint)  # those of a checkpoint the kill did not let finish
 
     def _make_clients(self) -> ClientRunner:
         if self.runner is not None:
@@ -196,7 +198,14 @@ class Run:
             self._workers,
             self.algorithm,
             cohort_size=self._cohort if self._cohort > 1 else 0,
+            store=StoreSpec(self._store_kind(), self.run_dir, store.CACHE_BYTES),
         )
+
+    def _store_kind(self) -> str:
+        """Where the client states live (`engine.store.store_kind`, judged on the first client's initial state)."""
+        theta0 = self.federation.theta0.to(self.settings.device, self.settings.torch_dtype)
+        first = self.algorithm.init_client(self.algorithm.init_server(theta0), self.ids[0]) if self.ids else None
+        return store_kind(self.settings.client_store, len(self.ids), first)
 
     # ---- rounds ----------------------------------------------------------------------------------------------------
 
@@ -272,18 +281,10 @@ class Run:
         )
 
     def _personal(self, server: Any, round_: int) -> dict[str, float]:
-        """Every client's global and personal metrics on its own test split, appended to personal.jsonl; their
-        mean and worst client, and the seconds it took, for the round's metrics line."""
-        assert self.clients is not None
-        began = time.perf_counter()
-        states = self.clients.states() if self.algorithm.personal is not None else {}
-        states = states or {k: None for k in self.ids}
-        settings = self.settings
-        per_client = personal.evaluate_round(
-            self.federation, self.algorithm, server, states, settings.seed, settings.eval_samples, round_
-        )
-        append_line(self.run_dir / "personal.jsonl", personal.personal_record(round_, per_client))
-        return {**personal.summarise(per_client), "personal_seconds": time.perf_counter() - began}
+        """Every client's global and personal metrics on its own test split (`personal.round_metrics`)."""
+        states = self.clients.states() if self.algorithm.personal is not None else {}  # type: ignore[union-attr]
+        args = (server, states or dict.fromkeys(self.ids), self.settings.seed, self.settings.eval_samples, round_)
+        return personal.round_metrics(self.run_dir, self.federation, self.algorithm, *args)
 
     def _record(self, line: dict) -> None:
         """The metrics line, the checkpoint where due, the status, the bar and `on_round`, in this order."""

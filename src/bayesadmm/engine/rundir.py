@@ -68,8 +68,9 @@ POSTERIOR = "posterior.safetensors"
 RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json", POSTERIOR)
 LOCK = ".lock"
 SHARDS = "client-states"  # the run directory's folder of checkpoint shards
-# the only shard names the engine writes (`r<round>-w<worker>.pt`), and so the only ones a checkpoint may list
-SHARD_NAME = re.compile(r"r[0-9]{6}-w[0-9]{1,4}\.pt")
+# the only shard names the engine writes (`r<round>-w<worker>.pt`, and the disk store's blocks
+# `b<first client>-<hex>.safetensors`, `engine.store`), and so the only ones a checkpoint may list
+SHARD_NAME = re.compile(r"r[0-9]{6}-w[0-9]{1,4}\.pt|b[0-9]{1,12}-[0-9a-f]{16}\.safetensors")
 # flags that keep an open inside the run directory: never through a symbolic link, never blocking on a FIFO
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)
@@ -176,13 +177,15 @@ def real_folder(folder: Path) -> Path:
 
 def shard_path(run_dir: Path, name: object) -> Path:
     """The shard file `name` that a checkpoint lists, inside run_dir's real client-states folder; a RunDirError if
-    the name is not one the engine writes (`client-states/rNNNNNN-wK.pt`: no other folder, no `..`)."""
+    the name is not one the engine writes (`client-states/rNNNNNN-wK.pt` or a store block: no other folder, no
+    `..`)."""
     folder, _, file = name.partition("/") if isinstance(name, str) else ("", "", "")
     if folder != SHARDS or not SHARD_NAME.fullmatch(file):
         shown = repr(name)[:120]
         raise RunDirError(
             f"{Path(run_dir) / 'checkpoint.pt'} lists a shard {shown}, not a name the engine writes "
-            f"({SHARDS}/rNNNNNN-wK.pt); the checkpoint was edited: start the run again with --overwrite"
+            f"({SHARDS}/rNNNNNN-wK.pt or bN-HEX.safetensors); the checkpoint was edited: start the run again "
+            "with --overwrite"
         )
     if os.path.lexists(Path(run_dir) / SHARDS) and not stat.S_ISDIR(os.lstat(Path(run_dir) / SHARDS).st_mode):
         raise RunDirError(f"{Path(run_dir) / SHARDS} is a symbolic link or not a folder; start the run again")

@@ -25,6 +25,7 @@ import torch
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
 from bayesadmm.engine.rundir import SHARD_NAME, SHARDS, RunDirError, load_state, real_folder, save_state, shard_path
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.store import DiskStore, MemoryStore, StoreSpec, make_store, read_block
 
 __all__ = [
     "ClientRunner",
@@ -35,6 +36,7 @@ __all__ = [
     "checkpointed_states",
     "check_states",
     "remove_stale_shards",
+    "read_shard",
     "SHARDS",
 ]
 
@@ -94,20 +96,28 @@ RunnerFactory = Callable[[Algorithm, int], ClientRunner]
 
 
 class LocalClients:
-    """The states and updates of `clients` (id → data), one client after the other in this process."""
+    """The states and updates of `clients` (id → data), one client after the other in this process; the states in
+    the store `store` describes (`engine.store`: in memory by default)."""
 
-    def __init__(self, algorithm: Algorithm, clients: Mapping[int, Any], seed: int):
+    def __init__(self, algorithm: Algorithm, clients: Mapping[int, Any], seed: int, store: StoreSpec | None = None):
         self.algorithm, self.clients, self.seed = algorithm, dict(clients), seed
-        self._states: dict[int, Any] = {}
+        self._states: MemoryStore | DiskStore = make_store(store, self.clients)
         self.last_info: dict[int, dict[str, float]] = {}  # the scalars of each client's info record, last round
+        self.initial_server: Any = None  # what the clients a disk store never wrote start from
 
     def start(self, server) -> None:
         """Every client's initial state, from the initial server state."""
-        self._states = {k: self.algorithm.init_client(server, k) for k in self.clients}
+        self.initial_server = server
+        self._states.fill(self.clients, lambda k: self.algorithm.init_client(server, k))
 
     def restore(self, checkpoint: Mapping, run_dir: Path) -> None:
         """The client states a checkpoint recorded (`save`'s record in checkpoint.pt: the states, or shards)."""
-        self._states = checkpointed_states(checkpoint, run_dir, self.clients)
+        self.initial_server = checkpoint.get("initial")
+        initial = initial_states(self.algorithm, self.initial_server)
+        if isinstance(self._states, DiskStore):
+            self._states.restore(checkpoint, run_dir, initial)
+        else:
+            self._states = MemoryStore(checkpointed_states(checkpoint, run_dir, self.clients, initial))
 
     def units(self, chosen: Sequence[int]) -> list[list[int]]:
         """The `chosen` clients grouped as they train: one at a time here, a cohort at a time in `CohortClients`."""
@@ -135,29 +145,48 @@ class LocalClients:
         return dict(self._states)
 
     def save(self, run_dir: Path, round_: int) -> dict:
-        """The checkpoint's record of the client states: the states themselves (they are in this process)."""
+        """The checkpoint's record of the client states: the states themselves (they are in this process), or the
+        disk store's blocks."""
+        if isinstance(self._states, DiskStore):
+            return {"shards": self._states.flush(), "initial": self.initial_server}
         return {"clients": self.states()}
 
-    def write_shard(self, path: Path) -> dict:
-        """Write the states to `path` (complete or not at all, synced); the shard's entry in checkpoint.pt."""
-        save_state(path, self._states)
-        return {"file": f"{path.parent.name}/{path.name}", "clients": sorted(self._states)}
+    def write_shard(self, path: Path) -> list[dict]:
+        """Write the states to `path` (complete or not at all, synced), or flush the disk store's blocks; the entries
+        of checkpoint.pt's list of shards."""
+        if isinstance(self._states, DiskStore):
+            return self._states.flush()
+        save_state(path, dict(self._states))
+        return [{"file": f"{path.parent.name}/{path.name}", "clients": sorted(self._states)}]
 
     def close(self) -> None:
         pass
 
 
-def checkpointed_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> dict[int, Any]:
+def initial_states(algorithm: Algorithm, server: Any) -> Callable[[int], Any] | None:
+    """Client k's initial state from the initial server state `server` (None where there is none)."""
+    return None if server is None else (lambda k: algorithm.init_client(server, k))
+
+
+def checkpointed_states(
+    checkpoint: Mapping, run_dir: Path, wanted: Iterable[int], initial: Callable[[int], Any] | None = None
+) -> dict[int, Any]:
     """The states of the `wanted` clients recorded in a checkpoint: inline ("clients") or in shard files ("shards",
-    of which only those holding wanted clients are read)."""
+    of which only those holding wanted clients are read; a disk store's "fresh" blocks are `initial(k)`)."""
     wanted = list(wanted)
     if "clients" in checkpoint:
         found = checkpoint["clients"]
     else:
         found, needed = {}, set(wanted)
         for shard in checkpoint["shards"]:
-            if not needed.isdisjoint(shard["clients"]):
-                states = load_state(shard_path(run_dir, shard["file"]))
+            if needed.isdisjoint(shard["clients"]):
+                continue
+            if shard.get("fresh"):
+                if initial is None:
+                    raise ValueError("the checkpoint's clients in their initial state need the algorithm to make them")
+                found.update((k, initial(k)) for k in shard["clients"] if k in needed)
+            else:
+                states = read_shard(run_dir, shard)
                 found.update((k, state) for k, state in states.items() if k in needed)
     missing = [k for k in wanted if k not in found]
     if missing:
@@ -176,11 +205,16 @@ def check_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> N
     else:
         shards = checkpoint["shards"]
         if not isinstance(shards, list) or not all(
-            isinstance(s, Mapping) and {"file", "clients"} <= set(s) for s in shards
+            isinstance(s, Mapping) and "clients" in s and ("file" in s or s.get("fresh") is True) for s in shards
         ):
             raise RunDirError(f"{path} lists its shards in a form the engine does not write; start the run again")
         for shard in shards:
-            states = load_state(shard_path(run_dir, shard["file"]))
+            if shard.get("fresh"):
+                if checkpoint.get("initial") is None:
+                    raise RunDirError(f"{path} lists clients in their initial state but no initial server state")
+                found.update(shard["clients"])
+                continue
+            states = read_shard(run_dir, shard)
             if not isinstance(states, dict) or sorted(states) != sorted(shard["clients"]):
                 raise RunDirError(
                     f"{shard_path(run_dir, shard['file'])} does not hold the clients {path} lists for it; "
@@ -195,13 +229,22 @@ def check_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> N
         )
 
 
+def read_shard(run_dir: Path, shard: Mapping) -> dict[int, Any]:
+    """The states in the shard file a checkpoint lists (`shard`: its entry): a worker's shard, or a disk store's
+    block (checked against the sha256 the entry records); a RunDirError naming the file where it is not whole."""
+    path = shard_path(run_dir, shard["file"])
+    if path.suffix == ".safetensors":
+        return read_block(path, shard.get("sha256"))
+    return load_state(path)
+
+
 def remove_stale_shards(run_dir: Path, record: Mapping) -> None:
     """Delete the shard files that checkpoint record `record` does not name (other rounds, unfinished writes)."""
     folder = Path(run_dir) / SHARDS
     if not os.path.lexists(folder):
         return
     real_folder(folder)  # a link to elsewhere is refused: deleting "stale shards" there would delete others' files
-    keep = {shard["file"] for shard in record.get("shards", [])}
+    keep = {shard["file"] for shard in record.get("shards", []) if "file" in shard}
     for path in folder.iterdir():  # only the engine's own names: anything else there is not ours to delete
         name = path.name.removesuffix(".tmp")
         if SHARD_NAME.fullmatch(name) and f"{SHARDS}/{path.name}" not in keep:

@@ -25,6 +25,9 @@ __all__ = ["Settings", "DTYPES", "KEYS", "check_device", "problems", "dtype_name
 # the engine's precisions: name → torch dtype
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float64": torch.float64}
 
+# where client states live (`engine.store.STORES`; spelt here so that settings import nothing of the engine)
+CLIENT_STORES = ("auto", "memory", "disk")
+
 # integer keys: (smallest valid value, what the values mean, for the message)
 _INTEGERS: dict[str, tuple[int, str]] = {
     "rounds": (1, "the communication rounds"),
@@ -50,7 +53,9 @@ class Settings:
     checkpoint every N rounds (and after the last). `dtype`: "float32" or "float64", the precision of the server's
     state and the evaluation (`torch_dtype`). `compile`: "auto" (default), "on" or "off": whether the local solvers
     call compiled kernels (IVON's; the numbers equal to rounding, not bit for bit), "auto" where the run's local
-    steps win back the compilation (`optim.compilation.decide`, a rule of the run's settings and model only)."""
+    steps win back the compilation (`optim.compilation.decide`, a rule of the run's settings and model only).
+    `client_store`: where the client states live, "memory", "disk" (block files in the run directory with a bounded
+    cache: `engine.store`) or "auto" (on disk above `store.AUTO_DISK_CLIENTS` clients); the same bits in either."""
 
     rounds: int = 10
     seed: int = 0
@@ -63,6 +68,7 @@ class Settings:
     cohort: int = 0
     dtype: str = "float32"
     compile: str = "auto"
+    client_store: str = "auto"
 
     def __post_init__(self) -> None:
         found = problems({f.name: getattr(self, f.name) for f in fields(self)})
@@ -98,6 +104,8 @@ def problems(values: Mapping[str, Any], check_machine: bool = True) -> list[str]
             found.append(f"participation must be in (0, 1] (the fraction of clients per round), got {value!r}")
     if "compile" in values and check_mode(values["compile"]):
         found.append(str(check_mode(values["compile"])))
+    if "client_store" in values and values["client_store"] not in CLIENT_STORES:
+        found.append(f"client_store must be one of {', '.join(CLIENT_STORES)}, got {values['client_store']!r}")
     if "dtype" in values and values["dtype"] not in DTYPES:
         found.append(f"dtype must be one of {', '.join(DTYPES)}, got {values['dtype']!r}")
     if "device" in values:

@@ -66,6 +66,7 @@ class Load(NamedTuple):
 
     run_dir: Path
     shards: list
+    initial: bytes | None = None  # `dump_state` bytes of the initial server state (a disk store's fresh clients)
 
 
 class Save(NamedTuple):

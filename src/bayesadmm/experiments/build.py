@@ -44,6 +44,7 @@ DATASET_SHAPES: dict[str, tuple[int, int]] = {
     "cifar10": (3072, 10),
     "cifar100": (3072, 100),
     "diabetes": (10, 0),
+    "synthetic-softmax": (20, 5),  # bayesadmm.data.synthetic.SHAPE
 }
 
 
@@ -90,6 +91,10 @@ def load_data(config: RunConfig) -> Data:
         train, test = split_rows(len(y), DIABETES_TEST, generator_for(config.seed, 0, TEST_SPLIT))
         X, y = X.float(), y.float()
         return Data(X[train], y[train], X[test], y[test], num_classes=0, tabular=True)
+    if config.dataset == "synthetic-softmax":
+        from bayesadmm.data.synthetic import CLASSES, softmax_data
+
+        return Data(*softmax_data(), num_classes=CLASSES)
     if config.dataset in ("fashion-mnist", "mnist"):
         from bayesadmm.data import load_image_dataset
 
@@ -189,6 +194,7 @@ def build(config: RunConfig) -> Built:
     per_partition: dict[str, dict[str, float | int]] = {
         "two-level-dirichlet": {"alpha1": config.alpha1, "alpha2": config.alpha2},
         "per-class-dirichlet": {"alpha": config.alpha2},
+        "sized-dirichlet": {"alpha1": config.alpha1, "alpha2": config.alpha2},
         "classes-per-client": {"classes": config.classes_per_client, "per_class": config.per_class},
         "shards": {"classes": config.classes_per_client, "per_class": config.per_class},
     }
@@ -342,6 +348,9 @@ def run(
             trackers[0].close(status)
 
 
+PLOTTED_CLIENTS = 200  # labels.png shows the first this many clients
+
+
 def _write_split(config: RunConfig, built: Built) -> None:
     """partition.json (each client's rows) and, for class labels, labels.png (the labels per client)."""
     from bayesadmm.data.partitions import plot_label_distribution
@@ -353,13 +362,15 @@ def _write_split(config: RunConfig, built: Built) -> None:
     write_json(config.run_dir() / "partition.json", split)
     if not built.num_classes:
         return
+    shown = built.parts[:PLOTTED_CLIENTS]  # a bar per client: 10⁵ of them took minutes and showed nothing
+    some = f" (the first {len(shown)} of {len(built.parts)})" if len(shown) < len(built.parts) else ""
     try:
         plot_label_distribution(
             built.train_labels,
-            built.parts,
+            shown,
             built.num_classes,
             config.run_dir() / "labels.png",
-            title=f"{config.scenario}: labels per client",
+            title=f"{config.scenario}: labels per client{some}",
         )
     except Exception as exc:  # noqa: BLE001 — a plot is never worth losing a run
         print(f"warning: could not plot the label distribution: {exc}", file=sys.stderr)

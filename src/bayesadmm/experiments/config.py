@@ -57,6 +57,7 @@ class RunConfig:
     cohort: int = 0  # clients trained at a time as one batched computation (0: automatic; 1: one; engine.cohort)
     dtype: str = "float32"  # the precision the run computes in: float32 or float64
     compile: str = "auto"  # IVON's kernels compiled: auto (where the run wins the compilation back), on or off
+    client_store: str = "auto"  # where client states live: memory, disk, or auto (disk above 2000 clients)
     personal_split: float = 0.0  # > 0: hold out this fraction of every client's data as its own test split
     personal_every: int = 0  # evaluate the personal models every N rounds too (0: after the last round only)
     finetune_epochs: int = 3  # local Adam epochs of the personal model of methods without client posteriors
@@ -82,7 +83,8 @@ class RunConfig:
     def to_json(self) -> dict:
         """config.json's content; keys added later (dtype, ood, exclude_client, personal_*, dp_*) only where set."""
         data = dataclasses.asdict(self)
-        for key, default in (("dtype", "float32"), ("ood", ""), ("exclude_client", -1), *DP_DEFAULTS.items()):
+        defaults = (("dtype", "float32"), ("ood", ""), ("exclude_client", -1), ("client_store", "auto"))
+        for key, default in (*defaults, *DP_DEFAULTS.items()):
             if data[key] == default:
                 del data[key]
         for key in ("personal_split", "personal_every", "finetune_epochs") if not data["personal_split"] else ():
@@ -104,6 +106,7 @@ DATASETS: dict[str, tuple[str, ...]] = {
     "cifar10": ("classes",),
     "cifar100": ("classes",),
     "diabetes": ("real", "counts"),  # scikit-learn's diabetes regression set: progression scores 25-346
+    "synthetic-softmax": ("classes",),  # bayesadmm.data.synthetic: 10⁶ draws of a softmax model, 20 features
 }
 # likelihood name -> its class in bayesadmm.likelihoods
 LIKELIHOODS: dict[str, type] = {
@@ -154,10 +157,8 @@ def make_likelihood(name: str, params: typing.Mapping[str, object]) -> Likelihoo
 
 
 def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfig, list[str]]:
-    """Build the config from a preset name or a JSON config file plus KEY=VALUE overrides.
-
-    Returns the config and a list of human-readable lines saying which values the command line changed.
-    """
+    """Build the config from a preset name or a JSON config file plus KEY=VALUE overrides; returns the config and a
+    list of human-readable lines saying which values the command line changed."""
     table = presets()
     base = _read_source(source, table)
     method_table, file_hparams, file_likelihood_params = _file_tables(base, source)

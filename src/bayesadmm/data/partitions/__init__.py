@@ -13,6 +13,8 @@ The splits:
   both papers: Dirichlet client sizes *and* Dirichlet class mixtures.
 * :func:`per_class_dirichlet` -- the common per-class Dirichlet split
   (each class spread over the clients by proportions ~ Dir(alpha)).
+* :func:`sized_dirichlet` -- many clients (cross-device): Dirichlet sizes
+  above a floor, and each client's own Dirichlet label mixture.
 * :func:`classes_per_client` -- MNIST's "highly heterogeneous 100 clients":
   every client holds a few classes with a fixed number of examples each.
 * :func:`subsample` -- a random fraction of a dataset ("10 % of the training
@@ -49,6 +51,7 @@ from bayesadmm.data.partitions.allocation import _apportion as _apportion
 from bayesadmm.data.partitions.allocation import _counts_from_log_weights as _counts_from_log_weights
 from bayesadmm.data.partitions.classes import classes_per_client, shards
 from bayesadmm.data.partitions.dirichlet import per_class_dirichlet, two_level_dirichlet
+from bayesadmm.data.partitions.natural import sized_dirichlet
 from bayesadmm.data.partitions.plot import plot_label_distribution
 from bayesadmm.data.partitions.sampling import sample_dirichlet, sample_gamma
 from bayesadmm.data.partitions.summary import describe, heterogeneity, label_counts
@@ -67,6 +70,7 @@ __all__ = [
     "sample_dirichlet",
     "sample_gamma",
     "shards",
+    "sized_dirichlet",
     "subsample",
     "two_level_dirichlet",
 ]
@@ -78,6 +82,7 @@ PARTITIONS: dict[str, Callable[..., list[torch.Tensor]]] = {
     "per-class-dirichlet": per_class_dirichlet,
     "classes-per-client": classes_per_client,
     "shards": shards,
+    "sized-dirichlet": sized_dirichlet,
 }
 
 
