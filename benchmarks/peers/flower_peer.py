@@ -116,11 +116,17 @@ class TimedStrategy(FedAvg):
 
 
 def run_flower(
-    scenario: Scenario, data_dir: str, rounds: int = ROUNDS, device: str = "cpu", gpus: float = 0.25
+    scenario: Scenario,
+    data_dir: str,
+    rounds: int = ROUNDS,
+    device: str = "cpu",
+    gpus: float = 0.25,
+    fraction: float = 1.0,
 ) -> dict:
     """`rounds` rounds of the Flower app; returns {"seconds": [...], "acc": ..., ("ens_acc": ...)}. With a CUDA
     `device` each ClientApp trains there and asks Ray for `gpus` of the GPU (so 1/gpus of them run at once), as
-    Flower's guides set `client_resources`; otherwise one CPU each."""
+    Flower's guides set `client_resources`; otherwise one CPU each. `fraction`: the share of the clients that train
+    each round (Flower's fraction-train)."""
     from flwr.simulation import run_simulation
 
     K, hp = len(scenario.clients), scenario.hparams
@@ -134,9 +140,9 @@ def run_flower(
     def main(grid: Grid, context: Context) -> None:
         weighting = "num-examples" if hp.get("weighted", False) else "unit-weight"
         strategy = TimedStrategy(
-            fraction_train=1.0,
+            fraction_train=fraction,
             fraction_evaluate=0.0,
-            min_train_nodes=K,
+            min_train_nodes=max(1, round(fraction * K)),
             min_available_nodes=K,
             weighted_by_key=weighting,
             ivon_admm=hp if ivon else None,
