@@ -14,6 +14,7 @@ import bayesadmm
 from bayesadmm.algorithms import bayes_admm, get
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.trees import flatten
+from toy_clients import toy_clients
 
 RHO, DELTA = 0.5, 1.0
 
@@ -24,14 +25,7 @@ def _net() -> nn.Module:
 
 
 def _problem(clients=6):
-    gen = torch.Generator().manual_seed(0)
-    centres = 3.0 * torch.randn(3, 4, generator=gen)
-
-    def draw(n, k):
-        y = torch.cat([torch.full((n // 2,), k % 3), torch.randint(0, 3, (n - n // 2,), generator=gen)])
-        return centres[y] + torch.randn(len(y), 4, generator=gen), y
-
-    return [draw(12 + 2 * k, k) for k in range(clients)], draw(60, 0)
+    return toy_clients(clients)
 
 
 def _run(tmp_path, name, method="ivon-admm", **hparams):
