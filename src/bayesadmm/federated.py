@@ -235,7 +235,7 @@ def run(
         client_store=client_store,
     )
     likelihood = _checked_arguments(hparams, likelihood)
-    flat, theta0 = _flat_model(model)
+    flat, theta0 = flat_model(model)
     settings = _in_model_dtype(settings, dtype, theta0)
     finetune = FineTune(finetune_epochs)
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
@@ -328,7 +328,7 @@ def _ood_inputs(ood: Any, likelihood: Likelihood, model: FlatModel, theta0: Tens
     return X_ood
 
 
-def _flat_model(model) -> tuple[FlatModel, Tensor]:
+def flat_model(model) -> tuple[FlatModel, Tensor]:
     """`model` as a FlatModel and the starting parameters: a FlatModel's `initial_params` (from a fresh default
     generator), or an nn.Module's current parameters, flattened."""
     flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)

@@ -29,11 +29,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from flwr.app import Context, Message
 from torch import nn
 
 from bayesadmm.clients import ClientData, SupervisedData
+from bayesadmm.federated import flat_model
 from bayesadmm.flower.app_config import likelihood_of
 from bayesadmm.flower.client_app import DataOf, _dtype, handle_evaluate, handle_query, handle_train
 from bayesadmm.likelihoods import Likelihood
@@ -71,13 +71,8 @@ def _own(model: nn.Module | FlatModel, data: Any, likelihood: Likelihood | None)
     def data_of(text: str, setup: Mapping[str, Any], node_config: Mapping[str, Any], k: int) -> ClientData:
         if isinstance(data, ClientData) and not isinstance(data, (tuple, list)):
             return data
-        flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
-        dtype = _dtype(setup)
-        theta = (
-            flat.initial_params(torch.Generator())
-            if isinstance(model, FlatModel)
-            else flat.flatten(dict(model.named_parameters())).detach()
-        ).to(dtype)
+        flat, theta = flat_model(model)  # theta: only its shape and dtype matter to the checks
+        theta = theta.to(_dtype(setup))
         chosen = likelihood if likelihood is not None else likelihood_of(setup)
         pair = as_tensors(getattr(data, "dataset", data), f"the data of node {context_note(node_config)}")
         parts, _ = check_data(flat, theta, chosen, {k: pair})

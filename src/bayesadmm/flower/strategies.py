@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from bayesadmm.algorithms.spec import get
 from bayesadmm.engine.federation import Federation
 from bayesadmm.engine.settings import Settings
-from bayesadmm.federated import algorithm_factory
+from bayesadmm.federated import algorithm_factory, flat_model
 from bayesadmm.flower.app_config import NodeClients, Timeouts
 from bayesadmm.flower.bayes_strategy import BayesStrategy
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
@@ -93,7 +93,7 @@ def strategy(
         rounds=rounds, seed=seed, participation=fraction_train, eval_samples=eval_samples, device=device,
         workers=1, checkpoint_every=checkpoint_every, stop_at=stop_at, cohort=1, dtype=dtype, compile=compile,
     )  # fmt: skip
-    flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
+    flat, own_theta = flat_model(model)  # the model's own parameters: θ0 where Flower gives no initial arrays
     setup = {
         "algorithm": method, "hparams": dict(hparams), "likelihood": _spelt(likelihood), "seed": seed,
         "rounds": rounds, "device": device, "dtype": dtype, "clients": clients, "eval_samples": eval_samples,
@@ -104,10 +104,10 @@ def strategy(
         "parameters": flat.dim,
         **({"dp": dp.to_json()} if dp is not None else {}),
     }
-    evaluation = _evaluation(flat, model, likelihood, eval_data, settings.torch_dtype)
+    evaluation = _evaluation(flat, own_theta, likelihood, eval_data, settings.torch_dtype)
 
     def federation_of(sizes: Mapping[int, int], initial: Mapping[str, Tensor] | None) -> Federation:
-        theta0 = _initial(flat, model, initial).to(device, settings.torch_dtype)
+        theta0 = _initial(flat, own_theta, initial).to(device, settings.torch_dtype)
         make = algorithm_factory(method, hparams, flat, dict(sizes), likelihood, rounds, fraction_train, compile)
         if dp is not None:
             chosen = dp
@@ -167,22 +167,20 @@ def _spelt(likelihood: Likelihood) -> str:
     return f"own:{type(likelihood).__name__}"  # the nodes must be given it (`bayesadmm.flower.client`'s likelihood=)
 
 
-def _initial(flat: FlatModel, model: nn.Module | FlatModel, initial: Mapping[str, Tensor] | None) -> Tensor:
+def _initial(flat: FlatModel, own_theta: Tensor, initial: Mapping[str, Tensor] | None) -> Tensor:
     """θ0: Flower's initial arrays (the model's state dict; its parameters are used), else the model's own."""
     if initial is None:
-        if isinstance(model, FlatModel):
-            return model.initial_params(torch.Generator())
-        return flat.flatten(dict(model.named_parameters())).detach().clone()
+        return own_theta
     missing = [name for name, _ in flat.layout if name not in initial]
     if missing:
         raise ValueError(f"initial_arrays has no {missing[:5]}: give ArrayRecord(model.state_dict()) of the model")
     return flat.flatten({name: initial[name] for name, _ in flat.layout})
 
 
-def _evaluation(flat, model, likelihood: Likelihood, eval_data: Any, dtype: torch.dtype):
+def _evaluation(flat: FlatModel, own_theta: Tensor, likelihood: Likelihood, eval_data: Any, dtype: torch.dtype):
     """The server's evaluation set, checked against the model and the likelihood; None where there is none."""
     if eval_data is None:
         return None
-    theta = _initial(flat, model, None).to(dtype)
+    theta = own_theta.to(dtype)
     _, (X, y) = check_data(flat, theta, likelihood, {}, as_tensors(eval_data, "eval_data"))
     return X, y
