@@ -106,8 +106,10 @@ def test_cohort_gives_the_per_client_results(name, dtype, device):
     algorithm = _algorithm(name, model)
     sequential = _run(LocalClients(algorithm, clients, seed=3), algorithm, theta0, 3)
     batched = _run(CohortClients(algorithm, clients, seed=3, cohort_size=3), algorithm, theta0, 3)
-    left, right = _flat(sequential[:2]) + _flat([h[0] for h in sequential[2]]), _flat(batched[:2]) + _flat(
-        [h[0] for h in batched[2]])
+    left, right = (
+        _flat(sequential[:2]) + _flat([h[0] for h in sequential[2]]),
+        _flat(batched[:2]) + _flat([h[0] for h in batched[2]]),
+    )
     assert len(left) == len(right) and all(a.dtype == b.dtype == dtype for a, b in zip(left, right, strict=True))
     assert all(a.device == b.device == theta0.device for a, b in zip(left, right, strict=True) if a.dim() > 0)
     tol = 1e-10 if dtype == torch.float64 else 64 * torch.finfo(torch.float32).eps  # float32: a few roundings
@@ -116,13 +118,16 @@ def test_cohort_gives_the_per_client_results(name, dtype, device):
     assert [h[1] for h in sequential[2]] == [h[1] for h in batched[2]]  # the same info (steps) per client
 
 
-@pytest.mark.parametrize(("name", "extra", "cohort_size"), [
-    ("ivon-admm", {"mc_samples": 2}, 2),
-    ("ivon-admm", {"restart_at_q_g": True, "cosine": True, "epochs": 1}, 5),
-    ("ivon-pvi", {"batch_size": 32}, 1),  # every client in one minibatch of its own size
-    ("feddyn", {"weight_decay": 0.01}, 4),
-    ("fedavg", {"weighted": True, "epochs": 3}, 5),
-])
+@pytest.mark.parametrize(
+    ("name", "extra", "cohort_size"),
+    [
+        ("ivon-admm", {"mc_samples": 2}, 2),
+        ("ivon-admm", {"restart_at_q_g": True, "cosine": True, "epochs": 1}, 5),
+        ("ivon-pvi", {"batch_size": 32}, 1),  # every client in one minibatch of its own size
+        ("feddyn", {"weight_decay": 0.01}, 4),
+        ("fedavg", {"weighted": True, "epochs": 3}, 5),
+    ],
+)
 def test_cohort_gives_the_per_client_results_for_variants(name, extra, cohort_size):
     model, clients = _clients(torch.float64)
     theta0 = model.initial_params(torch.Generator().manual_seed(1))
@@ -133,6 +138,26 @@ def test_cohort_gives_the_per_client_results_for_variants(name, extra, cohort_si
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("name", ["fedavg", "admm", "ivon-admm"])
+def test_an_example_private_cohort_gives_the_per_client_results(name):
+    """Example-level DP in a cohort (`privacy.gradients.PrivateCohortGradients`): each client's per-example gradients
+    clipped, its minibatch's sum noised from its own stream, as one client at a time; clients of different sizes."""
+    pytest.importorskip("opacus")
+    from bayesadmm.privacy import DPSettings, example_private
+
+    model, clients = _clients(torch.float64)
+    theta0 = model.initial_params(torch.Generator().manual_seed(1))
+    dp = DPSettings(level="example", clip=0.5, noise_multiplier=1.0)
+    algorithm = example_private(_algorithm(name, model, rounds=3), dp, 1.0, SIZES)
+    sequential = _run(LocalClients(algorithm, clients, seed=5), algorithm, theta0, 3)
+    batched = _run(CohortClients(algorithm, clients, seed=5, cohort_size=3), algorithm, theta0, 3)
+    plain = _algorithm(name, model, rounds=3)
+    quiet = _run(LocalClients(plain, clients, seed=5), plain, theta0, 3)
+    for a, b in zip(_flat(sequential[:2]), _flat(batched[:2]), strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-10)
+    assert any(not torch.allclose(a, c) for a, c in zip(_flat(sequential[:2]), _flat(quiet[:2]), strict=True))
+
+
 def test_methods_that_do_not_batch_keep_the_per_client_runner():
     model, clients = _clients(torch.float64)
     algorithm = _algorithm("fedlap-cov", model)
@@ -140,6 +165,7 @@ def test_methods_that_do_not_batch_keep_the_per_client_runner():
         CohortClients(algorithm, clients, seed=0)
     source = TensorClients.from_parts(model, {k: (d.X, d.y) for k, d in clients.items()})
     from bayesadmm.engine.workers import client_runner
+
     assert type(client_runner(lambda: algorithm, source, 0, 1, algorithm, cohort_size=8)) is LocalClients
 
 
@@ -147,6 +173,7 @@ def test_cohort_reads_a_tensor_source_in_place():
     model, clients = _clients(torch.float64)
     source = TensorClients.from_parts(model, {k: (d.X, d.y) for k, d in clients.items()})
     from bayesadmm.engine.workers import client_runner
+
     algorithm = _algorithm("fedavg", model)
     runner = client_runner(lambda: algorithm, source, 0, 1, algorithm, cohort_size=2)
     assert isinstance(runner, CohortClients) and runner.rows.X.data_ptr() == source.X.data_ptr()
@@ -168,25 +195,41 @@ def test_a_run_through_the_engine_with_cohorts_matches_the_per_client_run(tmp_pa
     from bayesadmm.experiments.config import resolve
 
     try:
-        config, _ = resolve("fmnist-heterog10", ["data_fraction=0.01", "clients=3", "epochs=1", "eval_samples=4",
-                                                 "method=fedavg", "rounds=2", "workers=1", f"out={tmp_path}"])
+        config, _ = resolve(
+            "fmnist-heterog10",
+            [
+                "data_fraction=0.01",
+                "clients=3",
+                "epochs=1",
+                "eval_samples=4",
+                "method=fedavg",
+                "rounds=2",
+                "workers=1",
+                f"out={tmp_path}",
+            ],
+        )
         built = build(config)
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"FashionMNIST not available: {exc}")
     federation = built.federation
 
     def cohorts(algorithm, workers):
-        return client_runner(federation.make_algorithm, federation.clients, built.settings.seed, workers, algorithm,
-                             cohort_size=2)
+        return client_runner(
+            federation.make_algorithm, federation.clients, built.settings.seed, workers, algorithm, cohort_size=2
+        )
 
     def metrics(run_dir):
-        return [{k: v for k, v in json.loads(line).items() if k not in ("seconds", "eval_seconds")}
-                for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        return [
+            {k: v for k, v in json.loads(line).items() if k not in ("seconds", "eval_seconds")}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        ]
 
     with torch.compiler.set_stance("force_eager"):
         assert loop.run_federation(federation, built.settings, tmp_path / "a", progress=False).exit_code == 0
-        assert loop.run_federation(federation, built.settings, tmp_path / "b", progress=False,
-                                   runner=cohorts).exit_code == 0
+        assert (
+            loop.run_federation(federation, built.settings, tmp_path / "b", progress=False, runner=cohorts).exit_code
+            == 0
+        )
     per_client, cohort = metrics(tmp_path / "a"), metrics(tmp_path / "b")
     assert len(per_client) == len(cohort) == 2
     for a, b in zip(per_client, cohort, strict=True):
@@ -247,8 +290,9 @@ def _problem_sets(dim: int, dtype: torch.dtype) -> dict[str, list]:
     }
 
 
-@pytest.mark.parametrize("terms", ["none (FedAvg)", "one weight, one centre (FedProx)",
-                                   "one weight, own linear terms (FedDyn)", "mixed"])
+@pytest.mark.parametrize(
+    "terms", ["none (FedAvg)", "one weight, one centre (FedProx)", "one weight, own linear terms (FedDyn)", "mixed"]
+)
 @pytest.mark.parametrize("weight_decay", [0.0, 0.02])
 def test_adam_cohort_solves_each_clients_own_extra_terms(terms, weight_decay):
     from bayesadmm.solvers.adam import LocalAdam
@@ -259,8 +303,9 @@ def test_adam_cohort_solves_each_clients_own_extra_terms(terms, weight_decay):
     dim = model.initial_params(torch.Generator().manual_seed(0)).numel()
     problems = _problem_sets(dim, torch.float64)[terms]
     adam = LocalAdam(lr=0.05, epochs=2, batch_size=8, weight_decay=weight_decay)
-    sequential = [adam.solve_problem(p, clients[k], torch.Generator().manual_seed(k))
-                  for p, k in zip(problems, ids, strict=True)]
+    sequential = [
+        adam.solve_problem(p, clients[k], torch.Generator().manual_seed(k)) for p, k in zip(problems, ids, strict=True)
+    ]
     rows = client_rows(clients)
     assert rows is not None
     batched = adam.solve_cohort(problems, rows.cohort(ids, clients), [torch.Generator().manual_seed(k) for k in ids])
@@ -280,8 +325,11 @@ def test_a_cuda_run_gives_the_cpu_numbers(name):
         model, clients = _clients(torch.float64, device)
         theta0 = model.initial_params(torch.Generator().manual_seed(1)).to(device)
         algorithm = _algorithm(name, model)
-        runner = LocalClients(algorithm, clients, seed=3) if device == "cpu" else CohortClients(
-            algorithm, clients, seed=3, cohort_size=3)
+        runner = (
+            LocalClients(algorithm, clients, seed=3)
+            if device == "cpu"
+            else CohortClients(algorithm, clients, seed=3, cohort_size=3)
+        )
         runs[device] = _flat(_run(runner, algorithm, theta0, 2)[:2])
     for a, b in zip(runs["cpu"], runs["cuda"], strict=True):
         torch.testing.assert_close(b.cpu(), a, rtol=1e-8, atol=1e-8)

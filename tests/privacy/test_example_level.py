@@ -1,5 +1,6 @@
 """Example-level DP (`bayesadmm.privacy.example_level`): per-example gradients against autograd example by example,
-the clipped and noised minibatch gradient, the per-client ε against Opacus, and runs."""
+the clipped and noised minibatch gradient, the cohort's private gradients against each client's, the per-client ε
+against Opacus, and runs of DP-Adam and DP-IVON."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import bayesadmm
 from bayesadmm.clients import SupervisedData
 from bayesadmm.models import FlatModel
 from bayesadmm.privacy import DPSettings
-from bayesadmm.privacy.example_level import PrivateGradients, per_example_gradients, round_step
+from bayesadmm.privacy.example_level import round_step
+from bayesadmm.privacy.gradients import PrivateGradients, per_example_gradients
 from bayesadmm.solvers.adam import LocalAdam
 
 pytest.importorskip("opacus")
@@ -51,7 +53,7 @@ def test_the_private_gradient_is_the_mean_of_clipped_gradients_plus_noise_over_t
     assert (clipped.norm(dim=1) <= clip * (1 + 1e-12)).all()
     quiet = PrivateGradients(data, clip, 0.0, torch.Generator())
     assert torch.allclose(quiet.batch_grad(theta, idx), clipped.mean(dim=0), atol=1e-12)
-    noisy = PrivateGradients(data, clip, 2.0, torch.Generator().manual_seed(4))
+    noisy = PrivateGradients(data, clip, 2.0, torch.Generator().manual_seed(4))  # the solve's noise stream
     z = torch.randn(theta.shape, generator=torch.Generator().manual_seed(4), dtype=theta.dtype) * 2.0 * clip
     assert torch.allclose(noisy.batch_grad(theta, idx), (clipped.sum(dim=0) + z) / 5, atol=1e-12)
 
@@ -80,12 +82,16 @@ def _clients():
     return parts
 
 
-def _run(out, method="fedavg", **kwargs):
+ADAM = {"lr": 0.05, "epochs": 1, "batch_size": 8}
+IVON = {**dict(bayesadmm.algorithms.spec.get("ivon-admm").example), "epochs": 1, "batch_size": 8}
+
+
+def _run(out, method="fedavg", hparams=ADAM, **kwargs):
     torch.manual_seed(0)
     parts = _clients()
     return bayesadmm.run(
-        nn.Linear(4, 3), parts, parts[0], algorithm=method, hparams={"lr": 0.05, "epochs": 1, "batch_size": 8},
-        rounds=2, out=out, progress=False, eval_samples=2, **kwargs,
+        nn.Linear(4, 3), parts, parts[0], algorithm=method, hparams=hparams, rounds=2, out=out, progress=False,
+        eval_samples=2, **kwargs,
     )  # fmt: skip
 
 
@@ -107,15 +113,28 @@ def test_a_noised_run_reports_the_largest_clients_epsilon(tmp_path):
     assert calibrated.status == "completed" and calibrated.history[-1]["dp_epsilon"] <= 4.0
 
 
-def test_methods_not_trained_by_adam_refuse_example_level_dp(tmp_path):
-    with pytest.raises(ValueError, match="example-level DP is available for the methods trained by Adam"):
-        torch.manual_seed(0)
-        parts = _clients()
-        bayesadmm.run(
-            nn.Linear(4, 3), parts, parts[0], algorithm="ivon-admm",
-            hparams=dict(bayesadmm.algorithms.spec.get("ivon-admm").example), rounds=1, out=tmp_path / "x",
-            progress=False, dp=DPSettings(level="example", noise_multiplier=1.0),
-        )  # fmt: skip
+def test_methods_that_use_their_data_otherwise_refuse_example_level_dp(tmp_path):
+    """FedEP's sites come from sampling the tilted distribution, not from gradient steps; IVON with two weight
+    samples a step takes two gradients of each minibatch."""
+    with pytest.raises(ValueError, match="example-level DP is available for the methods trained by Adam's or IVON's"):
+        _run(tmp_path / "ep", method="fedep", hparams=dict(bayesadmm.algorithms.spec.get("fedep").example),
+             dp=DPSettings(level="example", noise_multiplier=1.0))  # fmt: skip
+    with pytest.raises(ValueError, match="set mc_samples=1"):
+        _run(tmp_path / "mc", method="ivon-admm", hparams={**IVON, "mc_samples": 2},
+             dp=DPSettings(level="example", noise_multiplier=1.0))  # fmt: skip
+    assert not (tmp_path / "ep").exists() and not (tmp_path / "mc").exists()
+
+
+def test_dp_ivon_without_noise_and_with_a_large_clip_is_ivon_admm_up_to_rounding(tmp_path):
+    """IVON's Hessian estimate is the private gradient times its own weight noise: without noise and clipping the
+    run is IVON-ADMM's."""
+    plain = _run(tmp_path / "plain", "ivon-admm", IVON, cohort=1)
+    private = _run(tmp_path / "dp", "ivon-admm", IVON, cohort=1,
+                   dp=DPSettings(level="example", clip=1e9, noise_multiplier=0.0))  # fmt: skip
+    assert torch.allclose(private.posterior.mean, plain.posterior.mean, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(private.posterior.precision, plain.posterior.precision, rtol=1e-4)
+    noised = _run(tmp_path / "noised", "ivon-admm", IVON, dp=DPSettings(level="example", clip=1.0, epsilon=4.0))
+    assert noised.status == "completed" and 0 < noised.history[-1]["dp_epsilon"] <= 4.0
 
 
 def test_the_budget_stops_before_the_round_that_would_exceed_it_and_a_resume_goes_on_to_the_same_numbers(tmp_path):

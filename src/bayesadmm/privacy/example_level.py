@@ -1,11 +1,15 @@
-"""Example-level differential privacy of local training: DP-SGD's per-example clipping and Gaussian noise in Adam's
-local solver (DP-Adam), so that everything a client sends is post-processing of its private training.
+"""Example-level differential privacy of local training: DP-SGD's per-example clipping and Gaussian noise in the
+local solver (DP-Adam for the methods trained by Adam, DP-IVON for IVON-ADMM and the other IVON-trained methods), so
+that everything a client sends is post-processing of its private training.
 
-Each minibatch step's gradient of the mean loss becomes (Σ_i clip(g_i) + N(0, (σC)² I)) / B: every example's
-gradient g_i (`per_example_gradients`) scaled into the L2 ball of radius C, their sum noised, divided by the
-minibatch size B (the last minibatch of an epoch may be smaller: its own size). The noise is drawn from the client's
-generator, after the epoch's shuffle, in a fixed order. The method's extra terms (FedProx's proximal pull, FedDyn's
-linear term) depend on the broadcast only and are added as before.
+`PrivateSolver` wraps the method's local solver: the solver sees the client's data through `privacy.gradients`'
+`PrivateGradients`, whose minibatch gradient is (Σ_i clip(g_i) + N(0, (σC)² I)) / B, and a cohort's steps through
+`PrivateCohortGradients`, the same per client. The method's extra terms (FedProx's proximal pull, FedDyn's linear
+term, IVON-ADMM's dual and prior terms) depend on the broadcast and the client's own messages only and are added as
+before; IVON's Hessian estimate is its private gradient times its own weight noise. The solvers that qualify declare
+it (`private_gradients`: the data's only use is one minibatch gradient per step, `batch_size` examples a step over
+`epochs` epochs); IVON with several weight samples a step (mc_samples > 1) is refused, as each sample's gradient
+would spend privacy of its own.
 
 Accounting, per client: a round is ⌈N_k / B⌉ · epochs steps at sampling rate B / N_k (the client's minibatches are
 shuffled fixed-size batches, which the accountant analyses as Poisson sampling at that rate: the usual DP-SGD
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
@@ -25,90 +29,50 @@ import torch
 from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, LocalStep, Message, update_from
-from bayesadmm.clients import scaled_nll_grad, take_rows
 from bayesadmm.privacy.accountant import Step, calibrated_noise, epsilon
 from bayesadmm.privacy.client_level import BudgetExhausted
-from bayesadmm.privacy.mechanism import gaussian_noise
-from bayesadmm.solvers.adam import LocalAdam
+from bayesadmm.privacy.gradients import PrivateCohortGradients, PrivateGradients, noise_generator
 from bayesadmm.trees import register
 
-__all__ = [
-    "per_example_gradients",
-    "PrivateGradients",
-    "PrivateAdam",
-    "ExampleServer",
-    "example_private",
-    "example_noise",
-]
-
-
-def per_example_gradients(data: Any, theta: Tensor, idx: Tensor) -> Tensor:
-    """The (B, P) gradients of each example's loss `data.batch_loss(θ, [i])`: batched by the model's own
-    `batched_gradients` (each example its own row) for a `SupervisedData` whose likelihood has `nll_grad`, else one
-    example at a time through the data's `batch_grad` or autograd."""
-    nll_grad = getattr(getattr(data, "likelihood", None), "nll_grad", None)
-    if nll_grad is not None and getattr(getattr(data, "model", None), "written_out_backward", False):
-        model = data.model
-        x, y = take_rows(data.X, idx).unsqueeze(1), take_rows(data.y, idx).unsqueeze(1)
-        thetas = theta.detach().unsqueeze(0).expand(idx.numel(), -1).contiguous()
-        one = functools.partial(scaled_nll_grad, nll_grad, 1.0)
-        return model.batched_gradients(thetas, x, data.likelihood.mean_nll, y, loss_grad=one)
-    rows = []
-    for i in idx.reshape(-1):
-        if hasattr(data, "batch_grad"):
-            rows.append(data.batch_grad(theta, i.reshape(1)))
-        else:
-            leaf = theta.detach().requires_grad_(True)
-            rows.append(torch.autograd.grad(data.batch_loss(leaf, i.reshape(1)), leaf)[0])
-    return torch.stack(rows)
+__all__ = ["PrivateSolver", "ExampleServer", "example_private", "example_noise"]
 
 
 @dataclass(frozen=True)
-class PrivateGradients:
-    """A client's data whose minibatch gradient (`batch_grad`) is DP-SGD's: per-example gradients clipped to `clip`,
-    summed, noised with N(0, (noise_multiplier · clip)² I) from `generator`, divided by the minibatch size."""
+class PrivateSolver:
+    """`solver` (one that declares `private_gradients`) trained on the client's data through `PrivateGradients`
+    (clip `clip`, noise multiplier `noise_multiplier`); a cohort solver's steps through `PrivateCohortGradients`.
+    Each solve first draws its noise stream's seed from the client's generator (`noise_generator`; nothing without
+    noise), so a cohort's clients draw what each draws alone."""
 
-    data: Any
-    clip: float
-    noise_multiplier: float
-    generator: torch.Generator
-
-    @property
-    def num_examples(self) -> int:
-        return self.data.num_examples
-
-    def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
-        return self.data.batch_loss(theta, idx)
-
-    def batch_grad(self, theta: Tensor, idx: Tensor) -> Tensor:
-        grads = per_example_gradients(self.data, theta, idx)
-        norms = torch.linalg.vector_norm(grads, dim=1, keepdim=True)
-        clipped = grads * (self.clip / norms).clamp(max=1.0).nan_to_num(1.0)
-        total = clipped.sum(dim=0)
-        if self.noise_multiplier > 0:
-            total = total + gaussian_noise(total, self.noise_multiplier * self.clip, self.generator)
-        return total / idx.numel()
-
-
-@dataclass(frozen=True)
-class PrivateAdam:
-    """`LocalAdam` on `PrivateGradients` of the client's data: DP-Adam. No `solve_cohort`: the engine trains the
-    clients one at a time."""
-
-    adam: LocalAdam
+    solver: Any
     clip: float
     noise_multiplier: float
     needs_generator: ClassVar[bool] = True
 
+    @property
+    def cpu_cohort(self) -> int:
+        return int(getattr(self.solver, "cpu_cohort", 1))
+
+    @property
+    def compiled(self) -> bool | None:  # the wrapped solver's kernels (`algorithms.base.compiled_kernels`)
+        return getattr(self.solver, "compiled", None)
+
     def solve_problem(self, problem: Any, data: Any, generator: torch.Generator) -> Any:
-        private = PrivateGradients(data, self.clip, self.noise_multiplier, generator)
-        return self.adam.solve_problem(problem, private, generator)
+        noise = noise_generator(generator, self.noise_multiplier)
+        private = PrivateGradients(data, self.clip, self.noise_multiplier, noise)
+        return self.solver.solve_problem(problem, private, generator)
+
+    def solve_cohort(self, problems: Sequence[Any], data: Any, generators: Sequence[torch.Generator]) -> list:
+        noises = [noise_generator(g, self.noise_multiplier) for g in generators]
+        gradients = PrivateCohortGradients(self.clip, self.noise_multiplier, noises)
+        return self.solver.solve_cohort(problems, data, generators, gradients=gradients)
 
 
-def round_step(adam: LocalAdam, size: int, noise_multiplier: float) -> tuple[Step, int]:
-    """A client's round as the accountant sees it: ((σ, sampling rate B / N_k), its number of steps)."""
-    rate = min(1.0, adam.batch_size / size)
-    return (noise_multiplier, rate), math.ceil(size / adam.batch_size) * adam.epochs
+def round_step(solver: Any, size: int, noise_multiplier: float) -> tuple[Step, int]:
+    """A client's round as the accountant sees it: ((σ, sampling rate B / N_k), its number of steps), for a local
+    `solver` of `batch_size` and `epochs`."""
+    rate = min(1.0, solver.batch_size / size)
+    return (noise_multiplier, rate), math.ceil(size / solver.batch_size) * solver.epochs
 
 
 @register
@@ -125,45 +89,52 @@ class ExampleInfo(NamedTuple):
 
 
 @functools.lru_cache(maxsize=4096)
-def client_epsilon(adam: LocalAdam, size: int, noise_multiplier: float, rounds: int, dp: Any) -> float:
+def client_epsilon(solver: Any, size: int, noise_multiplier: float, rounds: int, dp: Any) -> float:
     """Client ε after `rounds` rounds of training on `size` examples (cached: clients of one size share it, and the
     budget asks again each round)."""
-    step, count = round_step(adam, size, noise_multiplier)
+    step, count = round_step(solver, size, noise_multiplier)
     return epsilon([step] * (count * rounds), dp.delta, dp.accountant) if rounds else 0.0
 
 
 def example_noise(algorithm: Algorithm, dp: Any, sizes: Mapping[int, int], rounds: int) -> float:
     """The noise multiplier with which no client spends more than `dp.epsilon` in `rounds` rounds: the largest of
     the clients' calibrated ones (Opacus's `get_noise_multiplier` for each distinct size)."""
-    adam = _adam(algorithm)
+    solver = _private_solver(algorithm)
     found = 0.0
     for size in sorted(set(sizes.values())):
-        (_, rate), count = round_step(adam, size, 0.0)
+        (_, rate), count = round_step(solver, size, 0.0)
         found = max(found, calibrated_noise(dp.epsilon, dp.delta, rate, count * rounds, dp.accountant))
     return found
 
 
-def _adam(algorithm: Algorithm) -> LocalAdam:
-    """The algorithm's local Adam; a ValueError naming the fix for a method trained otherwise."""
+def _private_solver(algorithm: Algorithm) -> Any:
+    """The algorithm's local solver where example-level DP can replace its gradients; a ValueError naming the fix
+    otherwise."""
     local = algorithm.local
-    if local is None or not isinstance(local.solver, LocalAdam):
+    solver = None if local is None else local.solver
+    if not getattr(solver, "private_gradients", False):
         raise ValueError(
-            f"{algorithm.name}: example-level DP is available for the methods trained by Adam's local solver "
-            "(fedavg, fedprox, feddyn, fedlap); use dp level 'client' for the others"
+            f"{algorithm.name}: example-level DP is available for the methods trained by Adam's or IVON's local solver "
+            "(fedavg, fedprox, feddyn, fedlap, admm, ivon-admm, ...); use dp level 'client' for the others"
         )
-    return local.solver
+    if getattr(solver, "mc_samples", 1) != 1:
+        raise ValueError(
+            f"{algorithm.name}: example-level DP takes one gradient per step; set mc_samples=1 (IVON's weight samples "
+            "per step)"
+        )
+    return solver
 
 
 def example_private(algorithm: Algorithm, dp: Any, noise_multiplier: float, sizes: Mapping[int, int]) -> Algorithm:
-    """`algorithm` whose local Adam is DP-Adam (module docstring), clip `dp.clip`, noise `noise_multiplier`, with
+    """`algorithm` whose local solver is private (module docstring), clip `dp.clip`, noise `noise_multiplier`, with
     the clients' sizes `sizes` for the accounting and the budget `dp.epsilon` (the largest client ε)."""
-    adam, local = _adam(algorithm), algorithm.local
+    solver, local = _private_solver(algorithm), algorithm.local
     assert local is not None
-    private_local = LocalStep(PrivateAdam(adam, dp.clip, noise_multiplier), local.prepare, local.finish)
+    private_local = LocalStep(PrivateSolver(solver, dp.clip, noise_multiplier), local.prepare, local.finish)
 
     def worst(trained: Mapping[int, int], extra: int = 0, who: Any = ()) -> float:
         return max(
-            client_epsilon(adam, sizes[k], noise_multiplier, trained.get(k, 0) + (extra if k in who else 0), dp)
+            client_epsilon(solver, sizes[k], noise_multiplier, trained.get(k, 0) + (extra if k in who else 0), dp)
             for k in sizes
         )
 

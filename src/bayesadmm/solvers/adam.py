@@ -19,18 +19,16 @@ import math
 import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, NamedTuple, cast
+from typing import ClassVar, NamedTuple, cast
 
 import torch
 from torch import Tensor
 
 from bayesadmm import rng
 from bayesadmm.checks import all_finite
+from bayesadmm.solvers.cohort import CohortGradients, StackedClients, batch_gradients
 from bayesadmm.solvers.cohort_adam import adam_cohort
 from bayesadmm.solvers.newton import PointResult, ProxProblem
-
-if TYPE_CHECKING:
-    from bayesadmm.solvers.cohort import StackedClients
 
 
 def minibatches(
@@ -65,6 +63,9 @@ class LocalAdam:
     # round's time for FedAvg on 10 to 1000 clients (`python benchmarks/cohort.py`, docs/performance.md)
     cpu_cohort: ClassVar[int] = 16
     needs_generator: ClassVar[bool] = True  # it shuffles the minibatches
+    # its only use of the data is one minibatch gradient per step (`batch_grad`; in a cohort, `gradients`), so
+    # example-level DP can replace that gradient (`privacy.example_level`)
+    private_gradients: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         problems = [
@@ -122,11 +123,15 @@ class LocalAdam:
         return self.train(data, problem.theta0, generator, problem.linear, problem.prox_weight, problem.prox_center)
 
     def solve_cohort(
-        self, problems: Sequence[AdamProblem], data: StackedClients, generators: Sequence[torch.Generator]
+        self,
+        problems: Sequence[AdamProblem],
+        data: StackedClients,
+        generators: Sequence[torch.Generator],
+        gradients: CohortGradients = batch_gradients,
     ) -> list[tuple[Tensor, int]]:
         """`solve_problem` for each client of a cohort, all clients' steps taken together (`solvers.cohort`): the same
-        shuffles, and the same numbers up to rounding."""
-        return adam_cohort(self, problems, data, generators)
+        shuffles, and the same numbers up to rounding. `gradients`: each step's minibatch gradients."""
+        return adam_cohort(self, problems, data, generators, gradients)
 
     def objective(
         self,
@@ -182,6 +187,7 @@ class LocalAdamProx:
     batch_size: int = 32
     cpu_cohort: ClassVar[int] = LocalAdam.cpu_cohort  # (its steps are LocalAdam's)
     needs_generator: ClassVar[bool] = True
+    private_gradients: ClassVar[bool] = True  # (its steps are LocalAdam's)
 
     def __post_init__(self) -> None:
         local_adam("LocalAdamProx", self.lr, self.epochs, self.batch_size)
@@ -204,10 +210,13 @@ class LocalAdamProx:
         return self.minimize(data, problem.v, problem.rho, problem.center, generator)
 
     def solve_cohort(
-        self, problems: Sequence[ProxProblem], data: StackedClients, generators: Sequence[torch.Generator]
+        self,
+        problems: Sequence[ProxProblem],
+        data: StackedClients,
+        generators: Sequence[torch.Generator],
+        gradients: CohortGradients = batch_gradients,
     ) -> list[PointResult]:
         """`solve_problem` for each client of a cohort, their steps taken together (`LocalAdam.solve_cohort`)."""
         adam_problems = [AdamProblem(p.center, p.v, p.rho, p.center) for p in problems]
-        return [
-            PointResult(theta, steps, True) for theta, steps in adam_cohort(self.adam, adam_problems, data, generators)
-        ]
+        solved = adam_cohort(self.adam, adam_problems, data, generators, gradients)
+        return [PointResult(theta, steps, True) for theta, steps in solved]

@@ -21,7 +21,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -181,6 +181,12 @@ def _weighted_nll(likelihood, outputs: Tensor, y: Tensor, w: Tensor) -> Tensor:
     """One client's Σ over examples of w × the example's loss (w: 1/(its minibatch's size), 0 on the padding)."""
     per_example = vmap(lambda o, t: likelihood.mean_nll(o.unsqueeze(0), t.unsqueeze(0)))(outputs, y)
     return (per_example * w).sum()
+
+
+class CohortGradients(Protocol):
+    def __call__(self, data: StackedClients, plan: BatchPlan, t: int, thetas: Tensor) -> Tensor:
+        """(A, S, d): each of the A = plan.active[t] first clients' minibatch gradients of step t at its S samples
+        thetas (A, S, d)."""
 
 
 def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tensor) -> Tensor:

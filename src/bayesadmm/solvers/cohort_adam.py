@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from bayesadmm.checks import all_finite
-from bayesadmm.solvers.cohort import StackedClients, Workspace, batch_gradients, plan_batches
+from bayesadmm.solvers.cohort import CohortGradients, StackedClients, Workspace, batch_gradients, plan_batches
 
 if TYPE_CHECKING:
     from bayesadmm.solvers.adam import AdamProblem, LocalAdam
@@ -94,9 +94,14 @@ class ExtraTerms(NamedTuple):
 
 
 def adam_cohort(
-    adam: LocalAdam, problems: Sequence[AdamProblem], data: StackedClients, generators: Sequence[torch.Generator]
+    adam: LocalAdam,
+    problems: Sequence[AdamProblem],
+    data: StackedClients,
+    generators: Sequence[torch.Generator],
+    gradients: CohortGradients = batch_gradients,
 ) -> list[tuple[Tensor, int]]:
-    """(θ_k, steps) of each client's problem, in the order of `problems`, as `adam.train` gives them."""
+    """(θ_k, steps) of each client's problem, in the order of `problems`, as `adam.train` gives them; `gradients`
+    computes each step's minibatch gradients (`batch_gradients`, or example-level DP's private ones)."""
     plan = plan_batches(data, adam.batch_size, adam.epochs, generators)
     chosen = [problems[i] for i in plan.order]
     like, scratch = chosen[0].theta0, data.workspace
@@ -111,7 +116,7 @@ def adam_cohort(
     for t, active in enumerate(plan.active):
         rows, flat = slice(0, active), slice(0, active * width)
         params = theta[rows]
-        grads = batch_gradients(data, plan, t, params.unsqueeze(1)).squeeze(1)
+        grads = gradients(data, plan, t, params.unsqueeze(1)).squeeze(1)
         terms.add_to(grads, params)
         # Adam's step t + 1 for every active client, on their rows as one vector: the one fused pass that
         # torch.optim.adam.adam(..., fused=True) runs after counting the step, called without its Python wrapper (its

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from bayesadmm import rng
 from bayesadmm.optim import ivon
-from bayesadmm.solvers.cohort import StackedClients, batch_gradients, plan_batches
+from bayesadmm.solvers.cohort import CohortGradients, StackedClients, batch_gradients, plan_batches
 from bayesadmm.solvers.von import SolveResult, SubproblemError, VariationalProblem
 
 if TYPE_CHECKING:
@@ -33,8 +33,10 @@ def ivon_cohort(
     problems: Sequence[VariationalProblem],
     data: StackedClients,
     generators: Sequence[torch.Generator],
+    gradients: CohortGradients = batch_gradients,
 ) -> list[SolveResult]:
-    """`solver.solve`'s result for each client's problem, in the order of `problems`.
+    """`solver.solve`'s result for each client's problem, in the order of `problems`; `gradients` computes each
+    step's minibatch gradients at the samples (`batch_gradients`, or example-level DP's private ones).
 
     The step loop stays in this function: it updates the (K, d) row matrices in place and reads the noise keys and
     flat views set up just above it, which a helper would take as a dozen arguments."""
@@ -67,7 +69,7 @@ def ivon_cohort(
             mean, hess, fixed["delta"], ess, block_keys(k, base), samples
         )  # (K, S, d) each
         for t, active in enumerate(plan.active):
-            grads = batch_gradients(data, plan, t, thetas[:active])
+            grads = gradients(data, plan, t, thetas[:active])
             debias = 1.0 - first.terms.beta1_value ** (base + t + 1) if first.terms.debias else 1.0
             kernels.update_step_(
                 flat(mean, active),

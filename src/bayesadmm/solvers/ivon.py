@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -40,11 +40,9 @@ from bayesadmm.families import DiagonalGaussian
 from bayesadmm.optim import ivon
 from bayesadmm.optim.compilation import Kernels, kernels_for
 from bayesadmm.solvers.adam import minibatches
+from bayesadmm.solvers.cohort import CohortGradients, StackedClients, batch_gradients
 from bayesadmm.solvers.cohort_ivon import ivon_cohort
 from bayesadmm.solvers.von import SolveResult, SubproblemError, VariationalProblem, VariationalSolver
-
-if TYPE_CHECKING:
-    from bayesadmm.solvers.cohort import StackedClients
 
 # --- the step size of a round ---------------------------------------------------------------------------------------
 
@@ -148,6 +146,9 @@ class IVONSolver(VariationalSolver):
     # two workers on fmnist-heterog10 (`python benchmarks/runners.py --method ivon-admm`; docs/performance.md)
     cpu_cohort: ClassVar[int] = 1
     needs_generator: ClassVar[bool] = True  # it shuffles the minibatches and draws the weight noise
+    # its only use of the data is the minibatch gradients at its weight samples (`batch_grad`; in a cohort,
+    # `gradients`), so example-level DP can replace them (`privacy.example_level`, with one sample a step)
+    private_gradients: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         problems = [
@@ -224,11 +225,16 @@ class IVONSolver(VariationalSolver):
         return SolveResult(problem.family.from_moments(mean, precision), steps, True)
 
     def solve_cohort(
-        self, problems: Sequence[VariationalProblem], data: StackedClients, generators: Sequence[torch.Generator]
+        self,
+        problems: Sequence[VariationalProblem],
+        data: StackedClients,
+        generators: Sequence[torch.Generator],
+        gradients: CohortGradients = batch_gradients,
     ) -> list[SolveResult]:
         """`solve_problem` for each client of a cohort, all clients' steps taken together (`solvers.cohort_ivon`):
-        the same shuffles and noise, and the same numbers up to rounding."""
-        return ivon_cohort(self, problems, data, generators)
+        the same shuffles and noise, and the same numbers up to rounding. `gradients`: each step's minibatch
+        gradients at the samples."""
+        return ivon_cohort(self, problems, data, generators, gradients)
 
     def solve(
         self, family, data, lam_g, eta, rho: float, generator: torch.Generator, init=None, round_: int = 1
