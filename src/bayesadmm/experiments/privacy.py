@@ -1,8 +1,8 @@
 """The configuration's differential-privacy keys (`bayesadmm run ... dp=client dp_clip=... dp_epsilon=...`), read
 into the `privacy.DPSettings` they describe:
 
-    dp          "" (none, the default), "client" (client-level DP of the server's sum) or "example" (DP-Adam in
-                the local training of the methods trained by Adam)
+    dp          "" (none, the default), "client" (client-level DP of the server's sum) or "example" (per-example
+                clipping and noise in the local training: DP-Adam, DP-IVON)
     dp_clip     the L2 bound C of a client's update (of an example's gradient at dp=example)
     dp_noise    the noise multiplier σ; -1: calibrated so that the run's rounds spend dp_epsilon
     dp_epsilon  the budget ε; 0: none (the run reports the ε it spends)

@@ -84,7 +84,7 @@ def strategy(
     nodes' `bayesadmm.flower.client` calls too). `dp`: differential privacy as `bayesadmm.run`'s (docs/guides/
     privacy.md): client level on the server's sum (the replies clipped and the sum noised here, ε per round in the
     metrics line, the run stopping with status "budget" before it would exceed `dp.epsilon`), or example level
-    (DP-Adam on the nodes, which the messages tell the noise multiplier to use). `compile`: IVON's kernels compiled
+    (DP-Adam or DP-IVON on the nodes, which the messages tell the noise multiplier to use). `compile`: IVON's kernels compiled
     ("on"), eager ("off") or where the run's local steps make it pay ("auto"), decided alike on every node."""
     spec = get(method)
     record = spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on nodes
@@ -111,7 +111,7 @@ def strategy(
         make = algorithm_factory(method, hparams, flat, dict(sizes), likelihood, rounds, fraction_train, compile)
         if dp is not None:
             chosen = dp
-            if dp.level == "example":  # the nodes train with DP-Adam: they are told its noise (`client_app`)
+            if dp.level == "example":  # the nodes train privately: they are told its noise (`client_app`)
                 sigma = dp.noise_multiplier
                 chosen = replace(
                     dp, noise_multiplier=example_noise(make(), dp, sizes, rounds) if sigma is None else sigma

@@ -72,7 +72,7 @@ def private_factory(
         example_noise_multiplier = dp.noise_multiplier
         if example_noise_multiplier is None:
             example_noise_multiplier = example_noise(built, dp, sizes, rounds)
-        example_private(built, dp, example_noise_multiplier, sizes)  # refuses a method not trained by Adam
+        example_private(built, dp, example_noise_multiplier, sizes)  # refuses a method not trained by Adam or IVON
         return functools.partial(_build_example, make, dp, example_noise_multiplier, dict(sizes))
     if spec is None or spec.dp_update is None:
         raise ValueError(

@@ -17,8 +17,8 @@ class DPSettings:
 
     `level`: "client" (user-level DP of the server's sum: each client's update clipped to L2 norm `clip`, Gaussian
     noise of standard deviation `noise_multiplier`·`clip` added to their sum, accounted over rounds and client
-    sampling) or "example" (DP-Adam: per-example clipping and noise in Adam's local training, `example_level`; the
-    clip then bounds each example's gradient).
+    sampling) or "example" (DP-Adam, DP-IVON: per-example clipping and noise in the local training,
+    `example_level`; the clip then bounds each example's gradient).
     `noise_multiplier`: σ; None: calibrated by the accountant so that the run's rounds spend at most `epsilon`.
     `epsilon`: the budget ε (None: none, the run only reports the ε it spends); the run stops before the round that
     would exceed it. `delta`: the δ of (ε, δ)-DP. `accountant`: Opacus's "rdp" (default) or "prv"."""
