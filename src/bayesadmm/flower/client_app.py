@@ -119,7 +119,7 @@ def algorithm_for(text: str, setup: Mapping[str, Any], sizes: str, data: ClientD
             model, _ = model_of(setup)
         by_id = {int(k): int(n) for k, n in json.loads(sizes).items()}
         algorithm = algorithm_of(setup, model, by_id, getattr(data, "likelihood", None))()
-        if "dp" in setup:  # example-level DP: the private local solver with the noise the server calibrated (`strategies.strategy`)
+        if "dp" in setup:  # example-level DP: the private solver, with the noise the server calibrated (`strategy`)
             from bayesadmm.privacy import DPSettings
             from bayesadmm.privacy.example_level import example_private
 

@@ -84,8 +84,8 @@ def strategy(
     nodes' `bayesadmm.flower.client` calls too). `dp`: differential privacy as `bayesadmm.run`'s (docs/guides/
     privacy.md): client level on the server's sum (the replies clipped and the sum noised here, ε per round in the
     metrics line, the run stopping with status "budget" before it would exceed `dp.epsilon`), or example level
-    (DP-Adam or DP-IVON on the nodes, which the messages tell the noise multiplier to use). `compile`: IVON's kernels compiled
-    ("on"), eager ("off") or where the run's local steps make it pay ("auto"), decided alike on every node."""
+    (DP-Adam or DP-IVON on the nodes, which the messages tell the noise multiplier to use). `compile`: IVON's kernels
+    compiled ("on"), eager ("off") or where the run's local steps make it pay ("auto"), decided alike on every node."""
     spec = get(method)
     record = spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on nodes
     likelihood = likelihood if likelihood is not None else Classification()
