@@ -159,12 +159,13 @@ FEDAVG = {"lr": 0.01, "epochs": 1, "batch_size": 8}
 # FedAvg 11.8, 14.1 at σ = 0.8, IVON-ADMM 16612, 22112 at σ = 0.01, whose precision half breaks under larger noise)
 @pytest.mark.parametrize("level, method, hparams, sigma, budget", [("client", "fedavg", FEDAVG, 0.8, 12.0),
                                                                    ("client", "ivon-admm", IVON, 0.01, 2e4),
-                                                                   ("example", "fedavg", FEDAVG, 0.8, 30.0)])
+                                                                   ("example", "fedavg", FEDAVG, 0.8, 30.0),
+                                                                   ("example", "ivon-admm", IVON, 0.8, 30.0)])
 def test_a_private_strategy_gives_bayesadmm_runs_numbers_and_epsilon_and_stops_on_its_budget(data, tmp_path, level,
                                                                                             method, hparams, sigma,
                                                                                             budget):
     """Differential privacy through the strategy: the replies clipped and the sum noised on the server (client
-    level) or DP-Adam on the nodes (example level), ε per round as bayesadmm.run logs it, status "budget" before a
+    level) or DP-Adam and DP-IVON on the nodes (example level), ε per round as bayesadmm.run logs it, status "budget" before a
     round that would exceed it."""
     from bayesadmm import DPSettings
 
