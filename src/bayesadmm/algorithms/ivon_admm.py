@@ -223,13 +223,22 @@ def dp_update(hparams: Hparams) -> ClientUpdate:
     """Client-level DP's update: the reply η_k + ρ_s λ_k against ρ_s λ_g, i.e. η_k + ρ_s (λ_k − λ_g), both halves
     of the natural parameter (S·m and −S/2) as one vector (docs/guides/privacy.md). The server sums every client's
     last reply, hence `every_round`."""
+    _refuse_running_sum(hparams, "ivon-admm")
     server_rho = hparams.rho if hparams.server_rho is None else hparams.server_rho
     return ClientUpdate((("contribution", "lam"),), scale=server_rho, every_round=True)
 
 
 def pvi_dp_update(hparams: PVIHparams) -> ClientUpdate:
     """Client-level DP's update of IVON-PVI: its site η_k (ρ_s = 0), both halves of the natural parameter."""
+    _refuse_running_sum(hparams, "ivon-pvi")
     return ClientUpdate((("contribution", "lam"),), scale=0.0, every_round=True)
+
+
+def _refuse_running_sum(hparams: Hparams | PVIHparams, name: str) -> None:
+    """Client-level DP clips and noises each reply's contribution, which the running-sum server's replies (changes
+    of it) are not; it needs every client each round anyway, where the running sum saves nothing."""
+    if hparams.incremental:
+        raise ValueError(f"{name} with client-level DP needs incremental=false (the server's sum of the replies)")
 
 
 def build_pvi(hparams: PVIHparams, context: Context) -> Algorithm:
