@@ -115,3 +115,22 @@ def test_unlearning_from_the_running_sum_is_the_default_servers():
     for part, total in zip(zip(*default.replies.values(), strict=True), running.total, strict=True):
         assert torch.allclose(torch.stack(part).double().sum(0), total, rtol=1e-5, atol=1e-5)
     assert running.clients == 3 and sorted(default.replies) == [0, 1, 3]
+
+
+@pytest.mark.parametrize("method", ["admm", "ama"])
+def test_admms_running_sum_is_the_sum_of_the_clients_terms_and_the_default_server_up_to_rounding(method, tmp_path):
+    """Federated ADMM and AMA (ρ_s = 0): the running sum is Σ_k (v_k + ρ_s θ_k) over the clients that replied, from
+    their states, θ_g = that sum / (δ + ρ_s K), and the run is the default server's up to rounding."""
+    hparams = {"rho": RHO, "delta": DELTA}
+    default = _run(tmp_path, "default", method, **hparams)
+    result = _run(tmp_path, "running", method, incremental=True, **hparams)
+    server, states = result.server, result.client_states()
+    rho_s = RHO if method == "admm" else 0.0
+    replied = [s for s in states.values() if s.theta is not None]
+    assert 0 < len(replied) <= len(states) and server.clients == len(replied)
+    expected = torch.stack([s.dual.double() + rho_s * s.theta.double() for s in replied]).sum(0)
+    assert torch.allclose(server.total, expected, rtol=1e-12, atol=1e-12 * float(expected.abs().max()))
+    assert torch.allclose(server.theta.double(), expected / (DELTA + rho_s * len(replied)), rtol=1e-6, atol=1e-7)
+    assert torch.allclose(server.theta, default.server.theta, rtol=1e-4, atol=1e-5)
+    for line_d, line_r in zip(default.history, result.history, strict=True):
+        assert line_d["test_nll"] == pytest.approx(line_r["test_nll"], rel=1e-4)
