@@ -1,22 +1,43 @@
-"""The tables of docs/results/privacy.md from its runs' folders: python scripts/privacy_table.py runs/privacy"""
+"""The tables of docs/results/privacy.md from its runs' folders: python scripts/privacy_table.py runs/privacy
+
+Each row: the run's ε spent and noise multiplier, its status and its test metrics after the last round (or the round
+named), and for a Gaussian posterior the median of its precision over the parameters (from posterior.safetensors)."""
 
 import json
 import sys
 from pathlib import Path
 
+from safetensors.torch import load_file
+
 COLUMNS = ("test_acc", "test_nll", "test_ece", "ens_test_acc", "ens_test_nll", "ens_test_ece")
 HEADER = (
-    "| method | DP | ε (δ = 1e-5) | σ | status | acc | NLL | ECE | pred. acc | pred. NLL | pred. ECE |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
+    "| method | DP | ε (δ = 1e-5) | σ | status | acc | NLL | ECE | pred. acc | pred. NLL | pred. ECE "
+    "| median precision |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
-# (run folder, method, DP, the round whose metrics the row shows: None for the last)
+# (run folder, what the row calls the method, DP, the round whose metrics the row shows: None for the last)
 CLIENT_LEVEL = [(f"{m}-eps{e}", m, "client", None) for m in ("fedavg", "ivon-admm") for e in (1, 3, 8)] + [
     ("fedavg-inf", "fedavg", "none", None),
     ("ivon-admm-inf", "ivon-admm", "none", None),
 ]
-EXAMPLE_LEVEL = [(f"fedavg-example-eps{e}", "fedavg", "example", None) for e in (1, 3, 8)] + [
-    ("fedavg-inf", "fedavg", "none", 5)
-]
+EXAMPLE_LEVEL = (
+    [(f"{m}-example-eps{e}", m, "example", None) for m in ("fedavg", "ivon-admm") for e in (1, 3, 8)]
+    + [("fedavg-inf-example", "fedavg", "none", None), ("ivon-admm-inf-example", "ivon-admm", "none", None)]
+    + [
+        ("ivon-admm-beta2-example-eps8", "ivon-admm, β₂ = 0.99999", "example", None),
+    ]
+)
+TABLES = {"client": ("client level, 10 rounds", CLIENT_LEVEL), "example": ("example level, 10 rounds", EXAMPLE_LEVEL)}
+
+
+def median_precision(run: Path) -> str:
+    """The median over the parameters of a Gaussian posterior's precision (−2 × its second natural parameter)."""
+    path = run / "posterior.safetensors"
+    if not path.exists():
+        return ""
+    tensors = load_file(str(path))
+    if "natural.1" not in tensors:
+        return ""
+    return f"{float((-2 * tensors['natural.1'].double()).median()):.3g}"
 
 
 def row(root: Path, name: str, method: str, dp: str, at: int | None) -> str | None:
@@ -29,17 +50,18 @@ def row(root: Path, name: str, method: str, dp: str, at: int | None) -> str | No
     lines = [line for line in lines if at is None or line["round"] <= at]
     if not lines:
         budget = name.rsplit("eps", 1)[-1]
-        return f"| {method} | {dp} | budget {budget} | | {status['status']} in round {status['round'] + 1} |" + " |" * 6
+        return f"| {method} | {dp} | budget {budget} | | {status['status']} in round {status['round'] + 1} |" + " |" * 7
     last = lines[-1]
     spent = "∞" if "dp_epsilon" not in last else f"{last['dp_epsilon']:.3f}"
     sigma = f"{last['dp_noise_multiplier']:.3f}" if "dp_noise_multiplier" in last else ""
     state = f"round {last['round']}" if at is not None else f"{status['status']} (round {last['round']})"
     values = " | ".join(f"{last[k]:.3f}" if k in last else "" for k in COLUMNS)
-    return f"| {method} | {dp} | {spent} | {sigma} | {state} | {values} |"
+    return f"| {method} | {dp} | {spent} | {sigma} | {state} | {values} | {median_precision(run)} |"
 
 
-def main(root: Path) -> None:
-    for title, runs in (("client level, 10 rounds", CLIENT_LEVEL), ("example level, 5 rounds", EXAMPLE_LEVEL)):
+def main(root: Path, levels: list[str]) -> None:
+    for level in levels:
+        title, runs = TABLES[level]
         print(f"{title}:\n\n{HEADER}")
         for found in (row(root, *run) for run in runs):
             if found is not None:
@@ -48,4 +70,4 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2:] or list(TABLES))
