@@ -134,3 +134,23 @@ def test_admms_running_sum_is_the_sum_of_the_clients_terms_and_the_default_serve
     assert torch.allclose(server.theta, default.server.theta, rtol=1e-4, atol=1e-5)
     for line_d, line_r in zip(default.history, result.history, strict=True):
         assert line_d["test_nll"] == pytest.approx(line_r["test_nll"], rel=1e-4)
+
+
+def test_fedlaps_running_sum_is_the_sum_of_the_sites_and_the_default_server_up_to_rounding(tmp_path):
+    """FedLap: the running sum starts at θ_0 (the initial sites) and is Σ_k (N_k/δ) ṽ_k over every client, from their
+    states (never-trained clients at their initial site δθ_0/N); the run and an unlearnt client's server are the
+    default's up to rounding."""
+    hparams = {"delta": DELTA, "rho": 0.5}
+    default = _run(tmp_path, "default", "fedlap", **hparams)
+    result = _run(tmp_path, "running", "fedlap", incremental=True, **hparams)
+    server, states = result.server, result.client_states()
+    sizes = {k: len(y) for k, (_, y) in enumerate(_problem()[0])}
+    expected = torch.stack([(sizes[k] / DELTA) * s.dual.double() for k, s in states.items()]).sum(0)
+    assert torch.allclose(server.total, expected, rtol=1e-10, atol=1e-10 * float(expected.abs().max()))
+    assert server.clients == sum(s.theta is not None for s in states.values())
+    assert torch.allclose(server.theta, default.server.theta, rtol=1e-4, atol=1e-5)
+    for line_d, line_r in zip(default.history, result.history, strict=True):
+        assert line_d["test_nll"] == pytest.approx(line_r["test_nll"], rel=1e-4)
+    replied = next(k for k, s in states.items() if s.theta is not None)
+    unlearnt = [bayesadmm.unlearn(r, replied).server.theta for r in (default, result)]
+    assert torch.allclose(unlearnt[1], unlearnt[0], rtol=1e-4, atol=1e-5)
