@@ -154,10 +154,9 @@ class Run:
         # workers=0: one per core on the CPU; one on a GPU, where every worker process would hold a CUDA context and
         # a copy of the training set of its own and the processes would take turns on the one device
         workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
-        self._workers = min(workers, len(participants(self.ids, settings.participation, settings.seed, 1)))
-        self._cohort = settings.cohort or automatic_cohort(
-            len(self.ids), self._workers, settings.device, self.algorithm
-        )
+        per_round = len(participants(self.ids, settings.participation, settings.seed, 1))  # what cohorts batch
+        self._workers = min(workers, per_round)
+        self._cohort = settings.cohort or automatic_cohort(per_round, self._workers, settings.device, self.algorithm)
         layout: dict[str, Any] = {"workers": self._workers, "cohort": self._cohort} if self.runner is None else {}
         layout["compiled_kernels"] = compiled_kernels(self.algorithm)  # the run's `compile` setting, decided
         record_environment(self.run_dir, settings.device, start, layout)
@@ -199,6 +198,7 @@ class Run:
             self.algorithm,
             cohort_size=self._cohort if self._cohort > 1 else 0,
             store=StoreSpec(self._store_kind(), self.run_dir, store.CACHE_BYTES),
+            participation=self.settings.participation,
         )
 
     def _store_kind(self) -> str:
