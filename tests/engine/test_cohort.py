@@ -209,6 +209,13 @@ def test_automatic_cohorts_on_a_cpu_follow_the_solver_and_the_cores_and_elsewher
     assert automatic_cohort(1000, 2, "cpu", fedavg) == fedavg.local.solver.cpu_cohort == 16
     assert automatic_cohort(1000, 2, "cpu", ivon) == automatic_cohort(1000, 2, "cpu") == 1
     assert automatic_cohort(1000, 2, "cpu", _algorithm("fedpa", model)) == 1  # its client update does not batch
+    # at partial participation, where a round's participants are batched: four model-sized rows a client within
+    # COHORT_BYTES (the papers' MLP in float32: 5 clients), not at full participation (the size of earlier versions)
+    mlp_row = 178_110 * 4
+    assert automatic_cohort(100, 2, "cpu", fedavg, participation=0.1, row_bytes=mlp_row) == 5
+    assert automatic_cohort(100, 2, "cpu", fedavg, participation=1.0, row_bytes=mlp_row) == 16
+    assert automatic_cohort(100, 2, "cpu", fedavg, participation=0.1, row_bytes=8 * mlp_row) == 1
+    assert automatic_cohort(100, 2, "cpu", fedavg, participation=0.1, row_bytes=4 * 64) == 16
     monkeypatch.setattr(cohort, "usable_cores", lambda: 16)
     assert automatic_cohort(10, 2, "cpu", fedavg) == 1
     assert automatic_cohort(10, 2, "cuda") == 5 and automatic_cohort(10, 1, "cuda:0") == 10

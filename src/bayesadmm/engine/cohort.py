@@ -35,9 +35,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import torch
+from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, CohortSolver, LocalStep, Message, info_scalars, trains_in_cohorts
-from bayesadmm.engine.policy import cohort_blocks, round_cohorts, usable_cores
+from bayesadmm.engine.federation import participants
+from bayesadmm.engine.policy import cohort_blocks, default_workers, round_cohorts, usable_cores
 from bayesadmm.engine.runners import LocalClients, one_thread
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.store import StoreSpec
@@ -49,22 +51,55 @@ from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
 # pages from the kernel)
 DEFAULT_COHORT = 64
 
+# the bytes of a cohort's stacked model-sized rows (parameters, gradients and Adam's two moments: 4 per client) that
+# the automatic size keeps a round's cohorts within at partial participation: above the processor's cache every step
+# streams them from memory, and for clients of a few examples a step is that traffic. For 100 of 1000 clients of
+# fmnist-xdevice (the papers' MLP, ~6 examples each) cohorts of 4 (11 MB) trained a round fastest, of 16 (46 MB)
+# slower than one or two at a time (`python benchmarks/round_cohorts.py`, docs/performance.md)
+COHORT_BYTES = 16 << 20
 
-def automatic_cohort(clients: int, workers: int, device: str = "cpu", algorithm: Algorithm | None = None) -> int:
+
+def automatic_cohort(
+    clients: int,
+    workers: int,
+    device: str = "cpu",
+    algorithm: Algorithm | None = None,
+    participation: float = 1.0,
+    row_bytes: int = 0,
+) -> int:
     """The cohort size of `cohort=0` for rounds of `clients` participants. On a CPU, for an algorithm whose local
     solver batches: the participants spread over the cores this process may use (`usable_cores`), at most the
     solver's `cpu_cohort` (16 for Adam, 1 for IVON: `benchmarks/cohort.py` measured cohorts of Adam steps 1.7-2.4x
     faster than one client at a time, and IVON's hardly faster), so that each core's worker gets at least one
-    cohort. The size depends on the participants and the machine, not on `workers`: the same clients are batched
-    together, and a run gives the same bits, for any number of workers. Without an algorithm (or one that does not
-    batch) 1. On another device each worker's share of the participants as one cohort, at most `DEFAULT_COHORT`:
-    small per-client computations leave a GPU idle, a batched one does not."""
+    cohort; at a `participation` below 1, where a round's participants are batched (`policy.round_cohorts`), also at
+    most `COHORT_BYTES` of four rows of `row_bytes` (one model-sized vector's bytes) per client. The size depends on
+    the participants and the machine, not on `workers`: the same clients are batched together, and a run gives the
+    same bits, for any number of workers. Without an algorithm (or one that does not batch) 1. On another device
+    each worker's share of the participants as one cohort, at most `DEFAULT_COHORT`: small per-client computations
+    leave a GPU idle, a batched one does not."""
     if torch.device(device).type != "cpu":
         return max(1, min(DEFAULT_COHORT, math.ceil(clients / max(workers, 1))))
     if algorithm is None or algorithm.local is None or not trains_in_cohorts(algorithm):
         return 1
     limit = int(getattr(algorithm.local.solver, "cpu_cohort", 1))
+    if participation < 1.0 and row_bytes > 0:
+        limit = min(limit, COHORT_BYTES // (4 * row_bytes))
     return max(1, min(limit, math.ceil(clients / usable_cores())))
+
+
+def run_layout(settings: Any, ids: list[int], algorithm: Algorithm, theta0: Tensor) -> tuple[int, int]:
+    """The workers and the cohort size of a run of the clients `ids` under `settings` (`Settings`): workers=0 is one
+    per core on the CPU and one on a GPU (where every worker process would hold a CUDA context and a copy of the
+    training set, and the processes would take turns on the one device), never more than a round's participants;
+    cohort=0 is `automatic_cohort`'s size for a round's participants."""
+    per_round = len(participants(ids, settings.participation, settings.seed, 1))
+    workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
+    workers = min(workers, per_round)
+    row_bytes = theta0.numel() * torch.empty((), dtype=settings.torch_dtype).element_size()
+    cohort = settings.cohort or automatic_cohort(
+        per_round, workers, settings.device, algorithm, settings.participation, row_bytes
+    )
+    return workers, cohort
 
 
 def cohort_rows(algorithm: Algorithm, clients: Mapping[int, Any], source: Any = None) -> ClientRows | None:
@@ -168,4 +203,12 @@ def local_runner(
     )
 
 
-__all__ = ["CohortClients", "automatic_cohort", "cohort_rows", "local_runner", "DEFAULT_COHORT"]
+__all__ = [
+    "CohortClients",
+    "automatic_cohort",
+    "run_layout",
+    "cohort_rows",
+    "local_runner",
+    "DEFAULT_COHORT",
+    "COHORT_BYTES",
+]
