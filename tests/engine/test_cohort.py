@@ -233,13 +233,10 @@ def test_blocks_given_must_hold_each_client_once():
             CohortClients(algorithm, clients, 0, 2, blocks=bad)
 
 
-def test_a_rounds_participants_train_together_at_partial_participation(monkeypatch):
+def test_a_rounds_participants_train_together_at_partial_participation():
     """At participation p the blocks hold about cohort_size / p clients, and a round's participants in a block train
     as cohorts of at most cohort_size (largest first): not one at a time in fixed cohorts of cohort_size. The results
     stay the per-client ones (to 1e-10 in float64), round by round, with every client's state."""
-    from bayesadmm.engine import policy
-
-    monkeypatch.setattr(policy, "usable_cores", lambda: 1)
     model, clients = _clients(torch.float64)
     theta0 = model.initial_params(torch.Generator().manual_seed(1))
     for name in ("fedavg", "ivon-admm"):

@@ -84,16 +84,16 @@ def test_cohorts_are_bands_of_similar_clients_dealt_back_and_forth():
 
 
 def test_blocks_at_partial_participation_hold_about_a_cohort_of_each_rounds_participants():
-    """A block is a cohort at full participation; at participation p about cohort_size / p clients (at most
-    ⌈K / spread⌉, so that every core's worker gets one), bands of similar sizes; a round's members of a block are one
-    cohort up to cohort_size, bands of cohort_size largest first beyond."""
+    """A block is a cohort at full participation; at participation p ⌈cohort_size / p⌉ clients, bands of similar
+    sizes; a round's members of a block are one cohort up to cohort_size, bands of cohort_size largest first
+    beyond."""
     generator = torch.Generator().manual_seed(2)
     sizes = {k: int(n) for k, n in enumerate(torch.randint(1, 500, (1000,), generator=generator))}
     assert cohort_blocks(sizes, 16, 1.0, spread=2) == fixed_cohorts(sizes, 16, spread=2)
     blocks = cohort_blocks(sizes, 16, 0.1, spread=2)
     assert blocks == fixed_cohorts(sizes, 160, spread=1) and sorted(k for b in blocks for k in b) == list(range(1000))
-    assert cohort_blocks(sizes, 16, 0.01, spread=2) == fixed_cohorts(sizes, 500, spread=1)  # two workers' worth
-    assert cohort_blocks(sizes, 16, 0.01, spread=1) == [sorted(sizes)]
+    assert cohort_blocks(sizes, 5, 0.1, spread=2) == fixed_cohorts(sizes, 50, spread=1)
+    assert cohort_blocks(sizes, 16, 0.01, spread=2) == [sorted(sizes)]  # one block, as one cohort of every client
     small = {k: 100 - k for k in range(10)}
     assert round_cohorts([], small, 3) == [] and round_cohorts([7, 2], small, 3) == [[2, 7]]
     assert round_cohorts([9, 1, 4, 0, 8], small, 3) == [[0, 1, 4], [8, 9]]

@@ -58,23 +58,20 @@ def cohort_blocks(
     sizes: Mapping[int, int], cohort_size: int, participation: float = 1.0, spread: int | None = None
 ) -> list[list[int]]:
     """The run's blocks of clients, fixed for the whole run, from which each round's cohorts are made
-    (`round_cohorts`): `fixed_cohorts` of `cohort_size` clients at full participation (a block is a cohort), and
-    at a `participation` p < 1 of about cohort_size / p clients, so that a round draws about `cohort_size` of each
-    block's clients, and those train together (fixed cohorts of `cohort_size` would train ~cohort_size × p
-    participants each). At most ⌈K / spread⌉ clients a block (K clients), so that `spread` workers still get a block
-    each. A block is a band of similar sizes (`fixed_cohorts` with `spread` 1, not dealt): a cohort's steps are
-    padded to its largest client's minibatch (`solvers.cohort`), and the workers' loads are balanced by `assign`.
+    (`round_cohorts`): `fixed_cohorts` of `cohort_size` clients at full participation (a block is a cohort, with
+    `spread`), and at a `participation` p < 1 bands of ⌈cohort_size / p⌉ clients of similar sizes (`fixed_cohorts`
+    with `spread` 1, not dealt: a cohort's steps are padded to its largest client's minibatch, `solvers.cohort`), so
+    that a round draws about `cohort_size` of each block's clients, and those train together (fixed cohorts of
+    `cohort_size` would train ~cohort_size × p participants each). `assign` balances the workers' examples.
 
     The blocks depend on the clients' sizes, the cohort size, the participation and `spread` (the cores), not on the
     number of workers: `assign` gives each worker whole blocks, so each round's cohorts, and a run's bits, are the
-    same for any number of workers."""
+    same for any number of workers. As with cohorts, a block of every client leaves all workers but one idle."""
     if cohort_size < 1:
         raise ValueError(f"cohort_size must be >= 1, got {cohort_size}")
-    spread = max(1, spread if spread is not None else usable_cores())
     if participation >= 1.0:
         return fixed_cohorts(sizes, cohort_size, spread)
-    block = max(cohort_size, min(math.ceil(cohort_size / participation), math.ceil(len(sizes) / spread)))
-    return fixed_cohorts(sizes, block, spread=1)
+    return fixed_cohorts(sizes, math.ceil(cohort_size / participation), spread=1)
 
 
 def round_cohorts(members: Sequence[int], sizes: Mapping[int, int], cohort_size: int) -> list[list[int]]:
