@@ -252,20 +252,48 @@ def test_automatic_cohorts_on_a_cpu_follow_the_solver_and_the_cores_and_elsewher
     assert automatic_cohort(1000, 2, "cpu", fedavg) == fedavg.local.solver.cpu_cohort == 16
     assert automatic_cohort(1000, 2, "cpu", ivon) == automatic_cohort(1000, 2, "cpu") == 1
     assert automatic_cohort(1000, 2, "cpu", _algorithm("fedpa", model)) == 1  # its client update does not batch
+    # at partial participation, where a round's participants are batched: four model-sized rows a client within
+    # COHORT_BYTES (the papers' MLP in float32: 5 clients), not at full participation (the size of earlier versions)
+    mlp_row = 178_110 * 4
+    assert automatic_cohort(100, 2, "cpu", fedavg, participation=0.1, row_bytes=mlp_row) == 5
+    assert automatic_cohort(100, 2, "cpu", fedavg, participation=1.0, row_bytes=mlp_row) == 16
+    assert automatic_cohort(100, 2, "cpu", fedavg, participation=0.1, row_bytes=8 * mlp_row) == 1
+    assert automatic_cohort(100, 2, "cpu", fedavg, participation=0.1, row_bytes=4 * 64) == 16
     monkeypatch.setattr(cohort, "usable_cores", lambda: 16)
     assert automatic_cohort(10, 2, "cpu", fedavg) == 1
     assert automatic_cohort(10, 2, "cuda") == 5 and automatic_cohort(10, 1, "cuda:0") == 10
     assert automatic_cohort(1000, 1, "cuda") == DEFAULT_COHORT and automatic_cohort(1, 4, "cuda") == 1
 
 
-def test_cohorts_given_must_hold_each_client_once_within_the_size():
+def test_blocks_given_must_hold_each_client_once():
     model, clients = _clients(torch.float64)
     algorithm, ids = _algorithm("fedavg", model), sorted(clients)
-    runner = CohortClients(algorithm, clients, 0, 2, cohorts=[ids[:2], ids[2:4], ids[4:]])
-    assert runner.cohorts == [ids[:2], ids[2:4], ids[4:]]
-    for bad in ([ids[:3], ids[3:]], [ids[:2], ids[2:4]], [ids[:2], ids[1:3], ids[3:]]):
+    runner = CohortClients(algorithm, clients, 0, 2, blocks=[ids[:2], ids[2:4], ids[4:]])
+    assert runner.blocks == [ids[:2], ids[2:4], ids[4:]]
+    assert runner.units(ids) == [ids[:2], ids[2:4], ids[4:]]
+    for bad in ([ids[:2], ids[2:4]], [ids[:2], ids[1:3], ids[3:]]):
         with pytest.raises(ValueError, match="each client once"):
-            CohortClients(algorithm, clients, 0, 2, cohorts=bad)
+            CohortClients(algorithm, clients, 0, 2, blocks=bad)
+
+
+def test_a_rounds_participants_train_together_at_partial_participation():
+    """At participation p the blocks hold about cohort_size / p clients, and a round's participants in a block train
+    as cohorts of at most cohort_size (largest first): not one at a time in fixed cohorts of cohort_size. The results
+    stay the per-client ones (to 1e-10 in float64), round by round, with every client's state."""
+    model, clients = _clients(torch.float64)
+    theta0 = model.initial_params(torch.Generator().manual_seed(1))
+    for name in ("fedavg", "ivon-admm"):
+        algorithm = _algorithm(name, model)
+        runner = CohortClients(algorithm, clients, seed=3, cohort_size=2, participation=0.4)
+        assert runner.blocks == [[0, 1, 2, 3, 4]]  # ⌈2 / 0.4⌉ = 5 clients a block
+        assert runner.units([4, 0, 2, 1]) == [[0, 4], [1, 2]]  # sizes 24, 17 | 13, 5
+        assert runner.units([2, 4]) == [[2, 4]]
+        sequential = _run(LocalClients(algorithm, clients, seed=3), algorithm, theta0, 3)
+        batched = _run(runner, algorithm, theta0, 3)
+        left = _flat(sequential[:2]) + _flat([h[0] for h in sequential[2]])
+        right = _flat(batched[:2]) + _flat([h[0] for h in batched[2]])
+        worst = max(float((a - b).abs().max() / (1 + a.abs().max())) for a, b in zip(left, right, strict=True))
+        assert worst <= 1e-10, f"{name}: per-round cohorts and per-client results differ by {worst:.3g}"
 
 
 def _problem_sets(dim: int, dtype: torch.dtype) -> dict[str, list]:

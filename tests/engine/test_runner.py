@@ -302,14 +302,18 @@ def test_every_registered_method_runs_and_learns(tmp_path, method):
 
 
 @needs_fmnist
-@pytest.mark.parametrize(("method", "cohort"), [("fedavg", 1), ("ivon-admm", 1), ("ivon-admm", 2)])
-def test_two_workers_give_exactly_the_numbers_of_one(tmp_path, method, cohort):
+@pytest.mark.parametrize(("method", "cohort", "partial"), [
+    ("fedavg", 1, []), ("ivon-admm", 1, []), ("ivon-admm", 2, []),
+    ("fedavg", 2, ["clients=8", "participation=0.5"]),  # blocks of 4 clients, a round's participants in cohorts
+])
+def test_two_workers_give_exactly_the_numbers_of_one(tmp_path, method, cohort, partial):
     """Client updates in worker processes: same generator, same data layout, one thread each, so the same bits; with
-    a cohort size set, each worker trains whole cohorts of the run, so the same bits again."""
+    a cohort size set, each worker trains whole blocks of the run (`policy.cohort_blocks`), and a round's cohorts are
+    made within a block, so the same bits again, at partial participation too."""
     lines = {}
     for workers in (1, 2):
-        config, _ = resolve("fmnist-heterog10", SMALL + [f"method={method}", "rounds=2", f"workers={workers}",
-                                                         f"cohort={cohort}", f"out={tmp_path / str(workers)}"])
+        config, _ = resolve("fmnist-heterog10", SMALL + partial + [f"method={method}", "rounds=2", f"workers={workers}",
+                                                                   f"cohort={cohort}", f"out={tmp_path / str(workers)}"])
         assert run(config, progress=False).exit_code == loop.EXIT_OK
         lines[workers] = _strip_times(_lines(tmp_path / str(workers)))
     assert len(lines[1]) == 2 and lines[1] == lines[2]

@@ -11,6 +11,7 @@ from bayesadmm.cli import main
 from bayesadmm.engine import loop
 from bayesadmm.engine import run as engine_run
 from bayesadmm.engine.rundir import load_state
+from bayesadmm.engine.policy import cohort_blocks, round_cohorts
 from bayesadmm.engine.workers import SHARDS, assign, client_runner, fixed_cohorts
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import resolve
@@ -82,6 +83,24 @@ def test_cohorts_are_bands_of_similar_clients_dealt_back_and_forth():
         fixed_cohorts(sizes, 0)
 
 
+def test_blocks_at_partial_participation_hold_about_a_cohort_of_each_rounds_participants():
+    """A block is a cohort at full participation; at participation p ⌈cohort_size / p⌉ clients, bands of similar
+    sizes; a round's members of a block are one cohort up to cohort_size, bands of cohort_size largest first
+    beyond."""
+    generator = torch.Generator().manual_seed(2)
+    sizes = {k: int(n) for k, n in enumerate(torch.randint(1, 500, (1000,), generator=generator))}
+    assert cohort_blocks(sizes, 16, 1.0, spread=2) == fixed_cohorts(sizes, 16, spread=2)
+    blocks = cohort_blocks(sizes, 16, 0.1, spread=2)
+    assert blocks == fixed_cohorts(sizes, 160, spread=1) and sorted(k for b in blocks for k in b) == list(range(1000))
+    assert cohort_blocks(sizes, 5, 0.1, spread=2) == fixed_cohorts(sizes, 50, spread=1)
+    assert cohort_blocks(sizes, 16, 0.01, spread=2) == [sorted(sizes)]  # one block, as one cohort of every client
+    small = {k: 100 - k for k in range(10)}
+    assert round_cohorts([], small, 3) == [] and round_cohorts([7, 2], small, 3) == [[2, 7]]
+    assert round_cohorts([9, 1, 4, 0, 8], small, 3) == [[0, 1, 4], [8, 9]]
+    with pytest.raises(ValueError, match="cohort_size"):
+        cohort_blocks(sizes, 0, 0.5)
+
+
 def test_assignment_of_equal_clients_alternates_and_never_leaves_a_worker_idle():
     assert assign({k: 60 for k in range(6)}, 2) == [[0, 2, 4], [1, 3, 5]]
     assert assign({0: 10, 1: 5}, 4) == [[0], [1]]                                  # no more workers than clients
@@ -96,8 +115,9 @@ def test_assignment_of_equal_clients_alternates_and_never_leaves_a_worker_idle()
 def _clients(built, algorithm, seed, workers, cohort_size=0):
     """The clients of `built` as the engine's loop makes them: in this process with the server's algorithm, or in a
     pool of `workers` processes that each build their own from the factory."""
-    federation = built.federation
-    return client_runner(federation.make_algorithm, federation.clients, seed, workers, algorithm, cohort_size)
+    federation, participation = built.federation, built.settings.participation
+    return client_runner(federation.make_algorithm, federation.clients, seed, workers, algorithm, cohort_size,
+                         participation=participation)
 
 
 def _two_rounds(built, algorithm, clients, chosen):

@@ -1,6 +1,6 @@
 """Where the clients go: how many worker processes (`default_workers`, `usable_cores`), which clients train together
-(`fixed_cohorts`) and which worker keeps which clients for the whole run (`assign`: longest processing time first on
-the clients' numbers of examples)."""
+(`fixed_cohorts`; at partial participation `cohort_blocks` and `round_cohorts`) and which worker keeps which clients
+for the whole run (`assign`: longest processing time first on the clients' numbers of examples)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 
-__all__ = ["default_workers", "usable_cores", "fixed_cohorts", "assign"]
+__all__ = ["default_workers", "usable_cores", "fixed_cohorts", "cohort_blocks", "round_cohorts", "assign"]
 
 
 def default_workers() -> int:
@@ -52,6 +52,36 @@ def fixed_cohorts(sizes: Mapping[int, int], cohort_size: int, spread: int | None
             dealt[index if turn % 2 == 0 else len(dealt) - 1 - index].append(k)
         cohorts.extend(sorted(cohort) for cohort in dealt)
     return cohorts
+
+
+def cohort_blocks(
+    sizes: Mapping[int, int], cohort_size: int, participation: float = 1.0, spread: int | None = None
+) -> list[list[int]]:
+    """The run's blocks of clients, fixed for the whole run, from which each round's cohorts are made
+    (`round_cohorts`): `fixed_cohorts` of `cohort_size` clients at full participation (a block is a cohort, with
+    `spread`), and at a `participation` p < 1 bands of ⌈cohort_size / p⌉ clients of similar sizes (`fixed_cohorts`
+    with `spread` 1, not dealt: a cohort's steps are padded to its largest client's minibatch, `solvers.cohort`), so
+    that a round draws about `cohort_size` of each block's clients, and those train together (fixed cohorts of
+    `cohort_size` would train ~cohort_size × p participants each). `assign` balances the workers' examples.
+
+    The blocks depend on the clients' sizes, the cohort size, the participation and `spread` (the cores), not on the
+    number of workers: `assign` gives each worker whole blocks, so each round's cohorts, and a run's bits, are the
+    same for any number of workers. As with cohorts, a block of every client leaves all workers but one idle."""
+    if cohort_size < 1:
+        raise ValueError(f"cohort_size must be >= 1, got {cohort_size}")
+    if participation >= 1.0:
+        return fixed_cohorts(sizes, cohort_size, spread)
+    return fixed_cohorts(sizes, math.ceil(cohort_size / participation), spread=1)
+
+
+def round_cohorts(members: Sequence[int], sizes: Mapping[int, int], cohort_size: int) -> list[list[int]]:
+    """A block's clients that take part in a round (`members`, any order), as the cohorts they train in: all of them
+    together where they are at most `cohort_size`, otherwise `fixed_cohorts` of them with `spread` 1 (the largest
+    `cohort_size` together, then the next). Each cohort's ids in order; a function of the members alone, so the same
+    in any worker."""
+    if len(members) <= cohort_size:
+        return [sorted(members)] if members else []
+    return fixed_cohorts({k: sizes[k] for k in members}, cohort_size, spread=1)
 
 
 def assign(sizes: Mapping[int, int], workers: int, cohorts: Sequence[Sequence[int]] | None = None) -> list[list[int]]:

@@ -36,8 +36,8 @@ import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message, trains_in_cohorts
 from bayesadmm.engine import transport
-from bayesadmm.engine.cohort import CohortClients, cohort_rows
-from bayesadmm.engine.policy import assign, fixed_cohorts
+from bayesadmm.engine.cohort import local_runner
+from bayesadmm.engine.policy import assign, cohort_blocks
 from bayesadmm.engine.processes import keep_freed_memory as _keep_freed_memory
 from bayesadmm.engine.processes import start_worker as _start
 from bayesadmm.engine.rundir import SHARDS, real_folder
@@ -80,7 +80,7 @@ def _worker(
     group: list[int],
     default_dtype: torch.dtype,
     cohort_size: int = 0,
-    cohorts: list[list[int]] | None = None,
+    blocks: list[list[int]] | None = None,
     store: StoreSpec | None = None,
 ) -> None:
     """A worker's life: build its clients, then answer the parent's requests until `CLOSE` (or the parent is gone)."""
@@ -88,7 +88,7 @@ def _worker(
     _keep_freed_memory()
     torch.set_num_threads(1)
     torch.set_default_dtype(default_dtype)  # as in the parent, so that tensors made without a dtype agree
-    local = local_runner(make_algorithm(), {k: source(k) for k in group}, source, seed, cohort_size, cohorts, store)
+    local = local_runner(make_algorithm(), {k: source(k) for k in group}, source, seed, cohort_size, blocks, store)
     while True:
         try:
             request = connection.recv()
@@ -182,11 +182,12 @@ class ClientPool:
         workers: int,
         cohort_size: int = 0,
         store: StoreSpec | None = None,
+        participation: float = 1.0,
     ):
         if workers < 2:
             raise ValueError(f"ClientPool needs at least 2 workers, got {workers} (use LocalClients)")
         sizes = dict(source.sizes)
-        layout = fixed_cohorts(sizes, cohort_size) if cohort_size > 0 else None
+        layout = cohort_blocks(sizes, cohort_size, participation) if cohort_size > 0 else None
         self.groups = assign(sizes, workers, layout)
         self.owner = {k: index for index, group in enumerate(self.groups) for k in group}
         self.last_info: dict[int, dict[str, float]] = {}
@@ -362,33 +363,18 @@ def client_runner(
     algorithm: Algorithm | None = None,
     cohort_size: int = 0,
     store: StoreSpec | None = None,
+    participation: float = 1.0,
 ) -> LocalClients | ClientPool:
     """The clients of `source` in this process for one worker (or one participant), with `algorithm` (made by
     `make_algorithm` if not given), or in a pool of `workers` processes otherwise. With `cohort_size` > 0, the
-    clients of a round are trained `cohort_size` at a time as one batched computation (`engine.cohort.CohortClients`,
-    in this process or in each worker) where the algorithm's client update and the clients allow it. `store`: where
-    the client states are kept (`engine.store`; in memory by default)."""
+    clients of a round are trained up to `cohort_size` at a time as one batched computation
+    (`engine.cohort.CohortClients`, in this process or in each worker, grouped as `policy.cohort_blocks` says at the
+    run's `participation`) where the algorithm's client update and the clients allow it. `store`: where the client
+    states are kept (`engine.store`; in memory by default)."""
     algorithm = algorithm or make_algorithm()
     if workers <= 1:
-        return local_runner(
-            algorithm, {k: source(k) for k in sorted(source.sizes)}, source, seed, cohort_size, store=store
-        )
+        clients = {k: source(k) for k in sorted(source.sizes)}
+        return local_runner(algorithm, clients, source, seed, cohort_size, store=store, participation=participation)
     # each worker checks that its clients stack (`local_runner`); here only whether the method batches at all
-    return ClientPool(make_algorithm, source, seed, workers, cohort_size if trains_in_cohorts(algorithm) else 0, store)
-
-
-def local_runner(
-    algorithm: Algorithm,
-    clients: Mapping[int, Any],
-    source,
-    seed: int,
-    cohort_size: int,
-    cohorts: list[list[int]] | None = None,
-    store: StoreSpec | None = None,
-):
-    """`CohortClients` where `cohort_size` > 0 and the algorithm and clients batch (in `cohorts` where given: a
-    worker's share of the run's), `LocalClients` otherwise."""
-    rows = cohort_rows(algorithm, clients, source) if cohort_size > 0 else None
-    if rows is None:
-        return LocalClients(algorithm, clients, seed, store)
-    return CohortClients(algorithm, clients, seed, cohort_size, rows, cohorts=cohorts, store=store)
+    cohort_size = cohort_size if trains_in_cohorts(algorithm) else 0
+    return ClientPool(make_algorithm, source, seed, workers, cohort_size, store, participation)

@@ -11,14 +11,12 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bayesadmm import reports
 from bayesadmm.algorithms.base import compiled_kernels, info_scalars
 from bayesadmm.clients import fingerprint
 from bayesadmm.engine import personal, store
 from bayesadmm.engine.checkpoint import final_status, save_checkpoint
-from bayesadmm.engine.cohort import automatic_cohort
+from bayesadmm.engine.cohort import run_layout
 from bayesadmm.engine.federation import (
     BREAKDOWNS,
     EVALUATION,
@@ -32,7 +30,6 @@ from bayesadmm.engine.history import append_line, headline, mean_client_info, me
 from bayesadmm.engine.history import read_metrics as _read_metrics
 from bayesadmm.engine.identity import check_same_run
 from bayesadmm.engine.leavings import save_posterior, write_reliability
-from bayesadmm.engine.policy import default_workers
 from bayesadmm.engine.pool import client_runner
 from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.rundir import (
@@ -151,13 +148,7 @@ class Run:
 
     def _prepare_files(self, start: int) -> None:
         settings = self.settings
-        # workers=0: one per core on the CPU; one on a GPU, where every worker process would hold a CUDA context and
-        # a copy of the training set of its own and the processes would take turns on the one device
-        workers = settings.workers or (default_workers() if torch.device(settings.device).type == "cpu" else 1)
-        self._workers = min(workers, len(participants(self.ids, settings.participation, settings.seed, 1)))
-        self._cohort = settings.cohort or automatic_cohort(
-            len(self.ids), self._workers, settings.device, self.algorithm
-        )
+        self._workers, self._cohort = run_layout(settings, self.ids, self.algorithm, self.federation.theta0)
         layout: dict[str, Any] = {"workers": self._workers, "cohort": self._cohort} if self.runner is None else {}
         layout["compiled_kernels"] = compiled_kernels(self.algorithm)  # the run's `compile` setting, decided
         record_environment(self.run_dir, settings.device, start, layout)
@@ -199,6 +190,7 @@ class Run:
             self.algorithm,
             cohort_size=self._cohort if self._cohort > 1 else 0,
             store=StoreSpec(self._store_kind(), self.run_dir, store.CACHE_BYTES),
+            participation=self.settings.participation,
         )
 
     def _store_kind(self) -> str:

@@ -10,8 +10,8 @@ products and a written-out backward pass; for any other model `torch.func.vmap` 
 
 Clients of different sizes: the cohort is ordered by number of steps, most first, so the clients that take step t are
 a prefix (the active set shrinks as clients finish); minibatches of different sizes in one step (an epoch's last,
-smaller one) are padded, and each client's loss is then its examples' weighted sum with weights 1/(its batch size)
-(0 on the padding), the same mean up to rounding.
+smaller one, or clients smaller than one minibatch) are padded to the step's largest, and each client's loss is then
+its examples' weighted sum with weights 1/(its batch size) (0 on the padding), the same mean up to rounding.
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ class BatchPlan(NamedTuple):
     counts: Tensor  # (K, T) examples in that minibatch (0 after the client's last step), on the CPU
     active: list[int]  # active[t]: how many clients (a prefix of `order`) take step t
     width: list[int]  # width[t]: the one minibatch size of step t's active clients, or -1 where they differ
+    longest: list[int]  # longest[t]: the largest minibatch of step t (the columns a padded step computes)
 
 
 def plan_batches(
@@ -169,12 +170,13 @@ def plan_batches(
         counts[slot, : epochs * b] = sizes.repeat(epochs)
     ordered_steps = [steps[i] for i in order]
     active = [sum(1 for s in ordered_steps if s > t) for t in range(most)]
-    width = []
+    width, longest = [], []
     for t in range(most):
         column = counts[: active[t], t]
         width.append(int(column[0]) if bool((column == column[0]).all()) else -1)
+        longest.append(int(column.max()))
     rows = rows.to(data.X.device)
-    return BatchPlan(order, ordered_steps, rows, take_rows(data.y, rows), counts, active, width)
+    return BatchPlan(order, ordered_steps, rows, take_rows(data.y, rows), counts, active, width, longest)
 
 
 def _weighted_nll(likelihood, outputs: Tensor, y: Tensor, w: Tensor) -> Tensor:
@@ -195,7 +197,9 @@ def batch_gradients(data: StackedClients, plan: BatchPlan, t: int, thetas: Tenso
     "gradients" matrix (overwritten by the next call)."""
     active, samples, dim = thetas.shape
     width = plan.width[t]
-    cut = max(width, 0) or None  # the one minibatch size, or all B columns (padded) where they differ
+    # the one minibatch size, or padded to the step's largest minibatch where they differ (not to the batch size:
+    # clients smaller than one minibatch would compute mostly padding)
+    cut = plan.longest[t]
     rows, y = plan.rows[t, :active, :cut], plan.targets[t, :active, :cut]  # (A, b)
     if samples > 1:
         rows, y = rows.repeat_interleave(samples, dim=0), y.repeat_interleave(samples, dim=0)
