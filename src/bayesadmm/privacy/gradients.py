@@ -112,7 +112,7 @@ class PrivateCohortGradients:
         active, samples, dim = thetas.shape
         if samples != 1:
             raise ValueError("example-level DP takes one gradient per step (mc_samples=1)")
-        cut = max(plan.width[t], 0) or plan.rows.shape[2]
+        cut = plan.longest[t]  # the step's largest minibatch (the others padded to it)
         counts = plan.counts[:active, t].tolist()
         out = torch.empty((active, dim), dtype=thetas.dtype, device=thetas.device)
         per_chunk = max(1, CHUNK_BYTES // max(1, cut * dim * thetas.element_size()))
