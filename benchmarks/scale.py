@@ -3,6 +3,7 @@ participants per round.
 
     python benchmarks/scale.py [--cases fmnist-xdevice:ivon-admm:100 logreg-100k:fedavg:1000 ...]
                                [--clients 1000 10000 100000] [--rounds 4] [--out /tmp/bayesadmm-scale]
+                               [--flower-repetitions 2]
 
 Each case is SCENARIO:METHOD:PARTICIPANTS; for every number of clients K it runs the scenario with `clients=K`,
 `participation=PARTICIPANTS/K` (the same clients per round at every K) and `data_fraction=K/K_scenario` (K_scenario:
@@ -14,6 +15,10 @@ ends of consecutive rounds: training, server update, evaluation and any checkpoi
 the child (`resource.getrusage`, max RSS), and the bytes the run directory holds at the end (its client-state
 blocks included). A K above the scenario's own is skipped (fmnist-xdevice's 60,000 images cover 10,000 clients of
 6 examples on average). The ratio column is each K's seconds per round over the smallest K's of the same case.
+
+Then, against the standard Flower simulation (Ray backend): `benchmarks/flower_scale.py` with FedAvg at 10³ clients,
+100 per round, bayesadmm with 2 workers, `--flower-repetitions` times each, alternately (0: skipped), in a child
+process; it prints both sides' seconds per round and their ratio.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ def main() -> None:
     parser.add_argument("--clients", nargs="+", type=int, default=[1000, 10_000, 100_000])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", default="/tmp/bayesadmm-scale")
+    parser.add_argument("--flower-repetitions", type=int, default=2, help="0: no Flower comparison")
     parser.add_argument("--child", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -84,6 +90,11 @@ def main() -> None:
             base = base or line["seconds"]
             print(f"{case:34} {clients:>8} {line['seconds']:>8.2f} {line['seconds'] / base:>6.2f} "
                   f"{line['peak_rss'] / 2**30:>7.2f} GB {disk_bytes(out) / 2**30:>6.2f} GB", flush=True)  # fmt: skip
+    if args.flower_repetitions > 0:
+        print("\nagainst the standard Flower simulation:", flush=True)
+        options = f"--clients 1000 --participants 100 --repetitions {args.flower_repetitions} --bayesadmm workers=2"
+        script = str(Path(__file__).with_name("flower_scale.py"))
+        subprocess.run([sys.executable, script, *options.split()], env=os.environ, check=False)
 
 
 if __name__ == "__main__":
