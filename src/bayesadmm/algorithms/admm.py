@@ -55,6 +55,8 @@ from bayesadmm.algorithms.base import (
     PointEstimate,
     ServerInfo,
     SolveInfo,
+    add_changes,
+    change_reply,
     merge_replies,
 )
 from bayesadmm.algorithms.fedavg import LR_SPACE
@@ -136,8 +138,7 @@ def make(
             change = term(dual, result.theta)
             if state.theta is not None:
                 change = change - term(state.dual, state.theta)
-            first = torch.tensor(float(state.theta is None), dtype=torch.float64)
-            reply = {"change": change, "first": first}
+            reply = change_reply(change, state.theta is None)
         return ClientState(dual, result.theta), reply, SolveInfo(result.iterations, result.converged)
 
     def prepare(state: ClientState, message: Message, loss) -> ProxProblem:
@@ -156,10 +157,7 @@ def make(
 
     def running_update(server: RunningServerState, replies: Mapping[int, Message]):
         """`server_update` on the running sum: the work is over the replies only."""
-        total = server.total
-        for k in sorted(replies):
-            total = total + replies[k]["change"]
-        count = server.clients + sum(int(replies[k]["first"]) for k in replies)
+        total, count = add_changes(server.total, server.clients, replies)
         if count == 0:
             raise ValueError(f"{name}: server_update needs at least one client's reply")
         theta = (total / (delta + server_rho * count)).to(server.theta.dtype)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from bayesadmm.optim.kernels import compile_enabled
+from bayesadmm.threads import one_thread
 from bayesadmm.trees import register
 
 Message = dict[str, Tensor]
@@ -228,6 +229,20 @@ def merge_replies(previous: Mapping[int, Any], replies: Mapping[int, Any]) -> di
     return {k: merged[k] for k in sorted(merged)}
 
 
+def change_reply(change: Tensor, first: bool) -> Message:
+    """A client's reply to a running-sum server (`incremental=True`): the change of its term in the server's sum,
+    and whether this is its first reply (the server then counts it)."""
+    return {"change": change, "first": torch.tensor(float(first), dtype=torch.float64)}
+
+
+def add_changes(total: Tensor, clients: int, replies: Mapping[int, Message]) -> tuple[Tensor, int]:
+    """A running sum and its count of clients after `replies` (`change_reply`'s), added in client-id order so that
+    the sum does not depend on the order in which replies arrived."""
+    for k in sorted(replies):
+        total = total + replies[k]["change"]
+    return total, clients + sum(int(replies[k]["first"]) for k in replies)
+
+
 class StackBuffer:
     """`torch.stack(vectors)`, written into a buffer that this object reuses for the next stack of the same shape:
     reduce the result (or change it in place) but do not keep it. A server makes its own in its factory, so the
@@ -258,12 +273,8 @@ class StackBuffer:
         # the copy on one thread: the same bytes on any number, and memory-bound, so a second thread gains little,
         # while on a machine whose other cores are busy torch's threads wait for each other (a 71 MB stack of 100
         # replies of the papers' MLP took 0.5 s a round on 2 threads of a loaded 2-core machine, 10-20 ms on one)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_thread():
             return torch.stack(list(vectors), out=self._buffer)
-        finally:
-            torch.set_num_threads(threads)
 
 
 def info_scalars(info: Any) -> dict[str, float]:

@@ -67,6 +67,8 @@ from bayesadmm.algorithms.base import (
     PointEstimate,
     ServerInfo,
     TrainingInfo,
+    add_changes,
+    change_reply,
     merge_replies,
 )
 from bayesadmm.algorithms.fedavg import LR_SPACE
@@ -229,7 +231,7 @@ def make(
         if incremental:  # the change of the client's site (N_k/δ) ṽ_k, and whether the server counts it yet
             weight = sizes[state.client_id] / delta
             change = weight * dual.to(torch.float64) - weight * state.dual.to(torch.float64)
-            reply = {"change": change, "first": torch.tensor(float(state.theta is None), dtype=torch.float64)}
+            reply = change_reply(change, state.theta is None)
         return ClientState(state.client_id, dual, theta), reply, TrainingInfo(steps)
 
     local = LocalStep(solver, prepare, finish)
@@ -245,13 +247,10 @@ def make(
     def running_update(server: RunningServerState, replies: Mapping[int, Message]):
         """`server_update` on the running sum: the work is over the replies only."""
         check_known(name, sizes, replies)
-        total = server.total
-        for k in sorted(replies):
-            total = total + replies[k]["change"]
+        total, count = add_changes(server.total, server.clients, replies)
         theta = total.to(server.theta.dtype)
         if not torch.isfinite(theta).all():
             raise DivergenceError(f"{name}: the server parameters are not finite")
-        count = server.clients + sum(int(replies[k]["first"]) for k in replies)
         return RunningServerState(theta, server.theta0, total, count), ServerInfo(count)
 
     def posterior(server: ServerState | RunningServerState) -> PointEstimate:

@@ -40,10 +40,11 @@ from torch import Tensor
 from bayesadmm.algorithms.base import Algorithm, CohortSolver, LocalStep, Message, info_scalars, trains_in_cohorts
 from bayesadmm.engine.federation import participants
 from bayesadmm.engine.policy import cohort_blocks, default_workers, round_cohorts, usable_cores
-from bayesadmm.engine.runners import LocalClients, one_thread
+from bayesadmm.engine.runners import LocalClients
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.store import StoreSpec
 from bayesadmm.solvers.cohort import ClientRows, Workspace, client_rows
+from bayesadmm.threads import one_thread
 
 # clients per batched computation: bounds the memory of the stacked states (about 10 model-sized vectors per client
 # for IVON); in benchmarks/cohort.py cohorts of 64 were faster than of 256 at 100 and 1000 clients on a CPU (and 32

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
-
-import torch
 
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
 from bayesadmm.engine.rundir import SHARD_NAME, SHARDS, RunDirError, load_state, real_folder, save_state, shard_path
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.store import DiskStore, MemoryStore, StoreSpec, make_store, read_block
+from bayesadmm.threads import one_thread
 
 __all__ = [
     "ClientRunner",
@@ -39,22 +37,6 @@ __all__ = [
     "read_shard",
     "SHARDS",
 ]
-
-
-@contextmanager
-def one_thread():
-    """torch on one intra-op thread inside the block (the caller's setting is restored after). Entering it costs
-    nothing when torch already runs on one thread; switching the count costs milliseconds (the thread pool restarts),
-    so loops over clients enter it once, not per client."""
-    threads = torch.get_num_threads()
-    if threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def train_client(

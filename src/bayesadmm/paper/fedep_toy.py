@@ -28,6 +28,7 @@ from bayesadmm.engine.simulate import run_rounds
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.paper.common import format_table, write_json
 from bayesadmm.solvers.ep_inference import ExactGaussian, GaussianLikelihood
+from bayesadmm.threads import one_thread
 
 NU, LAMBDA, DIM = 7, 0.2, 2
 PAPER = {"fedavg": (0.54, 0.47), "fedpa": (0.26, 0.26), "fedep": (1.1e-7, 9.8e-8)}
@@ -109,12 +110,8 @@ def _stats(values: list[float]) -> list[float]:
 
 def run(out: Path, rounds: int = 50, data_dir: str | None = None, pairs: int = 200, seed: int = 0) -> dict:
     """Run the toy, write fedep_toy.json, fedep_toy_fig1.png and fedep_toy_fig4.png to `out`, return the payload."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # 2×2 linear algebra: threading only adds overhead (10× on a busy machine)
-    try:
+    with one_thread():  # 2×2 linear algebra: threading only adds overhead (10× on a busy machine)
         return _run(Path(out), rounds, pairs, seed)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(out: Path, rounds: int, pairs: int, seed: int) -> dict:

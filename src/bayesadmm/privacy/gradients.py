@@ -40,11 +40,7 @@ def per_example_gradients(data: Any, theta: Tensor, idx: Tensor) -> Tensor:
     example at a time through the data's `batch_grad` or autograd."""
     nll_grad = getattr(getattr(data, "likelihood", None), "nll_grad", None)
     if nll_grad is not None and getattr(getattr(data, "model", None), "written_out_backward", False):
-        model = data.model
-        x, y = take_rows(data.X, idx).unsqueeze(1), take_rows(data.y, idx).unsqueeze(1)
-        thetas = theta.detach().unsqueeze(0).expand(idx.numel(), -1).contiguous()
-        one = functools.partial(scaled_nll_grad, nll_grad, 1.0)
-        return model.batched_gradients(thetas, x, data.likelihood.mean_nll, y, loss_grad=one)
+        return _example_rows(data, theta.detach()[None], idx.reshape(1, -1), take_rows(data.y, idx)[None])
     rows = []
     for i in idx.reshape(-1):
         if hasattr(data, "batch_grad"):
@@ -130,8 +126,9 @@ class PrivateCohortGradients:
 
 
 def _example_rows(data: Any, thetas: Tensor, rows: Tensor, targets: Tensor) -> Tensor:
-    """(A·b, d): the gradient of each example of `rows` (A, b) at its client's θ (thetas (A, d)), by the model's
-    `batched_gradients` with one example per row."""
+    """(A·b, d): the gradient of each example of `rows` (A, b) of `data.X` (targets (A, b, ...)) at its client's θ
+    (thetas (A, d)), by the model's `batched_gradients` with one example per row (a client's minibatch, or a
+    cohort's)."""
     active, width = rows.shape
     x = take_rows(data.X, rows.reshape(-1)).unsqueeze(1)
     y = targets.reshape(active * width, 1, *targets.shape[2:])
