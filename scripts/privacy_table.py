@@ -59,7 +59,25 @@ def row(root: Path, name: str, method: str, dp: str, at: int | None) -> str | No
     return f"| {method} | {dp} | {spent} | {sigma} | {state} | {values} | {median_precision(run)} |"
 
 
+def client_sizes(root: Path) -> str:
+    """The smallest and largest client of the runs' federation (the first run's partition.json)."""
+    for partition in sorted(root.glob("*/partition.json")):
+        sizes = [len(ids) for ids in json.loads(partition.read_text())["clients"]]
+        return f"{len(sizes)} clients of {min(sizes)} to {max(sizes)} examples"
+    return "no partition.json"
+
+
+def median_norms(root: Path) -> str:
+    """`dp_median_norm` of round 1 of the runs without noise (the *-norms folders): the clips' scale."""
+    found = []
+    for run in sorted(root.glob("*-norms")):
+        first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+        found.append(f"{run.name.removesuffix('-norms')} {first['dp_median_norm']:.3g}")
+    return "median update norm in round 1 without noise: " + (", ".join(found) or "no *-norms runs")
+
+
 def main(root: Path, levels: list[str]) -> None:
+    print(f"{client_sizes(root)}; {median_norms(root)}\n")
     for level in levels:
         title, runs = TABLES[level]
         print(f"{title}:\n\n{HEADER}")
