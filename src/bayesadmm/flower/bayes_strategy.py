@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from logging import INFO, WARNING
@@ -215,8 +216,19 @@ class BayesStrategy(Strategy):
                 self.log(f"round {server_round}: node {reply.metadata.src_node_id} could not evaluate: "
                          f"{reply.error.reason}", WARNING)  # fmt: skip
                 continue
-            metrics = records.get_record(reply.content, "metrics", MetricRecord)
-            found.append({key: float(records.number(value, key)) for key, value in metrics.items()})
+            try:  # a reply is data from another machine: one that does not decode to finite numbers is left out
+                metrics = records.get_record(reply.content, "metrics", MetricRecord)
+                scores = {key: float(records.number(value, key)) for key, value in metrics.items()}
+                bad = next((key for key, value in scores.items() if not math.isfinite(value)), None)
+                if bad is None and scores.get(p.NUM_EXAMPLES, 1.0) <= 0:  # a weight
+                    bad = p.NUM_EXAMPLES
+                if bad is not None:
+                    raise records.RecordError(f"metric {bad!r} is {scores[bad]}")
+            except (records.RecordError, KeyError) as exc:
+                self.log(f"round {server_round}: node {reply.metadata.src_node_id} sent an evaluation that is "
+                         f"refused: {exc}", WARNING)  # fmt: skip
+                continue
+            found.append(scores)
         if not found:
             return None
         weights = np.array([m.get(p.NUM_EXAMPLES, 1.0) for m in found])

@@ -37,7 +37,7 @@ from flwr.serverapp import Grid
 from bayesadmm.algorithms.base import Algorithm, DivergenceError
 from bayesadmm.engine.workers import checkpointed_states
 from bayesadmm.flower import protocol as p
-from bayesadmm.flower import records
+from bayesadmm.flower import records, reply_checks
 from bayesadmm.flower.app_config import Timeouts
 
 Log = Callable[..., None]
@@ -86,10 +86,22 @@ def query(
         if reply.has_error():
             log(f"node {node_id} cannot take part: {reply.error.reason}", WARNING)
             continue
-        metrics = records.get_record(reply.content, "metrics", MetricRecord)
-        total = records.int_entry(metrics, p.NUM_PARTITIONS) if p.NUM_PARTITIONS in metrics else 0
-        found[node_id] = (records.int_entry(metrics, p.PARTITION_ID), records.int_entry(metrics, p.NUM_EXAMPLES), total)
+        try:  # an answer is data from another machine: one that does not decode is refused, and the run goes on
+            found[node_id] = _holding(reply)
+        except (records.RecordError, KeyError) as exc:
+            why = f"it has no {exc}" if isinstance(exc, KeyError) else str(exc)
+            log(f"node {node_id} cannot take part: its answer is refused: {why}", WARNING)
     return found
+
+
+def _holding(reply: Message) -> tuple[int, int, int]:
+    """(client id, number of examples, number of clients or 0) of a node's answer to a query, each checked."""
+    metrics = records.get_record(reply.content, "metrics", MetricRecord)
+    k, size = records.int_entry(metrics, p.PARTITION_ID), records.int_entry(metrics, p.NUM_EXAMPLES)
+    total = records.int_entry(metrics, p.NUM_PARTITIONS) if p.NUM_PARTITIONS in metrics else 0
+    if k < 0 or size < 1 or total < 0 or (total and k >= total):
+        raise records.RecordError(f"{p.PARTITION_ID}={k}, {p.NUM_EXAMPLES}={size}, {p.NUM_PARTITIONS}={total}")
+    return k, size, total
 
 
 def discover(
@@ -111,6 +123,9 @@ def discover(
         asked.update(fresh)
         for node_id, (k, size, total) in answers.items():
             clients = clients or total or None
+            if clients is not None and k >= clients:
+                log(f"node {node_id} claims client {k}, but the run has {clients} clients: refused", WARNING)
+                continue
             if claim(nodes, k, node_id, log):
                 sizes[k] = size
     return dict(sorted(nodes.items())), dict(sorted(sizes.items())), asked
@@ -157,6 +172,7 @@ class FlowerClients:
         self._versions: dict[int, str] = {}
         self._held: dict[int, tuple[int, str]] = {}  # client → (node, version) the server knows that node holds
         self._lost: set[int] = set()
+        self._reference = reply_checks.Reference()  # the layouts of the replies accepted so far (`reply_checks`)
         self._offline: set[int] = set()  # lost clients whose node the SuperLink said was gone
         self._run = uuid.uuid4().hex[:8]  # versions of this server process differ from any a node kept before
         self.last_info: dict[int, dict[str, float]] = {}
@@ -267,7 +283,8 @@ class FlowerClients:
             self.log(f"round {round_}: clients {sorted(again)} get their state from the server")
             retry = {k: self._message(k, round_, self._arrays, True) for k in again}
             answers.update(exchange(self.grid, retry, set(again), self.timeouts.round, self.timeouts.poll))
-        replies, self.last_info = {}, {}
+        decoded: dict[int, tuple[dict, Any, dict[str, float]]] = {}
+        refused: dict[int, str] = {}
         for k in chosen:
             if k not in answers:
                 continue
@@ -277,21 +294,32 @@ class FlowerClients:
                 continue
             metrics = _metrics(answer)
             if metrics.get(p.BREAKDOWN):
-                error = records.str_entry(records.get_record(answer.content, "config", ConfigRecord), "error")
-                raise DivergenceError(f"client {k}: {error}")
+                raise DivergenceError(f"client {k}: {_breakdown(answer)}")
             if metrics.get(p.NEED_STATE):
                 continue
             try:  # a reply is data from another machine: one that does not decode is refused, not trusted
+                metrics = records.get_record(answer.content, "metrics", MetricRecord)
                 reply = records.record_to_message(
                     records.get_record(answer.content, "arrays", ArrayRecord), self.device
                 )
                 state = records.load_state(answer.content, self.device)
                 info = {key: float(records.number(v, key)) for key, v in metrics.items() if key not in p.OWN_METRICS}
             except (records.RecordError, KeyError) as exc:
-                self.log(
-                    f"round {round_}: client {k} (node {self.nodes[k]}) sent a reply that is refused: {exc}", WARNING
-                )
+                refused[k] = f"it has no record {exc}" if isinstance(exc, KeyError) else str(exc)
                 continue
+            decoded[k] = (reply, state, info)
+        # one that decodes to what the method cannot take (arrays missing, mis-shaped, of another dtype, not finite)
+        refused.update(reply_checks.refusals(decoded, self._states, self._reference))
+        replies, self.last_info = {}, {}
+        for k in chosen:
+            if k in refused:
+                self.log(f"round {round_}: client {k} (node {self.nodes[k]}) sent a reply that is refused: "
+                         f"{refused[k]}", WARNING)  # fmt: skip
+                continue
+            if k not in decoded:
+                continue
+            reply, state, info = decoded[k]
+            self._reference.accepted(k, reply)
             replies[k], self._states[k] = reply, state
             self._versions[k] = f"{self._run}:{round_}"
             self._held[k] = (self.nodes[k], self._versions[k])
@@ -302,7 +330,10 @@ class FlowerClients:
                 on_done(k)
         self._log_absent(round_, chosen, replies, answers, self._connected)
         if not replies:
-            raise RuntimeError(f"round {round_}: no client replied (flower.log says why)")
+            why = "; ".join(f"client {k}: {refused[k]}" for k in sorted(refused)[:3])
+            raise RuntimeError(
+                f"round {round_}: no client replied " + (f"validly ({why})" if why else "(flower.log says why)")
+            )
         if len(replies) < len(chosen):
             self.log(f"round {round_}: server update with the {len(replies)} replies of clients {sorted(replies)}")
         return replies
@@ -327,7 +358,17 @@ class FlowerClients:
 
 
 def _metrics(message: Message) -> MetricRecord:
-    return records.get_record(message.content, "metrics", MetricRecord)
+    """The reply's metrics record; an empty one where it has none or another kind of record (its decoding, in
+    `FlowerClients.inbox`, then refuses it)."""
+    found = message.content.get("metrics")
+    return found if isinstance(found, MetricRecord) else MetricRecord()
+
+
+def _breakdown(message: Message) -> str:
+    """What a node reports of its client update's numerical breakdown (its config's "error")."""
+    config = message.content.get("config")
+    error = config.get("error") if isinstance(config, ConfigRecord) else None
+    return error if isinstance(error, str) else "a numerical breakdown of its update"
 
 
 __all__ = ["FlowerClients", "claim", "discover", "exchange", "query", "INFO"]

@@ -73,10 +73,12 @@ def strategy_of(run: FlowerRun) -> BayesStrategy:
     else:
 
         def federation_of(sizes: Mapping[int, int], initial: object) -> Federation:
-            missing = sorted(set(range(run.clients or max(sizes, default=-1) + 1)) - set(sizes))
-            if missing:
+            absent = (run.clients or max(sizes, default=-1) + 1) - len(sizes)  # ids are below it (`discover`)
+            if absent > 0:
+                missing = [k for k in range(len(sizes) + 10) if k not in sizes][:absent]  # the first of them
+                more = f" ({absent} in all)" if absent > len(missing) else ""
                 raise RuntimeError(
-                    f"after {run.timeouts.discovery:g} s no SuperNode holds client(s) {missing}; start them "
+                    f"after {run.timeouts.discovery:g} s no SuperNode holds client(s) {missing}{more}; start them "
                     f'(--node-config "partition-id=K data=PATH") or raise discovery-timeout'
                 )
             return user_federation(run, sizes)
