@@ -187,3 +187,28 @@ def test_a_private_strategy_gives_bayesadmm_runs_numbers_and_epsilon_and_stops_o
     assert status["status"] == local.status
     if level == "client":
         assert status["status"] == "budget" and len(flower) == 3
+
+
+@pytest.mark.parametrize("entry, said", [
+    ({"clients": -3}, "run config key clients: the number of SuperNodes (0: as their num-partitions says), got -3"),
+    ({"clients": "3"}, "run config key clients: the number of SuperNodes"),
+    ({"num-server-rounds": -1}, "run config key num-server-rounds must be an integer >= 1"),
+    ({"fraction-train": 1.5}, "run config key fraction-train must be in (0, 1]"),
+    ({"fraction-evaluate": -0.5}, "run config key fraction-evaluate=-0.5 must be in [0, 1]"),
+    ({"eval-samples": 0}, "run config key eval-samples must be an integer >= 1"),
+    ({"stop-at": -1}, "run config key stop-at must be an integer >= 0"),
+    ({"checkpoint-every": 0}, "run config key checkpoint-every must be an integer >= 1"),
+    ({"seed": -2}, "run config key seed must be an integer >= 0"),
+    ({"dp": "client", "dp-noise": 1.0, "dp-clip": "big"}, "run config key dp-clip: a number, got 'big'"),
+])
+def test_a_bad_number_in_a_run_config_is_refused_naming_its_key(tmp_path, entry, said):
+    """Before anything is written or any node is asked (`clients = -3` once waited for no node and then said that
+    none answered)."""
+    run_config = {"method": "fedavg", "fedavg.lr": 0.01, "fedavg.epochs": 1, "fedavg.batch-size": 8,
+                  "out": str(tmp_path / "run"), **entry}
+    with pytest.raises(ValueError) as refused:
+        strategy_from_config(run_config, model=user_app.make_model())
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="clients must be the number of SuperNodes to wait for"):
+        strategy("fedavg", model=user_app.make_model(), clients=0, **FEDAVG)

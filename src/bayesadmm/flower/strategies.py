@@ -16,6 +16,7 @@ Any other key of the run config is your app's own (a batch size, a data path) an
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
@@ -88,6 +89,8 @@ def strategy(
     compiled ("on"), eager ("off") or where the run's local steps make it pay ("auto"), decided alike on every node."""
     spec = get(method)
     record = spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on nodes
+    if clients is not None and (isinstance(clients, bool) or not isinstance(clients, int) or clients < 1):
+        raise ValueError(f"clients must be the number of SuperNodes to wait for (>= 1) or None, got {clients!r}")
     likelihood = likelihood if likelihood is not None else Classification()
     settings = Settings(
         rounds=rounds, seed=seed, participation=fraction_train, eval_samples=eval_samples, device=device,
@@ -145,17 +148,45 @@ def strategy_from_config(
                 raise ValueError(f"run config key {key}: {method} has no hyperparameter {name}; valid: {sorted(names)}")
             hparams[name] = value
     found = {CONFIG_KEYS[k]: v for k, v in run_config.items() if k in CONFIG_KEYS and v != ""}
-    if "clients" in found and not found["clients"]:
-        found.pop("clients")  # 0: as many as the nodes' num-partitions says
+    if "clients" in found:
+        clients = found.pop("clients")
+        if isinstance(clients, bool) or not isinstance(clients, int) or clients < 0:
+            raise ValueError(f"run config key clients: the number of SuperNodes (0: as their num-partitions says), "
+                             f"got {clients!r}")  # fmt: skip
+        if clients:
+            found["clients"] = clients
     if run_config.get("dp"):
         found["dp"] = DPSettings(
             level=str(run_config["dp"]),
-            clip=float(run_config.get("dp-clip", 1.0)),
-            noise_multiplier=float(run_config["dp-noise"]) if run_config.get("dp-noise") else None,
-            epsilon=float(run_config["dp-epsilon"]) if run_config.get("dp-epsilon") else None,
-            delta=float(run_config.get("dp-delta", 1e-5)),
+            clip=_number(run_config, "dp-clip", 1.0),
+            noise_multiplier=_number(run_config, "dp-noise", None),
+            epsilon=_number(run_config, "dp-epsilon", None),
+            delta=_number(run_config, "dp-delta", 1e-5),
         )
-    return strategy(method, model=model, **{**found, **hparams, **arguments})
+    try:
+        return strategy(method, model=model, **{**found, **hparams, **arguments})
+    except ValueError as exc:  # the settings' names as the run config spells them
+        raise ValueError(_as_spelt(str(exc))) from None
+
+
+def _as_spelt(text: str) -> str:
+    """An error of `strategy` (or of `Settings`, which names `participation`) with each key that begins one of its
+    parts (parts are joined by "; ") named as the run config spells it: ``rounds must ...`` → ``run config key
+    num-server-rounds must ...``."""
+    spelt = {ours: theirs for theirs, ours in CONFIG_KEYS.items()} | {"participation": "fraction-train"}
+    keys = "|".join(sorted(spelt, key=len, reverse=True))
+    return re.sub(rf"(?:^|(?<=; ))({keys})(?= must|=)", lambda m: f"run config key {spelt[m[1]]}", text)
+
+
+def _number(run_config: Mapping[str, Any], key: str, default: float | None) -> float | None:
+    """run_config[key] as a float (absent, "" or 0 where the default is None: the default); a ValueError naming
+    the key for anything else."""
+    value = run_config.get(key, default)
+    if value in ("", None) or (default is None and value == 0):
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"run config key {key}: a number, got {value!r}")
+    return float(value)
 
 
 def _spelt(likelihood: Likelihood) -> str:
