@@ -156,12 +156,14 @@ def strategy_from_config(
         if clients:
             found["clients"] = clients
     if run_config.get("dp"):
+        keys = ("dp-clip", "dp-noise", "dp-epsilon", "dp-delta")
+        clip, noise, epsilon, delta = (_number(run_config, key) for key in keys)
         found["dp"] = DPSettings(
             level=str(run_config["dp"]),
-            clip=_number(run_config, "dp-clip", 1.0),
-            noise_multiplier=_number(run_config, "dp-noise", None),
-            epsilon=_number(run_config, "dp-epsilon", None),
-            delta=_number(run_config, "dp-delta", 1e-5),
+            clip=1.0 if clip is None else clip,
+            noise_multiplier=noise or None,  # 0: calibrated to spend dp-epsilon
+            epsilon=epsilon or None,
+            delta=1e-5 if delta is None else delta,
         )
     try:
         return strategy(method, model=model, **{**found, **hparams, **arguments})
@@ -178,12 +180,11 @@ def _as_spelt(text: str) -> str:
     return re.sub(rf"(?:^|(?<=; ))({keys})(?= must|=)", lambda m: f"run config key {spelt[m[1]]}", text)
 
 
-def _number(run_config: Mapping[str, Any], key: str, default: float | None) -> float | None:
-    """run_config[key] as a float (absent, "" or 0 where the default is None: the default); a ValueError naming
-    the key for anything else."""
-    value = run_config.get(key, default)
-    if value in ("", None) or (default is None and value == 0):
-        return default
+def _number(run_config: Mapping[str, Any], key: str) -> float | None:
+    """run_config[key] as a float, None where it is absent or ""; a ValueError naming the key for a non-number."""
+    value = run_config.get(key, "")
+    if value == "":
+        return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"run config key {key}: a number, got {value!r}")
     return float(value)
