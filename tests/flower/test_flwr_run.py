@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -23,13 +24,21 @@ ROOT = Path(__file__).resolve().parents[2]
 FLWR = Path(sys.executable).parent / "flwr"
 
 
-def _flwr_run(app: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def _flwr_run(app: Path, cwd: Path, *args: str, then: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`flwr run APP --stream ARGS`; `then`: a flwr command run after it on the same local SuperLink (`{run}` in
+    it: the run's id), whose output is appended to the result's stdout."""
     home = cwd / "flwr-home"
     env = {**os.environ, "FLWR_HOME": str(home), "PATH": f"{FLWR.parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("VIRTUAL_ENV", None)
     try:
-        return subprocess.run([str(FLWR), "run", str(app), "--stream", *args], cwd=cwd, env=env, capture_output=True,
+        done = subprocess.run([str(FLWR), "run", str(app), "--stream", *args], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=400)
+        if then:
+            run = re.search(r"Successfully started run (\d+)", done.stdout + done.stderr)[1]
+            after = subprocess.run([str(FLWR), *(a.replace("{run}", run) for a in then)], cwd=cwd, env=env,
+                                   capture_output=True, text=True, timeout=60)
+            done.stdout += after.stdout
+        return done
     finally:
         _stop_local_superlink(home)
 
@@ -86,3 +95,23 @@ def test_flwr_run_of_the_own_model_example_works_out_of_the_box(tmp_path):
     run_dir = tmp_path / "runs" / "example"
     assert _status(run_dir) == "completed", (run_dir / "flower.log").read_text()
     assert "ens_test_acc" in (run_dir / "metrics.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_a_failed_serverapp_says_why_in_one_line_and_flwr_ls_shows_the_run_failed(tmp_path):
+    """`flwr run` exits 0 whatever its ServerApp does (flwr 1.42: it only starts the run and streams its log), so
+    docs/deploy.md says how to see that it failed: the log's one-line reason, before Flower's traceback, and `flwr
+    ls --run-id` ("finished:failed", with the reason). Here `out=` holds a run already: refused before any node is
+    asked, and that run's files are left as they were."""
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "status.json").write_text(json.dumps({"status": "completed", "round": 3}))
+    done = _flwr_run(ROOT / "flower_app", tmp_path, "--run-config", f'out="{taken}"',
+                     then=("ls", "--run-id", "{run}", "--format", "json"))
+    assert done.returncode == 0   # Flower's, not the run's
+    log = done.stdout + done.stderr
+    said = "bayesadmm: the run failed: RunDirError: " + f"{taken} holds a run already (status completed at round 3)"
+    assert said in log and log.index(said) < log.index("Traceback"), log[-3000:]
+    (listed,) = json.loads(done.stdout[done.stdout.index('{\n  "success"'):])["runs"]
+    assert listed["status"] == "finished:failed" and "holds a run already" in listed["status-details"]
+    assert json.loads((taken / "status.json").read_text()) == {"status": "completed", "round": 3}

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import bayesadmm
 from bayesadmm.algorithms import spec
+from bayesadmm.engine.rundir import RunDirError
 from bayesadmm.flower import client, strategy, strategy_from_config
 
 QUICK = {"fedlap-func": {"server_iterations": 20}}  # the example's server solve takes minutes on the toy model
@@ -212,3 +213,22 @@ def test_a_bad_number_in_a_run_config_is_refused_naming_its_key(tmp_path, entry,
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="clients must be the number of SuperNodes to wait for"):
         strategy("fedavg", model=user_app.make_model(), clients=0, **FEDAVG)
+
+
+def test_an_out_that_holds_a_run_is_refused_before_any_node_is_asked_and_the_log_says_why_in_one_line(data, tmp_path):
+    parts, test = data
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "status.json").write_text(json.dumps({"status": "completed", "round": 3}))
+    model = user_app.make_model()
+    grid = LoopbackGrid(_user_client_app(parts, test), len(parts))
+    asked = []
+    grid.push_messages = lambda messages: asked.extend(messages) or []
+    s = strategy("fedavg", model=model, rounds=2, out=out, fraction_evaluate=0.0, **FEDAVG)
+    with pytest.raises(RunDirError, match="holds a run already"):
+        s.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()))
+    assert asked == []
+    (said,) = [line for line in (out / "flower.log").read_text().splitlines() if "failed" in line]
+    assert said.endswith(f"the run failed: RunDirError: {out} holds a run already (status completed at round 3); "
+                         "choose another out=, resume it, or overwrite it (--overwrite, or overwrite=True)")
+    assert json.loads((out / "status.json").read_text()) == {"status": "completed", "round": 3}

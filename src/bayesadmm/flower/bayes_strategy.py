@@ -32,7 +32,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from torch import Tensor
 from bayesadmm.engine.federation import BREAKDOWNS, Federation
 from bayesadmm.engine.history import append_line
 from bayesadmm.engine.run import Run
-from bayesadmm.engine.rundir import locked
+from bayesadmm.engine.rundir import locked, prepare_fresh
 from bayesadmm.engine.settings import Settings
 from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records
@@ -124,14 +124,20 @@ class BayesStrategy(Strategy):
         run ends. `timeout` (default: the strategy's round timeout) bounds each round's wait; a round waits for
         clients that missed an earlier one only while others are still answering (`runner.exchange`)."""
         rounds = self.settings.rounds
-        if num_rounds is not None and num_rounds != rounds:
-            raise ValueError(f"num_rounds={num_rounds}, but the strategy was made for {rounds} (num-server-rounds)")
-        with self._stack:  # an exception reaches the run's guard, which records it as the run's final status
-            last = self.settings.last_round  # stop_at: Flower's loop ends there, the run stops resumably
-            wait = self.timeouts.round if timeout is None else timeout
-            patient: Any = _RoundGrid(grid, self)  # a Grid by delegation
-            arrays = initial_arrays or ArrayRecord()
-            return super().start(patient, arrays, last, wait, train_config, evaluate_config, evaluate_fn)
+        try:
+            if num_rounds is not None and num_rounds != rounds:
+                raise ValueError(f"num_rounds={num_rounds}, but the strategy was made for {rounds} (num-server-rounds)")
+            with self._stack:  # an exception reaches the run's guard, which records it as the run's final status
+                last = self.settings.last_round  # stop_at: Flower's loop ends there, the run stops resumably
+                wait = self.timeouts.round if timeout is None else timeout
+                patient: Any = _RoundGrid(grid, self)  # a Grid by delegation
+                arrays = initial_arrays or ArrayRecord()
+                return super().start(patient, arrays, last, wait, train_config, evaluate_config, evaluate_fn)
+        except Exception as exc:
+            # the reason in one line, before the traceback Flower logs; `flwr run` exits 0 whatever the ServerApp
+            # does (flwr 1.42), `flwr ls` shows the run "finished:failed" with this reason (docs/deploy.md)
+            self.log(f"the run failed: {one_line(exc)}", ERROR)
+            raise
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -251,6 +257,8 @@ class BayesStrategy(Strategy):
         if self.run is not None and self.clients is not None:
             return self.run, self.clients
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self.resume and not self.overwrite:
+            prepare_fresh(self.run_dir, overwrite=False)  # a run there already: refused before any node is asked
         self._text = json.dumps(self.setup, sort_keys=True)
         nodes, sizes, asked = discover(grid, self._text, self.clients_expected, self.timeouts, self.log)
         if not nodes:
@@ -313,6 +321,12 @@ class _RoundGrid:
         poll = self.strategy.timeouts.poll
         wait = self.strategy.timeouts.round if timeout is None else timeout
         return list(exchange(self.grid, keyed, wait_for, wait, poll).values())
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _named(arrays: ArrayRecord) -> dict[str, Tensor] | None:

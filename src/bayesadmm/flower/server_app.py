@@ -14,10 +14,11 @@ uninterrupted run: the checkpoint holds the server's copy of every client state,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from logging import WARNING
+from logging import ERROR, WARNING
 from pathlib import Path
 
 from flwr.app import Context
+from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
 from bayesadmm.engine.federation import Federation
@@ -33,7 +34,7 @@ from bayesadmm.flower.app_config import (
     preset_run,
     user_federation,
 )
-from bayesadmm.flower.bayes_strategy import BayesStrategy
+from bayesadmm.flower.bayes_strategy import BayesStrategy, one_line
 from bayesadmm.flower.runlog import RunLog
 
 __all__ = ["Timeouts", "run_server", "make_server_app", "config_from_run_config", "strategy_of", "app"]
@@ -108,9 +109,20 @@ def make_server_app(run: FlowerRun | RunConfig | None = None, timeouts: Timeouts
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        chosen = flower_run(dict(context.run_config)) if run is None else run
-        result = run_server(grid, chosen, timeouts)
+        # a failure is logged in one line before Flower's traceback (the strategy logs its own), and raised, so
+        # that Flower records the run "finished:failed" (`flwr ls`); `flwr run` exits 0 whatever happens here
+        try:
+            chosen = flower_run(dict(context.run_config)) if run is None else run
+            if isinstance(chosen, RunConfig):
+                chosen = preset_run(chosen, timeouts)
+            strategy = strategy_of(chosen)
+        except Exception as exc:
+            flwr_log(ERROR, "bayesadmm: the run cannot start: %s", one_line(exc))
+            raise
+        strategy.start(grid)
+        result = strategy.result
         if result.exit_code != EXIT_OK:
+            strategy.log(f"the run ended {result.status}: {result.message}", ERROR)
             raise RuntimeError(f"run {result.status}: {result.message}")
 
     return app
