@@ -119,6 +119,38 @@ def test_a_stopped_flower_run_resumes_with_the_numbers_of_an_uninterrupted_one(d
     assert "get their state from the server" not in (out / "flower.log").read_text()   # sent with the first message
 
 
+def test_a_run_config_resume_may_move_the_run_directory_and_change_the_device_and_timeouts(deployment, tmp_path):
+    """Only out (where the directory is now), stop-at, the timeouts and the device may differ from flower.json; an
+    app's default "" (device) keeps the run's own."""
+    import json
+    import shutil
+
+    parts, test, files, eval_file = deployment
+    whole = run_server(_grid(files, eval_file), flower_run(_app_config(tmp_path, eval_file, tmp_path / "whole")))
+    before = tmp_path / "before"
+    first = run_server(_grid(files, eval_file), flower_run(_app_config(tmp_path, eval_file, before, **{"stop-at": 1})))
+    assert whole.status == "completed" and first.status == "stopped"
+    moved = tmp_path / "moved"
+    shutil.move(before, moved)
+    again = {"out": str(moved), "resume": True, "device": "cpu:0", "round-timeout": 20.0, "stop-at": 2}
+    assert run_server(_grid(files, eval_file), flower_run(again)).status == "stopped"
+    from bayesadmm.flower.app_config import _resumed
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "flower.json").write_text(json.dumps({"model": "m:f", "device": "cuda", "out": "/elsewhere"}))
+    assert _resumed({"out": str(kept), "device": ""}) == {"model": "m:f", "device": "cuda", "out": str(kept),
+                                                          "stop-at": 0, "resume": True}   # "": the run's own
+    assert _resumed({"out": str(kept), "device": "cpu"})["device"] == "cpu"
+    resumed = run_server(_grid(files, eval_file), flower_run({"out": str(moved), "resume": True}))
+    assert resumed.status == "completed" and [line["round"] for line in lines(moved)] == [1, 2, 3]
+    assert not before.exists()
+    assert_same_metrics(lines(tmp_path / "whole"), lines(moved), tol=0.0)
+    (moved / "flower.json").write_text(json.dumps(["not", "a", "table"]))
+    with pytest.raises(ValueError, match="flower.json is not a Flower run's configuration"):
+        flower_run({"out": str(moved), "resume": True})
+
+
 USER = {"algorithm": "user_app:make_algorithm", "hparams": "lr=0.2 steps=3"}
 
 

@@ -232,3 +232,30 @@ def test_an_out_that_holds_a_run_is_refused_before_any_node_is_asked_and_the_log
     assert said.endswith(f"the run failed: RunDirError: {out} holds a run already (status completed at round 3); "
                          "choose another out=, resume it, or overwrite it (--overwrite, or overwrite=True)")
     assert json.loads((out / "status.json").read_text()) == {"status": "completed", "round": 3}
+
+
+def test_a_strategy_resumes_with_what_a_resume_may_change_changed(data, tmp_path):
+    """docs/reliability.md: a resume may change the folder, the checkpoint interval, stop_at and the device (the
+    strategy has no data folder, workers, trackers or client store: its clients are the nodes). The run directory
+    moved, then resumed with another checkpoint interval, device spelling, round timeout and stop_at, then to the end:
+    the numbers of an uninterrupted run."""
+    import shutil
+
+    from bayesadmm.flower.app_config import Timeouts
+
+    parts, test = data
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    options = dict(model=model, rounds=3, seed=7, eval_samples=4, dtype="float64", eval_data=test,
+                   fraction_evaluate=0.0, **IVON)
+    _start(strategy("ivon-admm", stop_at=1, out=tmp_path / "before", **options), parts, test, model)
+    moved = tmp_path / "moved"
+    shutil.move(tmp_path / "before", moved)
+    _start(strategy("ivon-admm", resume=True, out=moved, stop_at=2, checkpoint_every=2, device="cpu:0",
+                    timeouts=Timeouts(discovery=30, round=30), **options), parts, test, model)
+    assert json.loads((moved / "status.json").read_text())["status"] == "stopped"
+    _start(strategy("ivon-admm", resume=True, out=moved, **options), parts, test, model)
+    assert json.loads((moved / "status.json").read_text())["status"] == "completed"
+    assert not (tmp_path / "before").exists()
+    local = _local(parts, test, tmp_path / "local", "ivon-admm", IVON)
+    assert_same_metrics(local.history, lines(moved), tol=1e-9)

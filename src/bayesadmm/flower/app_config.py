@@ -38,7 +38,9 @@ from bayesadmm.models import FlatModel
 from bayesadmm.userdata import as_tensors, check_data
 
 APP_CONFIG = "flower.json"  # in the run directory: the run config a resume starts from
-_TUNABLE = ("stop-at", "round-timeout", "discovery-timeout")  # what a resume may change
+# what a resume may change besides out (the run directory, wherever it is now): given and not "" (an app's default
+# "" keeps the run's own)
+_TUNABLE = ("stop-at", "round-timeout", "discovery-timeout", "device")
 # every key of a run config (a preset's: scenario, overrides; your model's: model ... eval-data; both: the rest)
 KEYS = {
     *("scenario", "overrides", "model", "algorithm", "hparams", "likelihood", "clients", "rounds", "seed"),
@@ -112,7 +114,8 @@ def preset_run(config: RunConfig, timeouts: Timeouts | None = None, resume: bool
 
 def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
     """The run a `flwr run` run config describes; ``resume = true`` continues the run in ``out`` with the run config
-    it was started with (only stop-at and the timeouts may change). Errors name the key and the fix."""
+    it was started with (only out, stop-at, the timeouts and the device may change). Errors name the key and the
+    fix."""
     run_config = dict(run_config)
     unknown = sorted(k for k in set(run_config) - KEYS if "." not in k)  # METHOD.NAME: a hyperparameter
     if unknown:
@@ -155,22 +158,28 @@ def _our_spelling(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _resumed(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The run config a run in ``out`` was started with (flower.json), with this one's stop-at and timeouts."""
+    """The run config a run in ``out`` was started with (flower.json), in ``out`` (the run directory may have been
+    moved since), with this one's stop-at, timeouts and device where it gives them."""
     out = str(run_config.get("out") or "")
     path = Path(out) / APP_CONFIG
     if not out or not path.exists():
         raise ValueError(
             f"resume=true needs out= naming a Flower run directory with {APP_CONFIG}; found none at {path}"
         )
-    saved = json.loads(path.read_text())
-    tuned = {k: run_config[k] for k in _TUNABLE if k in run_config}
-    return {**saved, "stop-at": 0, **tuned, "resume": True}  # as `bayesadmm resume`: to the end unless told
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not readable as a Flower run's configuration ({exc}); restore it") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path} is not a Flower run's configuration (a JSON table); restore it")
+    tuned = {k: run_config[k] for k in _TUNABLE if run_config.get(k) not in (None, "")}
+    return {**saved, "stop-at": 0, **tuned, "out": out, "resume": True}  # as `bayesadmm resume`: to the end unless told
 
 
 def _preset_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> FlowerRun:
     """A preset's run: its RunConfig from ``scenario`` and ``overrides`` (with out, stop-at and dtype), as locally."""
     overrides = shlex.split(str(run_config.get("overrides", "")))
-    for key in ("method", "rounds", "participation"):
+    for key in ("method", "rounds", "participation", "device"):
         if run_config.get(key):
             overrides.append(f"{key}={run_config[key]}")
     for key, value in dict(run_config.get("hparams") or {}).items():  # as `bayesadmm run`'s KEY=VALUE

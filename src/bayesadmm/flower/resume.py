@@ -1,9 +1,10 @@
 """Continue a Flower run from its checkpoint: `flwr run APP CONNECTION --run-config 'out="RUN_DIR" resume=true'`.
 
-The ServerApp reads the run config the run was started with from RUN_DIR/flower.json (only stop-at and the timeouts
-may change) and the state from RUN_DIR/checkpoint.pt, which holds the server state and the server's copy of every
-client state; the nodes are sent their states with their first message, so the numbers are those of a run that was
-never interrupted. RUN_DIR is a path on the machine that runs the SuperLink (where the ServerApp writes it).
+The ServerApp reads the run config the run was started with from RUN_DIR/flower.json (only out, stop-at, the
+timeouts and the device may change) and the state from RUN_DIR/checkpoint.pt, which holds the server state and the
+server's copy of every client state; the nodes are sent their states with their first message, so the numbers are
+those of a run that was never interrupted. RUN_DIR is a path on the machine that runs the SuperLink (where the
+ServerApp writes it).
 """
 
 from __future__ import annotations
