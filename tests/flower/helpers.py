@@ -152,3 +152,55 @@ class LocalDataGrid(LoopbackGrid):
                 for f in moved:
                     (f.parent / ".vault" / f.name).rename(f)
         return ids
+
+
+def flower_run_dir(tmp_path: Path, method: str = "ivon-admm", kind: str = "strategy", rounds: int = 2,
+                   **options) -> Path:
+    """A small run directory as a Flower run writes it, in a second or two: `method` (a registry name) over
+    user_app's model (``user_app.make_model()``, 67 parameters) and three clients' synthetic data, through a
+    LoopbackGrid, `rounds` rounds, float64, an evaluation set on the server. `kind`: "strategy" (a ServerApp of your
+    own with `bayesadmm.flower.strategy`: config.json's keys under "flower-strategy") or "run-config" (the run-config
+    app's ServerApp, a model named in the run config: config.json's under "flower", with flower.json beside it).
+    `options`: more of `strategy`'s arguments (or, for "run-config", run config keys). Returns the run directory."""
+    import torch
+    from flwr.app import ArrayRecord
+
+    import user_app
+    from bayesadmm.algorithms import spec
+    from bayesadmm.flower import strategy
+
+    out = tmp_path / f"flower-{kind}-{method}"
+    hparams = {**spec.get(method).example, **({"server_iterations": 20} if method == "fedlap-func" else {})}
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        parts, test = user_app.tensors(seed=3)
+        if kind == "strategy":
+            from test_strategy import _user_client_app
+
+            torch.manual_seed(7)
+            model = user_app.make_model()
+            s = strategy(method, model=model, rounds=rounds, seed=7, eval_samples=4, dtype="float64", eval_data=test,
+                         fraction_evaluate=0.0, out=out, **{**hparams, **options})
+            s.start(grid=LoopbackGrid(_user_client_app(parts, test), len(parts)),
+                    initial_arrays=ArrayRecord(model.state_dict()))
+        elif kind == "run-config":
+            from bayesadmm.flower.app_config import flower_run
+            from bayesadmm.flower.client_app import app as client_app
+            from bayesadmm.flower.loaders import save_tensors
+            from bayesadmm.flower.server_app import run_server
+
+            data = tmp_path / f"flower-{kind}-{method}-data"
+            files = {k: save_tensors(data / f"client-{k}.npz", X, y) for k, (X, y) in enumerate(parts)}
+            eval_file = save_tensors(data / "test.npz", *test)
+            run_config = {"model": "user_app:make_model", "algorithm": method, "clients": len(parts), "rounds": rounds,
+                          "seed": 7, "eval-samples": 4, "dtype": "float64", "eval-data": str(eval_file),
+                          "out": str(out), "hparams": " ".join(f"{k}={json.dumps(v)}" for k, v in hparams.items()),
+                          "discovery-timeout": 5.0, **options}
+            configs = {k: {"partition-id": k, "data": str(f)} for k, f in files.items()}
+            run_server(LocalDataGrid(client_app, configs, files, [eval_file]), flower_run(run_config))
+        else:
+            raise ValueError(f"kind={kind!r}: strategy or run-config")
+    finally:
+        torch.set_default_dtype(saved)
+    return out
