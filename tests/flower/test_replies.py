@@ -199,3 +199,8 @@ def test_the_checks_of_a_reply_against_the_expected_layout_and_state():
     assert "state.dual is torch.float64 [4]" in reply_checks.state_problem(ClientState(torch.ones(4), None), old)
     assert "state is a NoneType" in reply_checks.state_problem(None, old)
     assert "state.0 is a str" in reply_checks.state_problem(("x",), (torch.zeros(1),))
+    assert "state has 2 entries, expected 1" in reply_checks.state_problem((torch.zeros(1),) * 2, (torch.zeros(1),))
+    # a history a method of your own keeps: a list may grow, a dict gain keys; their common entries are compared
+    assert reply_checks.state_problem({"losses": [1.0, 2.0], "n": 1}, {"losses": [1.0]}) is None
+    assert "state has no key 'n'" in reply_checks.state_problem({"losses": []}, {"losses": [], "n": 1})
+    assert "state.losses.0 is a str" in reply_checks.state_problem({"losses": ["x"]}, {"losses": [1.0]})

@@ -76,8 +76,9 @@ def value_problem(message: Mapping[str, Tensor], info: Mapping[str, float]) -> s
 
 def state_problem(new: Any, old: Any, where: str = "state") -> str | None:
     """How the client state `new` a node sent differs in structure from the server's copy `old` of the previous one
-    (None: it does not): the same containers and classes, tensors of the same dtype and shape; a None of `old` (a
-    part the first update fills, as a client's first posterior) may become anything."""
+    (None: it does not): the same classes, tuples and tensors (dtype and shape); a None of `old` (a part the first
+    update fills, as a client's first posterior) may become anything, a list may grow or shrink and a dict gain keys
+    (a history a method of your own keeps), their common entries compared."""
     if old is None:
         return None
     if isinstance(old, Tensor):
@@ -92,13 +93,16 @@ def state_problem(new: Any, old: Any, where: str = "state") -> str | None:
         pairs = [(f.name, getattr(new, f.name), getattr(old, f.name)) for f in dataclasses.fields(old)]
     elif isinstance(old, tuple) and hasattr(old, "_fields"):
         pairs = [(name, getattr(new, name), getattr(old, name)) for name in old._fields]
-    elif isinstance(old, (tuple, list)):
+    elif isinstance(old, tuple):
         if len(new) != len(old):
             return f"{where} has {len(new)} entries, expected {len(old)}"
         pairs = [(str(i), a, b) for i, (a, b) in enumerate(zip(new, old, strict=True))]
+    elif isinstance(old, list):
+        pairs = [(str(i), a, b) for i, (a, b) in enumerate(zip(new, old, strict=False))]
     elif isinstance(old, dict):
-        if set(new) != set(old):
-            return f"{where} has keys {sorted(map(str, new))[:5]}, expected {sorted(map(str, old))[:5]}"
+        lost = [key for key in old if key not in new]
+        if lost:
+            return f"{where} has no key {lost[0]!r}"
         pairs = [(str(key), new[key], old[key]) for key in old]
     else:
         return None  # a scalar of the same type
