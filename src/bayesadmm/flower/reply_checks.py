@@ -51,8 +51,8 @@ def layout_problem(message: Mapping[str, Tensor], expected: Layout, exact: bool 
     if missing:
         return f"arrays {missing[:3]} are missing"
     extra = [key for key in message if key not in expected]
-    if extra:
-        return f"arrays {extra[:3]} are not the method's"
+    if extra:  # names a node chose: shown escaped (repr) and cut short
+        return f"arrays {[key if len(key) <= 40 else key[:40] + '...' for key in extra[:3]]} are not the method's"
     found = layout(message, exact)
     for key, (dtype, shape) in expected.items():
         if found[key][0] != dtype:
