@@ -154,6 +154,35 @@ class LocalDataGrid(LoopbackGrid):
         return ids
 
 
+def user_client_app(parts, test):
+    """The ClientApp a user writes for a ServerApp with a bayesadmm strategy: user_app's model and the node's own data
+    (`parts[partition-id]`), evaluating on `test`."""
+    import user_app
+    from flwr.clientapp import ClientApp
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from bayesadmm.flower import client
+
+    app = ClientApp()
+
+    def own(context):
+        return parts[int(context.node_config["partition-id"])]
+
+    @app.query()
+    def query(message, context):
+        return client.query(message, context, user_app.make_model(), own(context))
+
+    @app.train()
+    def train(message, context):
+        return client.train(message, context, user_app.make_model(), own(context))
+
+    @app.evaluate()
+    def evaluate(message, context):
+        return client.evaluate(message, context, user_app.make_model(), DataLoader(TensorDataset(*test), batch_size=16))
+
+    return app
+
+
 def flower_run_dir(tmp_path: Path, method: str = "ivon-admm", kind: str = "strategy", rounds: int = 2,
                    **options) -> Path:
     """A small run directory as a Flower run writes it, in a second or two: `method` (a registry name) over
@@ -163,9 +192,9 @@ def flower_run_dir(tmp_path: Path, method: str = "ivon-admm", kind: str = "strat
     app's ServerApp, a model named in the run config: config.json's under "flower", with flower.json beside it).
     `options`: more of `strategy`'s arguments (or, for "run-config", run config keys). Returns the run directory."""
     import torch
+    import user_app
     from flwr.app import ArrayRecord
 
-    import user_app
     from bayesadmm.algorithms import spec
     from bayesadmm.flower import strategy
 
@@ -176,13 +205,11 @@ def flower_run_dir(tmp_path: Path, method: str = "ivon-admm", kind: str = "strat
     try:
         parts, test = user_app.tensors(seed=3)
         if kind == "strategy":
-            from test_strategy import _user_client_app
-
             torch.manual_seed(7)
             model = user_app.make_model()
             s = strategy(method, model=model, rounds=rounds, seed=7, eval_samples=4, dtype="float64", eval_data=test,
                          fraction_evaluate=0.0, out=out, **{**hparams, **options})
-            s.start(grid=LoopbackGrid(_user_client_app(parts, test), len(parts)),
+            s.start(grid=LoopbackGrid(user_client_app(parts, test), len(parts)),
                     initial_arrays=ArrayRecord(model.state_dict()))
         elif kind == "run-config":
             from bayesadmm.flower.app_config import flower_run

@@ -14,7 +14,8 @@ pytest.importorskip("flwr")
 import user_app
 from flwr.app import Array, ArrayRecord, MetricRecord
 from helpers import LoopbackGrid, lines
-from test_strategy import FEDAVG, IVON, _user_client_app
+from helpers import user_client_app as _user_client_app
+from test_strategy import FEDAVG, IVON
 
 from bayesadmm import trees
 from bayesadmm.flower import protocol as p

@@ -11,39 +11,16 @@ pytest.importorskip("flwr")
 
 import user_app
 from flwr.app import ArrayRecord
-from flwr.clientapp import ClientApp
 from helpers import LoopbackGrid, assert_same_metrics, lines
-from torch.utils.data import DataLoader, TensorDataset
+from helpers import user_client_app as _user_client_app
 
 import bayesadmm
 from bayesadmm.algorithms import spec
 from bayesadmm.engine.rundir import RunDirError
-from bayesadmm.flower import client, strategy, strategy_from_config
+from bayesadmm.flower import strategy, strategy_from_config
 
 QUICK = {"fedlap-func": {"server_iterations": 20}}  # the example's server solve takes minutes on the toy model
 IVON = {"lr": 0.05, "rho": 0.1, "gamma": 1.0, "delta": 1.0, "epochs": 1, "batch_size": 8}
-
-
-def _user_client_app(parts, test):
-    """The ClientApp a user writes: the node's model and its own data (partition-id picks the part)."""
-    app = ClientApp()
-
-    def own(context):
-        return parts[int(context.node_config["partition-id"])]
-
-    @app.query()
-    def query(message, context):
-        return client.query(message, context, user_app.make_model(), own(context))
-
-    @app.train()
-    def train(message, context):
-        return client.train(message, context, user_app.make_model(), own(context))
-
-    @app.evaluate()
-    def evaluate(message, context):
-        return client.evaluate(message, context, user_app.make_model(), DataLoader(TensorDataset(*test), batch_size=16))
-
-    return app
 
 
 def _start(strategy_, parts, test, model, **options):
