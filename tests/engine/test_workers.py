@@ -240,7 +240,7 @@ def test_checkpoint_every_skips_rounds_but_always_saves_the_last(tmp_path, monke
 @pytest.mark.parametrize("arena_bytes", [1000, 3 << 20])   # 3 MB: two IVON-ADMM replies of 1.4 MB
 def test_replies_through_the_pipe_or_few_arena_slots_are_the_same(arena_bytes, monkeypatch):
     """Replies larger than the worker's arena go through the pipe; an arena of two IVON replies makes the worker wait
-    for the parent's acknowledgements all the time. Both give the numbers of one process."""
+    for the parent's copies all the time. Both give the numbers of one process."""
     from bayesadmm.engine import transport
     monkeypatch.setattr(transport, "ARENA_BYTES", arena_bytes)
     config, _ = resolve("fmnist-heterog10", SMALL + ["method=ivon-admm", "rounds=2"])

@@ -16,19 +16,24 @@ each builds the algorithm and its own clients' data and creates or loads their s
 once to each worker with the list of its clients that take part (`transport.Train`, the tensors as raw bytes through
 the pipe, no serialisation); the worker trains them one after the other and hands over each reply as soon as it has
 it, through a shared-memory arena of reply slots (`_train`: one copy into the slot, one copy out in the parent, and
-only a few hundred bytes through the pipe). Client states never travel, except when asked for (`states()`, for tests
-and tools) or when a resume hands a worker states written by another layout. If a client update fails in a worker (a
-breakdown), the other workers finish the round before the parent raises the error, so that the pool closes cleanly.
-The requests and answers are `engine.transport`'s typed records.
+only a few hundred bytes through the pipe). The parent sends nothing while a round runs (it frees a slot by counting
+its copy in a semaphore), so neither side can wait on a send while the other waits on its own, whatever the number
+and size of the replies. Client states never travel, except when asked for (`states()`, for tests and tools) or when
+a resume hands a worker states written by another layout. If a client update fails in a worker (a breakdown), or a
+worker dies, the other workers finish the round before the parent raises the error, so that the pool closes cleanly.
+A reply whose record is malformed (a client not asked for, a layout outside the arena) or a round in which no worker
+has sent anything for `STALL_SECONDS` ends at once with an error naming the worker. The requests and answers are
+`engine.transport`'s typed records.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, cast
 
@@ -44,7 +49,6 @@ from bayesadmm.engine.rundir import SHARDS, real_folder
 from bayesadmm.engine.runners import LocalClients, checkpointed_states, initial_states
 from bayesadmm.engine.store import StoreSpec
 from bayesadmm.engine.transport import (
-    ACK,
     CLOSE,
     DONE,
     Error,
@@ -55,8 +59,9 @@ from bayesadmm.engine.transport import (
     Save,
     Start,
     Train,
-    aligned,
+    check_reply,
     dumps,
+    layout_bytes,
     loads,
     payload,
     read_arena,
@@ -65,7 +70,12 @@ from bayesadmm.engine.transport import (
     write_arena,
 )
 
-__all__ = ["ClientPool", "client_runner", "local_runner"]
+__all__ = ["ClientPool", "client_runner", "local_runner", "STALL_SECONDS"]
+
+# A round in which no worker has sent anything for this long ends with an error naming the workers it waits for:
+# generous, since a worker sends nothing while it trains one unit (a client, or a cohort of them).
+STALL_SECONDS = 30 * 60.0
+PARENT_CHECK_SECONDS = 1.0  # how often a worker that waits for a free slot checks that the parent is still there
 
 
 # ---- inside a worker process ----------------------------------------------------------------------------------------
@@ -74,6 +84,7 @@ __all__ = ["ClientPool", "client_runner", "local_runner"]
 def _worker(
     connection,
     arena: torch.Tensor,
+    copied,
     make_algorithm: Callable[[], Algorithm],
     source: Callable[[int], Any],
     seed: int,
@@ -96,12 +107,10 @@ def _worker(
             return
         if request == CLOSE:
             return
-        if request == ACK:  # the last acknowledgements of a round's replies, not needed any more
-            continue
         try:
             if isinstance(request, Train):
                 message = receive_tensors(connection, request.layout)
-                _train(connection, arena, local, request.round, message, request.chosen)
+                _train(connection, arena, copied, local, request.round, message, request.chosen)
                 connection.send(DONE)
             else:
                 connection.send(Ok(_handle(local, request)))
@@ -128,34 +137,45 @@ def _handle(local: LocalClients, request: Start | Put | Load | Save) -> Any:
 
 
 def _train(
-    connection, arena: torch.Tensor, local: LocalClients, round_: int, message: Message, chosen: list[int]
+    connection, arena: torch.Tensor, copied, local: LocalClients, round_: int, message: Message, chosen: list[int]
 ) -> None:
     """Train the chosen clients in turn and hand over each reply as soon as it is made.
 
     A reply goes into the next slot of the worker's shared arena, and only its layout and offset through the pipe: the
-    parent copies it out and acknowledges, and slot i is written again only after the acknowledgement of the reply
-    that used it before (the parent is usually many replies ahead of that). The slots are as large as the round's first
-    reply; a reply that does not fit (or replies larger than the arena) go through the pipe instead.
+    parent copies it out and counts the copy in the semaphore `copied`, and slot i is written again only once the
+    reply that used it before has been copied (the parent is usually many replies ahead of that). The slots are as
+    large as the round's first reply; a reply that does not fit (or replies larger than the arena) go through the pipe
+    instead. The parent sends nothing during a round and reads whatever comes, and this worker waits only for the
+    parent to read what it has sent already (a full pipe, every slot full): no circle of waits, for any number of
+    replies of any size.
     """
+    while copied.acquire(block=False):  # the copies of the last round's replies, all counted before this round began
+        pass
     slot_bytes = slots = 0
-    sent = acknowledged = 0  # replies through slots, and acknowledgements received, this round
+    sent = freed = 0  # replies through slots, and copies of them counted, this round
     for k, reply, info in _replies(local, round_, message, chosen):
         layout, tensors = payload(reply)
-        nbytes = sum(aligned(t.numel() * t.element_size()) for t in tensors)
+        nbytes = layout_bytes(layout)
         if slot_bytes == 0 and nbytes > 0:
             slot_bytes, slots = nbytes, arena.numel() // nbytes
         if slots == 0 or nbytes > slot_bytes:
             send_tensors(connection, Reply(k, None, info, layout), tensors)
             continue
-        while sent - acknowledged >= slots:  # every slot holds a reply the parent has not copied yet
-            answer = connection.recv()
-            if answer != ACK:
-                raise RuntimeError(f"expected the parent's acknowledgement of a reply, got {answer!r}")
-            acknowledged += 1
+        while sent - freed >= slots:  # every slot holds a reply the parent has not copied yet
+            _wait_for_copy(copied)
+            freed += 1  # the parent copies a worker's replies in the order they were sent
         offset = (sent % slots) * slot_bytes
         write_arena(arena, offset, tensors)
         connection.send(Reply(k, offset, info, layout))
         sent += 1
+
+
+def _wait_for_copy(copied) -> None:
+    """Wait until the parent has copied one more reply out of the arena; end the worker if the parent is gone."""
+    parent = multiprocessing.parent_process()
+    while not copied.acquire(timeout=PARENT_CHECK_SECONDS):
+        if parent is not None and not parent.is_alive():
+            raise SystemExit(1)
 
 
 def _replies(local: LocalClients, round_: int, message: Message, chosen: list[int]):
@@ -183,6 +203,7 @@ class ClientPool:
         cohort_size: int = 0,
         store: StoreSpec | None = None,
         participation: float = 1.0,
+        stall_seconds: float | None = None,
     ):
         if workers < 2:
             raise ValueError(f"ClientPool needs at least 2 workers, got {workers} (use LocalClients)")
@@ -193,19 +214,22 @@ class ClientPool:
         self.last_info: dict[int, dict[str, float]] = {}
         self.store, self.make_algorithm = store, make_algorithm
         self.initial_server: Any = None  # what the clients a disk store never wrote start from
+        self.stall_seconds = STALL_SECONDS if stall_seconds is None else stall_seconds
         context = torch.multiprocessing.get_context("spawn")
-        self.connections, self.processes, self.arenas = [], [], []
+        self.connections, self.processes, self.arenas, self.copied = [], [], [], []
         self._in_round = False  # True from sending a round's work until every worker has finished it
         try:
             for index, group in enumerate(self.groups):
                 parent_end, child_end = context.Pipe()
                 arena = torch.empty(transport.ARENA_BYTES, dtype=torch.uint8).share_memory_()
+                copied = context.Semaphore(0)  # replies copied out of the arena: slots the worker may write again
                 process = context.Process(
                     target=_worker,
                     name=f"bayesadmm-worker-{index}",
                     args=(
                         child_end,
                         arena,
+                        copied,
                         make_algorithm,
                         source,
                         seed,
@@ -221,6 +245,7 @@ class ClientPool:
                 self.connections.append(parent_end)
                 self.processes.append(process)
                 self.arenas.append(arena)
+                self.copied.append(copied)
         except BaseException:
             self.close()
             raise
@@ -247,40 +272,78 @@ class ClientPool:
         if self._in_round:
             raise RuntimeError("the client pool stopped in the middle of a round (an error); start a new one")
         layout, tensors = payload(message)  # made once, sent to each worker
-        busy = {}
+        pending: dict[int, set[int]] = {}  # by worker: its chosen clients whose replies have not come yet
         self._in_round = True
         for index in range(len(self.groups)):
             mine = [k for k in chosen if self.owner[k] == index]
             if mine:
                 send_tensors(self.connections[index], Train(round_, mine, layout), tensors)
-                busy[self.connections[index]] = index
+                pending[index] = set(mine)
         replies: dict[int, Message] = {}
         failure: Exception | None = None
         self.last_info = {}
-        while busy:
-            for connection in cast(list[Connection], wait(list(busy))):
+        while pending:
+            handles: dict[Any, int] = {self.connections[index]: index for index in pending}
+            handles.update({self.processes[index].sentinel: index for index in pending})  # to see a death at once
+            ready = wait(list(handles), timeout=self.stall_seconds)
+            if not ready:  # (the pool stays in the round: close() stops the workers)
+                raise RuntimeError(self._stalled(round_, sorted(pending)))
+            for index in sorted({handles[handle] for handle in ready}):
+                connection = self.connections[index]
                 try:
-                    answer = self._receive(busy[connection])
+                    if connection not in ready and not connection.poll():  # it died, and left nothing to read
+                        raise self._died(index)
+                    answer = self._receive(index)
                 except Exception as exc:  # noqa: BLE001 — a worker failed (a breakdown) or died: it sends no more
                     failure = failure or exc  # and the others finish the round, so that the pool closes cleanly
-                    del busy[connection]
+                    del pending[index]
                     continue
-                if isinstance(answer, Reply):
-                    k, self.last_info[answer.client] = answer.client, answer.info
-                    if answer.offset is None:  # too large for the worker's arena: the bytes follow in the pipe
-                        replies[k] = receive_tensors(connection, answer.layout)
-                    else:
-                        replies[k] = read_arena(self.arenas[busy[connection]], answer.offset, answer.layout)
-                        connection.send(ACK)  # the worker may write that slot again
-                    if on_done is not None:
-                        on_done(k)
-                else:  # DONE
-                    del busy[connection]
+                if answer == DONE:
+                    missing = pending.pop(index)
+                    if missing:  # (the pool stays in the round: close() stops the workers)
+                        raise RuntimeError(
+                            f"{self._name(index)} ended round {round_} without the replies of clients {sorted(missing)}"
+                        )
+                    continue
+                try:  # our own code makes the replies, but an error here must name the worker, not crash later
+                    reply = check_reply(answer, pending[index], self.arenas[index].numel())
+                except ValueError as exc:  # (the pool stays in the round: close() stops the workers)
+                    raise RuntimeError(f"{self._name(index)}, round {round_}: {exc}") from None
+                k = reply.client
+                pending[index].remove(k)
+                self.last_info[k] = reply.info
+                if reply.offset is None:  # too large for the worker's arena: the bytes follow in the pipe
+                    replies[k] = receive_tensors(connection, reply.layout)
+                else:
+                    replies[k] = read_arena(self.arenas[index], reply.offset, reply.layout)
+                    self.copied[index].release()  # the worker may write that slot again
+                if on_done is not None:
+                    on_done(k)
         self._in_round = False
         if failure is not None:
             raise failure
         # in the caller's order, so that everything downstream sees the same order as a sequential run
         return {k: replies[k] for k in chosen}
+
+    def _name(self, index: int) -> str:
+        return f"client worker {index} (pid {self.processes[index].pid})"
+
+    def _died(self, index: int) -> RuntimeError:
+        self.processes[index].join(timeout=5)
+        return RuntimeError(f"{self._name(index)} died (exit code {self.processes[index].exitcode})")
+
+    def _stalled(self, round_: int, indices: list[int]) -> str:
+        """Why a round ends that made no progress for `stall_seconds`: the workers it waits for."""
+        codes = {index: self.processes[index].exitcode for index in indices}
+        waited = "; ".join(
+            f"{self._name(index)}, " + ("still running" if code is None else f"exit code {code}")
+            for index, code in codes.items()
+        )
+        return (
+            f"round {round_} made no progress: no client worker has sent anything for {self.stall_seconds:g} s, "
+            f"and it waits for {waited} (a client update that does not end, or one slower than "
+            f"bayesadmm.engine.pool.STALL_SECONDS allows)"
+        )
 
     def states(self) -> dict[int, Any]:
         """Every client's current state, by client id: the workers write them as shards to a temporary directory (not
@@ -314,9 +377,12 @@ class ClientPool:
             process.join(timeout=0 if self._in_round else 60)
             if process.is_alive():
                 process.terminate()
+                process.join(timeout=5)
+            if process.is_alive():  # a worker that does not take SIGTERM (e.g. a stopped one)
+                process.kill()
                 process.join()
             connection.close()
-        self.connections, self.processes, self.arenas = [], [], []
+        self.connections, self.processes, self.arenas, self.copied = [], [], [], []
 
     def _call_all(self, requests: list[tuple]) -> list:
         """Send one command to each worker, then collect the answers in worker order (all of them, so that the
@@ -331,9 +397,7 @@ class ClientPool:
                 self.connections[index].send(request)
                 sent.append(index)
             except OSError:
-                failure = failure or RuntimeError(
-                    f"client worker {index} died (exit code {self.processes[index].exitcode})"
-                )
+                failure = failure or self._died(index)
         for index in sent:
             try:
                 answers.append(cast(Ok, self._receive(index)).value)
@@ -347,8 +411,7 @@ class ClientPool:
         try:
             answer = self.connections[index].recv()
         except EOFError:
-            self.processes[index].join(timeout=5)
-            raise RuntimeError(f"client worker {index} died (exit code {self.processes[index].exitcode})") from None
+            raise self._died(index) from None
         if isinstance(answer, Error):
             answer.exception.add_note(f"in client worker {index}:\n{answer.traceback}")
             raise answer.exception

@@ -1,7 +1,8 @@
 """What goes between the engine and its worker processes (`engine.pool`): the requests and answers, as small typed
-records (`Start`, `Put`, `Load`, `Save`, `Train`; `Ok`, `Reply`, `Error`; `CLOSE`, `ACK`, `DONE`), messages of
-tensors through a pipe (a pickled header with the tensors' layout, then each tensor's raw bytes: no serialisation),
-and the shared-memory arena of reply slots (one copy in, in the worker; one copy out, in the parent).
+records (`Start`, `Put`, `Load`, `Save`, `Train`; `Ok`, `Reply`, `Error`; `CLOSE`, `DONE`), messages of tensors
+through a pipe (a pickled header with the tensors' layout, then each tensor's raw bytes: no serialisation), and the
+shared-memory arena of reply slots (one copy in, in the worker; one copy out, in the parent), whose layouts the parent
+checks before it reads them (`layout_bytes`).
 
 Server and client states go through a pipe in the checkpoints' format (`dump_state`), never pickled.
 """
@@ -29,7 +30,6 @@ __all__ = [
     "Reply",
     "Error",
     "CLOSE",
-    "ACK",
     "DONE",
     "ARENA_BYTES",
     "dumps",
@@ -38,6 +38,8 @@ __all__ = [
     "send_tensors",
     "receive_tensors",
     "aligned",
+    "layout_bytes",
+    "check_reply",
     "write_arena",
     "read_arena",
 ]
@@ -45,7 +47,6 @@ __all__ = [
 # ---- requests (parent → worker) and answers (worker → parent) ------------------------------------------------------
 
 CLOSE = "close"  # the parent's last request: the worker returns
-ACK = "ack"  # the parent has copied a reply out of its arena slot, which the worker may write again
 DONE = "done"  # the worker has sent every reply of a round
 
 
@@ -163,6 +164,45 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // 64) * 64  # every tensor in an arena starts on a 64-byte boundary (any dtype can view it)
 
 
+def layout_bytes(layout: object) -> int:
+    """The bytes that a message of this layout takes in an arena (each tensor `aligned`); ValueError saying what is
+    wrong if `layout` is not a list of (key, dtype, shape, device) entries, as `payload` makes them."""
+    if not isinstance(layout, list):
+        raise ValueError(f"its layout is a {type(layout).__name__}, not a list of (key, dtype, shape, device)")
+    total = 0
+    for entry in layout:
+        if not (isinstance(entry, tuple) and len(entry) == 4):
+            raise ValueError(f"its layout has the entry {entry!r}, not (key, dtype, shape, device)")
+        key, dtype, shape, device = entry
+        if not (isinstance(key, str) and isinstance(dtype, torch.dtype) and isinstance(device, str)):
+            raise ValueError(f"its layout has the entry {entry!r}, not (key, dtype, shape, device)")
+        if not (isinstance(shape, tuple) and all(type(n) is int and n >= 0 for n in shape)):
+            raise ValueError(f"its entry {key!r} has the shape {shape!r}, not a tuple of sizes")
+        total += aligned(math.prod(shape) * dtype.itemsize)
+    return total
+
+
+def check_reply(answer: object, pending: set[int], arena_bytes: int) -> Reply:
+    """A worker's answer, once checked to be a `Reply` for one of the clients it still owes this round (`pending`),
+    with a well-formed layout (`layout_bytes`), inside the worker's arena of `arena_bytes` if it is there: the parent
+    checks before it reads the reply's bytes. ValueError saying what is wrong otherwise."""
+    if not isinstance(answer, Reply):
+        raise ValueError(f"{answer!r} instead of a client's reply")
+    k = answer.client
+    if not (isinstance(k, int) and k in pending):
+        raise ValueError(f"a reply for client {k!r}, which it was not asked for or has sent already")
+    try:
+        nbytes = layout_bytes(answer.layout)
+        offset = answer.offset
+        if offset is not None and not (type(offset) is int and 0 <= offset and offset + nbytes <= arena_bytes):
+            raise ValueError(f"its {nbytes} bytes at offset {offset!r} are not inside the arena of {arena_bytes} bytes")
+        if not isinstance(answer.info, dict):
+            raise ValueError(f"its info is a {type(answer.info).__name__}, not a dict")
+    except ValueError as exc:
+        raise ValueError(f"a malformed reply for client {k} ({exc})") from None
+    return answer
+
+
 def write_arena(arena: torch.Tensor, offset: int, tensors: list[torch.Tensor]) -> None:
     for tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
@@ -171,7 +211,8 @@ def write_arena(arena: torch.Tensor, offset: int, tensors: list[torch.Tensor]) -
 
 
 def read_arena(arena: torch.Tensor, offset: int, layout: list) -> Message:
-    """A copy of the message at `offset` (the worker writes the slot again once the copy is acknowledged). The bytes
+    """A copy of the message at `offset` (the worker writes the slot again once the parent says it has copied it,
+    `engine.pool`; the parent checks first that the layout lies inside the arena, `layout_bytes`). The bytes
     are copied by one memcpy, not by torch's copy, which splits a reply of the papers' MLP over the parent's threads:
     on a machine whose other cores are busy those wait for each other (~5 ms a reply on a loaded 2-core machine)."""
     message = {}
