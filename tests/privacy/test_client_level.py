@@ -86,7 +86,7 @@ def test_epsilon_is_opacus_own_for_the_same_history():
     assert epsilon([(sigma, 0.5)] * 20, 1e-5) <= 3.0
     assert epsilon([(sigma * 0.97, 0.5)] * 20, 1e-5) > 2.9  # and not far below it
     assert epsilon([], 1e-5) == 0.0 and epsilon([(0.0, 1.0)], 1e-5) == math.inf
-    assert sampling_rate(1.0, 10) == 1.0 and sampling_rate(0.25, 10) == 0.3
+    assert sampling_rate(1.0) == 1.0 and sampling_rate(0.25) == 0.25
 
 
 def test_settings_refuse_what_they_cannot_mean():
