@@ -301,7 +301,7 @@ class FlowerClients:
             if on_done is not None:
                 on_done(k)
         self._log_absent(round_, chosen, replies, answers, self._connected)
-        if not replies:
+        if chosen and not replies:  # (a round may choose none: client-level DP's Poisson sampling)
             raise RuntimeError(f"round {round_}: no client replied (flower.log says why)")
         if len(replies) < len(chosen):
             self.log(f"round {round_}: server update with the {len(replies)} replies of clients {sorted(replies)}")
