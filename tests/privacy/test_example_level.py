@@ -147,3 +147,16 @@ def test_the_budget_stops_before_the_round_that_would_exceed_it_and_a_resume_goe
     whole = _run(tmp_path / "whole", dp=DPSettings(level="example", clip=1.0, noise_multiplier=1.0))
     assert torch.equal(resumed.posterior.mean, whole.posterior.mean)
     assert [line["dp_epsilon"] for line in resumed.history] == [line["dp_epsilon"] for line in whole.history]
+
+
+def test_a_run_with_example_level_dp_unlearns_a_client_as_the_method_does(tmp_path):
+    """The server sums the clients' private replies exactly, so IVON-ADMM's unlearning applies to its state; the
+    privacy ledger stays as it was."""
+    dp = DPSettings(level="example", clip=1.0, noise_multiplier=1.0)
+    result = _run(tmp_path / "dp", "ivon-admm", IVON, dp=dp)
+    unlearned = bayesadmm.unlearn(result, 1)
+    plain = _run(tmp_path / "plain", "ivon-admm", IVON).algorithm  # the method's own hook
+    own = plain.unlearn(result.server.inner, 1, result.client_states([1])[1])
+    assert torch.equal(unlearned.posterior.mean, plain.posterior(own).mean)
+    assert not torch.equal(unlearned.posterior.mean, result.posterior.mean)
+    assert unlearned.server.trained == result.server.trained

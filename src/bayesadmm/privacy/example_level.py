@@ -181,8 +181,12 @@ def example_private(algorithm: Algorithm, dp: Any, noise_multiplier: float, size
 
     inner_personal = algorithm.personal
     personal = None if inner_personal is None else (lambda server, state: inner_personal(server.inner, state))
+    inner_unlearn = algorithm.unlearn  # the server sums the clients' private replies exactly: the method's own
+    unlearn = None
+    if inner_unlearn is not None:
+        unlearn = lambda server, k, state: server._replace(inner=inner_unlearn(server.inner, k, state))  # noqa: E731
     return algorithm._replace(
         init_server=init_server, init_client=init_client, broadcast=broadcast, server_update=server_update,
         posterior=posterior, client_update=update_from(algorithm.name, private_local), local=private_local,
-        personal=personal, unlearn=None,
+        personal=personal, unlearn=unlearn,
     )  # fmt: skip
