@@ -29,12 +29,37 @@ def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_s
     dp = bayesadmm.DPSettings(clip=1.0, noise_multiplier=1.0)
     torch.manual_seed(7)
     model = user_app.make_model()
-    local = bayesadmm.run(model, clients=parts, test=test, algorithm="fedavg", hparams=FEDAVG, rounds=4, seed=7,
-                          eval_samples=4, out=tmp_path / "local", progress=False, cohort=1, participation=0.4, dp=dp)
+    local = bayesadmm.run(
+        model,
+        clients=parts,
+        test=test,
+        algorithm="fedavg",
+        hparams=FEDAVG,
+        rounds=4,
+        seed=7,
+        eval_samples=4,
+        out=tmp_path / "local",
+        progress=False,
+        cohort=1,
+        participation=0.4,
+        dp=dp,
+    )
     torch.manual_seed(7)
     model = user_app.make_model()
-    s = strategy("fedavg", model=model, rounds=4, seed=7, eval_samples=4, dtype="float64", eval_data=test, dp=dp,
-                 fraction_train=0.4, fraction_evaluate=0.0, out=tmp_path / "flower", **FEDAVG)
+    s = strategy(
+        "fedavg",
+        model=model,
+        rounds=4,
+        seed=7,
+        eval_samples=4,
+        dtype="float64",
+        eval_data=test,
+        dp=dp,
+        fraction_train=0.4,
+        fraction_evaluate=0.0,
+        out=tmp_path / "flower",
+        **FEDAVG,
+    )
     grid = LoopbackGrid(_user_client_app(parts, test), len(parts))
     s.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()))
     flower = lines(tmp_path / "flower")

@@ -5,6 +5,7 @@ the mechanism run; a resume gives the uninterrupted numbers."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -16,8 +17,8 @@ from bayesadmm.algorithms import spec
 from bayesadmm.engine.federation import PARTICIPANTS, participants
 from bayesadmm.engine.simulate import generator_for, generator_of
 from bayesadmm.privacy import DP_NOISE, DPSettings, private_factory, privatize
-from bayesadmm.privacy.client_level import noise_reply
 from bayesadmm.privacy.accountant import epsilon
+from bayesadmm.privacy.client_level import noise_reply
 from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.solvers.cohort import StackedClients, plan_batches, poisson_minibatches
 
@@ -142,9 +143,9 @@ def test_a_round_without_participants_moves_the_server_by_the_noise_and_counts(t
 
     sizes = dict.fromkeys(range(8), 20)
     fedavg = spec.get("fedavg")
-    make = private_factory(lambda: fedavg.build(fedavg.make_hparams(**FEDAVG), None), fedavg,
-                           fedavg.make_hparams(**FEDAVG), dp, participation=0.125, sizes=sizes, rounds=6, seed=1)  # fmt: skip
-    algorithm = make()
+    hparams = fedavg.make_hparams(**FEDAVG)
+    make = functools.partial(fedavg.build, hparams, None)
+    algorithm = private_factory(make, fedavg, hparams, dp, participation=0.125, sizes=sizes, rounds=6, seed=1)()
     assert algorithm.client_sampling == "poisson"
     server = algorithm.init_server(torch.zeros(15))
     after, info = algorithm.server_update(server, {})

@@ -135,9 +135,7 @@ class Result:
         return checkpointed_states(checkpoint, self.run_dir, ids if clients is None else clients, initial)
 
 
-def participants(
-    ids: list[int], participation: float, seed: int, round_: int, sampling: str = "fixed"
-) -> list[int]:
+def participants(ids: list[int], participation: float, seed: int, round_: int, sampling: str = "fixed") -> list[int]:
     """The clients that take part in `round_`, in id order: all at participation 1; else, by `sampling`, "fixed":
     ⌈participation · K⌉ of the K clients drawn without replacement, or "poisson": each client independently with
     probability `participation` (client-level DP's sampling, which its accountant analyses: the count varies from

@@ -105,7 +105,11 @@ def privatize(
 
 
 def noise_reply(
-    base: Message, update: ClientUpdate, clip: float, noise_multiplier: float, expected: float,
+    base: Message,
+    update: ClientUpdate,
+    clip: float,
+    noise_multiplier: float,
+    expected: float,
     generator: torch.Generator,
 ) -> Message:
     """The reply of a round that drew no client: the update's entries of the broadcast `base` (times the update's

@@ -33,7 +33,7 @@ class ClientUpdate:
     pairs: tuple[tuple[str, str], ...]
     scale: float = 1.0
     every_round: bool = False
-    empty_round: Callable[[Any, Mapping[str, Tensor]], tuple[Any, Any]] | None = None
+    empty_round: Callable[[Any, dict[str, Tensor]], tuple[Any, Any]] | None = None
 
     def keys(self, reply: Mapping[str, Tensor], message: Mapping[str, Tensor]) -> list[tuple[str, str]]:
         """The (reply key, broadcast key) pairs of the update, in a fixed order; a KeyError naming what is missing."""

@@ -67,8 +67,8 @@ class LocalAdam:
     epochs: int = 1
     batch_size: int = 32
     weight_decay: float = 0.0
-    # Poisson minibatches (`solvers.cohort.poisson_minibatches`: example-level DP's sampling, set by `privacy.example_level`) in place
-    # of the epochs' shuffles
+    # Poisson minibatches (`solvers.cohort.poisson_minibatches`: example-level DP's sampling, set by
+    # `privacy.example_level`) in place of the epochs' shuffles
     poisson: bool = False
     # clients per cohort where the engine chooses on a CPU: cohorts of 16 and 32 took 0.61-0.64 of the per-client
     # round's time for FedAvg on 10 to 1000 clients (`python benchmarks/cohort.py`, docs/performance.md)
