@@ -24,6 +24,11 @@ def randn(shape, generator: torch.Generator | None, dtype: torch.dtype, device) 
     return torch.randn(shape, generator=generator, dtype=dtype, device=_source(generator)).to(device)
 
 
+def rand(n: int, generator: torch.Generator | None, device) -> Tensor:
+    """n uniforms on [0, 1) in float64, drawn on the generator's device, returned on `device`."""
+    return torch.rand(n, generator=generator, dtype=torch.float64, device=_source(generator)).to(device)
+
+
 def randperm(n: int, generator: torch.Generator | None, device) -> Tensor:
     """A random permutation of 0..n−1, drawn on the generator's device, returned on `device`."""
     return torch.randperm(n, generator=generator, device=_source(generator)).to(device)

@@ -9,7 +9,10 @@ A method whose server's posterior is a sum of per-client terms removes client j'
 client's dual η_j (`bayes_admm.unlearned_server`; BregmanADMM's dual step keeps no such term), PVI and FedEP divide out
 its site, FedLap and FedLap-Cov replace its site by the uniform one. For a conjugate model whose family holds the exact
 posterior, once training has converged, the result is the posterior of the other clients' data; otherwise it is the
-method's own approximation, a state from which training without the client can continue. Every other method refuses.
+method's own approximation, a state from which training without the client can continue. Every other method refuses,
+and so does a run with client-level differential privacy (its server state is built from noised sums, which hold no
+client's term); a run with example-level DP unlearns as the method does (its server sums the clients' private
+replies exactly).
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from bayesadmm.engine.federation import Result
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.loading import load
 from bayesadmm.models import FlatModel
+from bayesadmm.privacy.client_level import PrivateServer
 
 __all__ = ["unlearn", "UnlearningError"]
 
 
 class UnlearningError(ValueError):
-    """A client that cannot be removed from a run: the method keeps no per-client term, the id is not one of the
-    run's clients, the client never took part, or removing its term leaves no valid posterior."""
+    """A client that cannot be removed from a run: the method keeps no per-client term (or the run's client-level DP
+    noised the sum that held it), the id is not one of the run's clients, the client never took part, or removing its
+    term leaves no valid posterior."""
 
 
 def unlearn(
@@ -76,6 +81,12 @@ def _check(result: Result, client_id: Any) -> int:
     if isinstance(client_id, bool) or not isinstance(client_id, numbers.Integral):
         raise UnlearningError(f"client_id must be an int, got {client_id!r}")
     client_id = int(client_id)
+    if isinstance(result.server, PrivateServer):
+        raise UnlearningError(
+            f"{result.algorithm.name} ran with client-level differential privacy: its server state is built from "
+            "noised sums of the clients' updates, and no client's term can be taken out of a noised sum; retrain "
+            f"without the client (exclude_client={client_id} in a scenario, or leave its data out of `bayesadmm.run`)"
+        )
     if result.algorithm.unlearn is None:
         raise UnlearningError(
             f"{result.algorithm.name} keeps no per-client term in its server state: retrain without the client "

@@ -86,7 +86,7 @@ def test_epsilon_is_opacus_own_for_the_same_history():
     assert epsilon([(sigma, 0.5)] * 20, 1e-5) <= 3.0
     assert epsilon([(sigma * 0.97, 0.5)] * 20, 1e-5) > 2.9  # and not far below it
     assert epsilon([], 1e-5) == 0.0 and epsilon([(0.0, 1.0)], 1e-5) == math.inf
-    assert sampling_rate(1.0, 10) == 1.0 and sampling_rate(0.25, 10) == 0.3
+    assert sampling_rate(1.0) == 1.0 and sampling_rate(0.25) == 0.25
 
 
 def test_settings_refuse_what_they_cannot_mean():
@@ -238,3 +238,11 @@ def test_partial_participation_is_accounted_at_the_clients_drawn_over_the_client
     calibrated = _run(tmp_path / "eps", participation=0.5, dp=DPSettings(clip=0.5, epsilon=2.0))
     assert calibrated.history[-1]["dp_noise_multiplier"] == calibrated_noise(2.0, 1e-5, 0.5, 3)
     assert calibrated.history[-1]["dp_epsilon"] <= 2.0
+
+
+def test_unlearning_is_refused_for_the_noised_sum(tmp_path):
+    """IVON-ADMM unlearns a client by subtracting its term from the server's sum; with client-level DP that sum is
+    noised and holds no client's term, and the refusal says so."""
+    result = _run(tmp_path / "run", "ivon-admm", dp=DPSettings(clip=1e9, noise_multiplier=0.0))
+    with pytest.raises(bayesadmm.UnlearningError, match="client-level differential privacy.*noised sum.*retrain"):
+        bayesadmm.unlearn(result, 1)

@@ -147,3 +147,43 @@ def test_the_budget_stops_before_the_round_that_would_exceed_it_and_a_resume_goe
     whole = _run(tmp_path / "whole", dp=DPSettings(level="example", clip=1.0, noise_multiplier=1.0))
     assert torch.equal(resumed.posterior.mean, whole.posterior.mean)
     assert [line["dp_epsilon"] for line in resumed.history] == [line["dp_epsilon"] for line in whole.history]
+
+
+def test_a_run_with_example_level_dp_unlearns_a_client_as_the_method_does(tmp_path):
+    """The server sums the clients' private replies exactly, so IVON-ADMM's unlearning applies to its state; the
+    privacy ledger stays as it was."""
+    dp = DPSettings(level="example", clip=1.0, noise_multiplier=1.0)
+    result = _run(tmp_path / "dp", "ivon-admm", IVON, dp=dp)
+    unlearned = bayesadmm.unlearn(result, 1)
+    plain = _run(tmp_path / "plain", "ivon-admm", IVON).algorithm  # the method's own hook
+    own = plain.unlearn(result.server.inner, 1, result.client_states([1])[1])
+    assert torch.equal(unlearned.posterior.mean, plain.posterior(own).mean)
+    assert not torch.equal(unlearned.posterior.mean, result.posterior.mean)
+    assert unlearned.server.trained == result.server.trained
+
+
+def test_poisson_minibatches_without_examples_give_the_noise_over_the_expected_size_alone_and_in_a_cohort():
+    """A step whose Poisson minibatch drew nothing: (0 + z) / B. A cohort's private gradients, steps where every
+    client, one client or none drew nothing included, are each client's own (its rows, its noise stream)."""
+    from bayesadmm.privacy.gradients import PrivateCohortGradients
+    from bayesadmm.solvers.cohort import StackedClients, plan_batches
+
+    data, theta = _data()
+    empty = torch.tensor([], dtype=torch.int64)
+    noisy = PrivateGradients(data, 1.0, 2.0, torch.Generator().manual_seed(4), expected=3)
+    z = torch.randn(theta.shape, generator=torch.Generator().manual_seed(4), dtype=theta.dtype) * 2.0
+    assert torch.allclose(noisy.batch_grad(theta, empty), z / 3, atol=1e-12)
+
+    halves = [SupervisedData(data.model, data.X[k * 6 : (k + 1) * 6], data.y[k * 6 : (k + 1) * 6]) for k in (0, 1)]
+    stacked = StackedClients(data.model, data.likelihood, data.X, data.y, (0, 6), (6, 6), tuple(halves))
+    plan = plan_batches(stacked, 1, 3, [torch.Generator().manual_seed(s) for s in (1, 2)], poisson=True)
+    counts = plan.counts.T.tolist()  # (step, slot)
+    assert [0, 0] in counts and any(0 in c and sum(c) > 0 for c in counts) and len(counts) == 18
+    cohort = PrivateCohortGradients(1.0, 2.0, [torch.Generator().manual_seed(10 + k) for k in (0, 1)], batch_size=1)
+    alone = [PrivateGradients(halves[k], 1.0, 2.0, torch.Generator().manual_seed(10 + k), expected=1) for k in (0, 1)]
+    thetas = torch.stack([theta, theta + 0.1])[:, None]  # (2, 1, d) in the plan's order
+    for t in range(18):
+        got = cohort(stacked, plan, t, thetas[plan.order])[:, 0]
+        for slot, k in enumerate(plan.order):
+            idx = plan.rows[t, slot, : counts[t][slot]] - 6 * k
+            assert torch.allclose(got[slot], alone[k].batch_grad(thetas[k, 0], idx), atol=1e-12)

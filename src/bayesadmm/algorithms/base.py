@@ -61,6 +61,10 @@ class Algorithm(NamedTuple):
     # unlearn(server_state, client_id, client_state) -> the server state without client_id's term in the server's
     # sum; None where the server is no sum of client terms (`bayesadmm.unlearn` then refuses)
     unlearn: Callable[[Any, int, Any], Any] | None = None
+    # how the engine draws a round's clients at participation < 1 (`engine.federation.participants`): "fixed" (a
+    # fixed-size subset) or "poisson" (each client independently: client-level DP's sampling, which its accountant
+    # analyses; `privacy.client_level`)
+    client_sampling: str = "fixed"
 
     @classmethod
     def from_local(

@@ -174,7 +174,16 @@ def dp_update(hparams: Hparams) -> ClientUpdate:
             "client-level DP needs the unweighted mean (a weight N_k scales a client's update past the clip): "
             "set weighted=false"
         )
-    return ClientUpdate((("theta", "theta"),))
+    return ClientUpdate((("theta", "theta"),), empty_round=noised_round)
+
+
+def noised_round(server: ServerState, reply: Message) -> tuple[ServerState, ServerInfo]:
+    """Client-level DP's round that no client took part in (Poisson sampling drew none): θ_g becomes the reply's θ,
+    the broadcast θ_g moved by the noise alone (`privacy.client_level`); FedAvg's and FedProx's."""
+    theta = reply["theta"]
+    if not bool(torch.isfinite(theta).all()):
+        raise DivergenceError("the server parameters are not finite")
+    return ServerState(theta, server.clients, server.round + 1), ServerInfo(0)
 
 
 def build(hparams: Hparams, context: Context) -> Algorithm:

@@ -135,10 +135,20 @@ class Result:
         return checkpointed_states(checkpoint, self.run_dir, ids if clients is None else clients, initial)
 
 
-def participants(ids: list[int], participation: float, seed: int, round_: int) -> list[int]:
-    """The clients that take part in `round_` (all, or a seeded random fraction), in id order."""
+def participants(ids: list[int], participation: float, seed: int, round_: int, sampling: str = "fixed") -> list[int]:
+    """The clients that take part in `round_`, in id order: all at participation 1; else, by `sampling`, "fixed":
+    ⌈participation · K⌉ of the K clients drawn without replacement, or "poisson": each client independently with
+    probability `participation` (client-level DP's sampling, which its accountant analyses: the count varies from
+    round to round and may be 0). Both from the generator of (seed, round, PARTICIPANTS) alone, so a resume and any
+    number of workers choose the same clients."""
     if participation >= 1.0:
         return list(ids)
+    generator = generator_for(seed, round_, PARTICIPANTS)
+    if sampling == "poisson":
+        drawn = torch.rand(len(ids), generator=generator, dtype=torch.float64) < participation
+        return sorted(ids[i] for i in drawn.nonzero().flatten().tolist())
+    if sampling != "fixed":
+        raise ValueError(f"client sampling must be 'fixed' or 'poisson', got {sampling!r}")
     count = max(1, math.ceil(participation * len(ids)))
-    order = torch.randperm(len(ids), generator=generator_for(seed, round_, PARTICIPANTS))
+    order = torch.randperm(len(ids), generator=generator)
     return sorted(ids[i] for i in order[:count].tolist())

@@ -223,11 +223,14 @@ class Run:
         return self.end_round(round_, chosen, replies, began)
 
     def next_round(self) -> tuple[int, list[int]]:
-        """The next round's number and its participants (the seeded choice of `participants`)."""
+        """The next round's number and its participants (the seeded choice of `participants`, sampled as the
+        algorithm asks: `Algorithm.client_sampling`)."""
         round_ = self.round + 1
         if round_ > self.settings.rounds:
             raise RuntimeError(f"the run has {self.settings.rounds} rounds, all done; there is no round {round_}")
-        return round_, participants(self.ids, self.settings.participation, self.settings.seed, round_)
+        settings = self.settings
+        chosen = participants(self.ids, settings.participation, settings.seed, round_, self.algorithm.client_sampling)
+        return round_, chosen
 
     def end_round(self, round_: int, chosen: list[int], replies: Mapping[int, Any], began: float) -> dict | None:
         """The rest of round `round_` once the clients' `replies` are in (`began`: when the round started): the

@@ -329,7 +329,7 @@ class FlowerClients:
             if on_done is not None:
                 on_done(k)
         self._log_absent(round_, chosen, replies, answers, self._connected)
-        if not replies:
+        if chosen and not replies:  # (a round may choose none: client-level DP's Poisson sampling)
             why = "; ".join(f"client {k}: {refused[k]}" for k in sorted(refused)[:3])
             raise RuntimeError(
                 f"round {round_}: no client replied " + (f"validly ({why})" if why else "(flower.log says why)")

@@ -9,7 +9,6 @@ command line's `dp=` keys and `bayesadmm.load`.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,12 +40,10 @@ __all__ = [
 ]
 
 
-def sampling_rate(participation: float, clients: int) -> float:
-    """The accountant's sampling rate: the clients the engine draws per round (`engine.federation.participants`:
-    all, or ⌈participation · K⌉) over the K clients."""
-    if participation >= 1.0:
-        return 1.0
-    return max(1, math.ceil(participation * clients)) / clients
+def sampling_rate(participation: float) -> float:
+    """Client-level DP's sampling rate q: each client takes part in a round with probability `participation`
+    (Poisson sampling, `engine.federation.participants`), every client at 1."""
+    return min(1.0, float(participation))
 
 
 def private_factory(
@@ -80,7 +77,7 @@ def private_factory(
             "use fedavg, fedprox, ivon-admm or ivon-pvi, or declare the method's MethodSpec.dp_update"
         )
     update = spec.dp_update(hparams)
-    rate = sampling_rate(participation, len(sizes))
+    rate = sampling_rate(participation)
     if update.every_round and rate < 1:
         raise ValueError(
             f"{name} with client-level DP needs participation=1: its server sums every client's last reply, which "
@@ -90,7 +87,8 @@ def private_factory(
     if sigma is None:
         assert dp.epsilon is not None  # DPSettings requires one of the two
         sigma = calibrated_noise(dp.epsilon, dp.delta, rate, rounds, dp.accountant)
-    return functools.partial(_build, make, update, dp, sigma, rate, seed)
+    private(make(), update, dp, sigma, rate, seed, len(sizes))  # refuses a method without an empty round at q < 1
+    return functools.partial(_build, make, update, dp, sigma, rate, seed, len(sizes))
 
 
 def _build_example(make: Callable[[], Algorithm], dp: DPSettings, sigma: float, sizes: dict[int, int]) -> Algorithm:
@@ -98,6 +96,12 @@ def _build_example(make: Callable[[], Algorithm], dp: DPSettings, sigma: float, 
 
 
 def _build(
-    make: Callable[[], Algorithm], update: ClientUpdate, dp: DPSettings, sigma: float, rate: float, seed: int
+    make: Callable[[], Algorithm],
+    update: ClientUpdate,
+    dp: DPSettings,
+    sigma: float,
+    rate: float,
+    seed: int,
+    clients: int,
 ) -> Algorithm:
-    return private(make(), update, dp, sigma, rate, seed)
+    return private(make(), update, dp, sigma, rate, seed, clients)

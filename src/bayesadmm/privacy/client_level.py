@@ -3,14 +3,23 @@
 Each round the server measures every participant's update against what it broadcast (`ClientUpdate`: FedAvg's
 θ_k − θ_g, BayesADMM's η_k + ρ_s (λ_k − λ_g)), scales it into the L2 ball of radius C (`clip`), and adds Gaussian
 noise N(0, (σC)² I) to the sum of the clipped updates (σ the noise multiplier); the method's own server update then
-runs on replies rebuilt from that noised sum (base + clipped update + noise / participants), which it aggregates by
-their sum or unweighted mean, so it releases a function of the noised sum alone. The clients train as they would
-(their `client_update` and `local` are the method's own, so cohorts batch as before); the server is trusted with
-the replies (central DP), and what it publishes, each round's server state, is (ε, δ)-DP with respect to adding or
-removing one client's data (`accountant.epsilon` over the rounds at sampling rate participants / clients).
+runs on replies rebuilt from that noised sum, which it aggregates by their sum or unweighted mean, so it releases a
+function of the noised sum alone. The clients train as they would (their `client_update` and `local` are the
+method's own, so cohorts batch as before); the server is trusted with the replies (central DP), and what it
+publishes, each round's server state, is (ε, δ)-DP with respect to adding or removing one client's data.
 
-The noise of round t comes from `generator_of(seed, t, DP_NOISE)` alone. With σ = 0 a reply whose update lies in the
-ball passes unchanged, so a run with σ = 0 and a large clip gives the bits of the method's own run.
+Sampling, as the accountant analyses it (`accountant.epsilon` over the rounds, one (σ, q) each): with every client
+in every round (participation 1), q = 1 and a rebuilt reply is base + clipped update + noise / participants. At
+participation q < 1 the engine draws each client independently with probability q (`Algorithm.client_sampling`
+"poisson", `engine.federation.participants`), the subsampled Gaussian mechanism of the accountant, and the noised
+sum is divided by the expected number of participants qK, a public number, not by the number m drawn (which depends
+on who was drawn): reply k is base + (m / qK) · clipped update + noise / qK, so that the replies' mean is
+base + (Σ clipped updates + noise) / qK. A round that drew no client still releases the noise (base + noise / qK,
+through the method's `ClientUpdate.empty_round`) and counts for the accountant.
+
+The noise of round t comes from `generator_of(seed, t, DP_NOISE)` alone. With σ = 0 (ε infinite) the clients are
+drawn as without DP and a reply whose update lies in the ball passes unchanged, so a run with σ = 0 and a large clip
+gives the bits of the method's own run.
 
 Before each round the wrapper checks the budget: where the round would take ε past `DPSettings.epsilon`, its
 broadcast raises `BudgetExhausted`, and the engine ends the run with status "budget" (resumable with a larger one).
@@ -32,7 +41,7 @@ from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.privacy.settings import DPSettings
 from bayesadmm.trees import register
 
-__all__ = ["PrivateServer", "BudgetExhausted", "private", "privatize", "DP_NOISE"]
+__all__ = ["PrivateServer", "BudgetExhausted", "private", "privatize", "noise_reply", "DP_NOISE"]
 
 DP_NOISE = 10**9 + 10  # the noise's stream: generator_of(seed, round, DP_NOISE)
 
@@ -48,8 +57,8 @@ class PrivateInfo(NamedTuple):
     server: tuple  # the method's info record
     dp_epsilon: float  # ε spent so far (δ of the settings)
     dp_noise_multiplier: float  # σ of this round
-    dp_clipped: float  # the fraction of this round's updates that were clipped
-    dp_median_norm: float  # the median L2 norm of this round's updates (before clipping): a guide for the clip
+    dp_clipped: float  # the fraction of this round's updates that were clipped (0 in a round without participants)
+    dp_median_norm: float  # the median L2 norm of this round's updates (before clipping; 0 without participants)
 
 
 @register
@@ -65,30 +74,51 @@ def privatize(
     clip: float,
     noise_multiplier: float,
     generator: torch.Generator,
+    expected: float | None = None,
 ) -> tuple[dict[int, Message], list[float]]:
     """The replies rebuilt from the noised sum of their clipped updates, and the updates' L2 norms (client order).
 
     Client k's update u_k (`update`'s keys, flattened) is scaled into the ball of radius `clip`; its new reply is
     base + clipped u_k + z / m, with z ~ N(0, (noise_multiplier · clip)² I) and m the number of replies, so the
-    replies' sum is m · base + Σ clipped u_k + z. A reply whose update is in the ball (and with no noise) is
-    passed as it is, bit for bit."""
+    replies' sum is m · base + Σ clipped u_k + z. With `expected` (Poisson sampling's expected number of replies,
+    qK) it is base + (m / expected) · clipped u_k + z / expected instead, so that the replies' mean is
+    base + (Σ clipped u_k + z) / expected whatever m. A reply whose update is in the ball (and with no noise, at
+    `expected` None) is passed as it is, bit for bit."""
     ids = sorted(replies)
     keys = update.keys(replies[ids[0]], base)
     shapes = [base[b].shape for _, b in keys]
     anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
+    stretch = 1.0 if expected is None else len(ids) / expected
     out, norms = {}, []
     for k in ids:
         delta = _flat(replies[k], keys) - anchor
         norms.append(float(torch.linalg.vector_norm(delta.double())))
-        factor = clip_factor(delta, clip)
+        factor = clip_factor(delta, clip) * stretch
         out[k] = dict(replies[k]) if factor == 1.0 else _with(replies[k], keys, shapes, anchor + delta * factor)
     if noise_multiplier > 0:
-        share = gaussian_noise(anchor, noise_multiplier * clip, generator) / len(ids)
+        share = gaussian_noise(anchor, noise_multiplier * clip, generator) / (expected or len(ids))
         out = {
             k: _with(r, keys, shapes, torch.cat([r[key].reshape(-1) for key, _ in keys]) + share)
             for k, r in out.items()
         }
     return out, norms
+
+
+def noise_reply(
+    base: Message,
+    update: ClientUpdate,
+    clip: float,
+    noise_multiplier: float,
+    expected: float,
+    generator: torch.Generator,
+) -> Message:
+    """The reply of a round that drew no client: the update's entries of the broadcast `base` (times the update's
+    scale) plus z / `expected`, z ~ N(0, (noise_multiplier · clip)² I), drawn as `privatize` draws it: the noised sum
+    of no updates over the expected number of replies."""
+    keys = update.broadcast_keys(base)
+    anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
+    noised = anchor + gaussian_noise(anchor, noise_multiplier * clip, generator) / expected
+    return _with({}, keys, [base[b].shape for _, b in keys], noised)
 
 
 def _flat(reply: Message, keys: list[tuple[str, str]]) -> Tensor:
@@ -107,12 +137,25 @@ def _with(reply: Message, keys: list[tuple[str, str]], shapes: list, flat: Tenso
 
 
 def private(
-    algorithm: Algorithm, update: ClientUpdate, dp: DPSettings, noise_multiplier: float, rate: float, seed: int
+    algorithm: Algorithm,
+    update: ClientUpdate,
+    dp: DPSettings,
+    noise_multiplier: float,
+    rate: float,
+    seed: int,
+    clients: int,
 ) -> Algorithm:
     """`algorithm` with client-level DP (module docstring): updates clipped to `dp.clip`, noise multiplier
-    `noise_multiplier`, accounted at sampling rate `rate` with δ = `dp.delta`, budget `dp.epsilon`, the noise's
-    stream derived from `seed`."""
+    `noise_multiplier`, the `clients` clients sampled at rate `rate` (Poisson below 1) and accounted so with
+    δ = `dp.delta`, budget `dp.epsilon`, the noise's stream derived from `seed`."""
     step: Step = (float(noise_multiplier), float(rate))
+    poisson = rate < 1 and noise_multiplier > 0  # without noise ε is infinite: the clients are drawn as without DP
+    expected = rate * clients if poisson else None  # the public denominator of the noised mean
+    if poisson and update.empty_round is None:
+        raise ValueError(
+            f"{algorithm.name} with client-level DP at participation < 1 needs its ClientUpdate.empty_round (a round "
+            "may draw no client); give it one, or run with participation=1"
+        )
 
     def init_server(theta0: Tensor) -> PrivateServer:
         return PrivateServer(algorithm.init_server(theta0), ())
@@ -131,15 +174,20 @@ def private(
     def server_update(server: PrivateServer, replies: Mapping[int, Message]) -> tuple[PrivateServer, PrivateInfo]:
         generator = generator_of(seed, len(server.steps) + 1, DP_NOISE)
         base = algorithm.broadcast(server.inner)
-        noised, norms = privatize(replies, base, update, dp.clip, noise_multiplier, generator)
-        inner, info = algorithm.server_update(server.inner, noised)
+        if replies or expected is None:
+            noised, norms = privatize(replies, base, update, dp.clip, noise_multiplier, generator, expected)
+            inner, info = algorithm.server_update(server.inner, noised)
+        else:  # Poisson sampling drew no client: the noise is released all the same, and the round counts
+            assert update.empty_round is not None  # checked above
+            reply = noise_reply(base, update, dp.clip, noise_multiplier, expected, generator)
+            (inner, info), norms = update.empty_round(server.inner, reply), []
         steps = (*server.steps, step)
         report = PrivateInfo(
             info,
             epsilon(steps, dp.delta, dp.accountant),
             noise_multiplier,
-            sum(n > dp.clip for n in norms) / len(norms),
-            float(torch.tensor(norms).median()),
+            sum(n > dp.clip for n in norms) / max(1, len(norms)),
+            float(torch.tensor(norms).median()) if norms else 0.0,
         )
         return PrivateServer(inner, steps), report
 
@@ -159,4 +207,5 @@ def private(
         posterior=posterior,
         personal=personal,
         unlearn=None,  # the server's sum is noised: there is no client term to take out of it
+        client_sampling="poisson" if poisson else algorithm.client_sampling,
     )

@@ -11,14 +11,16 @@ it (`private_gradients`: the data's only use is one minibatch gradient per step,
 `epochs` epochs); IVON with several weight samples a step (mc_samples > 1) is refused, as each sample's gradient
 would spend privacy of its own.
 
-Accounting, per client: a round is ⌈N_k / B⌉ · epochs steps at sampling rate B / N_k (the client's minibatches are
-shuffled fixed-size batches, which the accountant analyses as Poisson sampling at that rate: the usual DP-SGD
-approximation); a client's ε counts the rounds it trained. The run reports, and budgets, the largest ε of any
-client. N_k (the clients' sizes) is taken as public.
+Accounting, per client: a round is ⌈N_k / B⌉ · epochs steps at sampling rate q = min(1, B / N_k), and with noise
+the solver samples exactly that (its `poisson` minibatches: each example in each step independently with
+probability q, `solvers.cohort.poisson_minibatches`), the noised sum divided by the expected size qN_k (Opacus's
+DP-SGD); a client's ε counts the rounds it trained. The run reports, and budgets, the largest ε of any client.
+N_k (the clients' sizes) is taken as public. Without noise (ε infinite) the solver keeps its shuffles.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Mapping, Sequence
@@ -39,8 +41,9 @@ __all__ = ["PrivateSolver", "ExampleServer", "example_private", "example_noise"]
 
 @dataclass(frozen=True)
 class PrivateSolver:
-    """`solver` (one that declares `private_gradients`) trained on the client's data through `PrivateGradients`
-    (clip `clip`, noise multiplier `noise_multiplier`); a cohort solver's steps through `PrivateCohortGradients`.
+    """`solver` (one that declares `private_gradients`, with its `poisson` minibatches where there is noise) trained
+    on the client's data through `PrivateGradients` (clip `clip`, noise multiplier `noise_multiplier`); a cohort
+    solver's steps through `PrivateCohortGradients`.
     Each solve first draws its noise stream's seed from the client's generator (`noise_generator`; nothing without
     noise), so a cohort's clients draw what each draws alone."""
 
@@ -59,12 +62,14 @@ class PrivateSolver:
 
     def solve_problem(self, problem: Any, data: Any, generator: torch.Generator) -> Any:
         noise = noise_generator(generator, self.noise_multiplier)
-        private = PrivateGradients(data, self.clip, self.noise_multiplier, noise)
+        expected = min(self.solver.batch_size, data.num_examples) if self.solver.poisson else None
+        private = PrivateGradients(data, self.clip, self.noise_multiplier, noise, expected)
         return self.solver.solve_problem(problem, private, generator)
 
     def solve_cohort(self, problems: Sequence[Any], data: Any, generators: Sequence[torch.Generator]) -> list:
         noises = [noise_generator(g, self.noise_multiplier) for g in generators]
-        gradients = PrivateCohortGradients(self.clip, self.noise_multiplier, noises)
+        batch_size = self.solver.batch_size if self.solver.poisson else None
+        gradients = PrivateCohortGradients(self.clip, self.noise_multiplier, noises, batch_size)
         return self.solver.solve_cohort(problems, data, generators, gradients=gradients)
 
 
@@ -117,6 +122,11 @@ def _private_solver(algorithm: Algorithm) -> Any:
             f"{algorithm.name}: example-level DP is available for the methods trained by Adam's or IVON's local solver "
             "(fedavg, fedprox, feddyn, fedlap, admm, ivon-admm, ...); use dp level 'client' for the others"
         )
+    if not (dataclasses.is_dataclass(solver) and "poisson" in {f.name for f in dataclasses.fields(solver)}):
+        raise ValueError(
+            f"{algorithm.name}: example-level DP needs a local solver that draws Poisson minibatches (a `poisson` "
+            "field, as LocalAdam's: solvers.cohort.poisson_minibatches); use dp level 'client'"
+        )
     if getattr(solver, "mc_samples", 1) != 1:
         raise ValueError(
             f"{algorithm.name}: example-level DP takes one gradient per step; set mc_samples=1 (IVON's weight samples "
@@ -130,7 +140,9 @@ def example_private(algorithm: Algorithm, dp: Any, noise_multiplier: float, size
     the clients' sizes `sizes` for the accounting and the budget `dp.epsilon` (the largest client ε)."""
     solver, local = _private_solver(algorithm), algorithm.local
     assert local is not None
-    private_local = LocalStep(PrivateSolver(solver, dp.clip, noise_multiplier), local.prepare, local.finish)
+    # with noise, the minibatches the accountant analyses (Poisson); without, ε is infinite and the shuffles stay
+    sampling = dataclasses.replace(solver, poisson=True) if noise_multiplier > 0 else solver
+    private_local = LocalStep(PrivateSolver(sampling, dp.clip, noise_multiplier), local.prepare, local.finish)
 
     def worst(trained: Mapping[int, int], extra: int = 0, who: Any = ()) -> float:
         return max(
@@ -169,8 +181,12 @@ def example_private(algorithm: Algorithm, dp: Any, noise_multiplier: float, size
 
     inner_personal = algorithm.personal
     personal = None if inner_personal is None else (lambda server, state: inner_personal(server.inner, state))
+    inner_unlearn = algorithm.unlearn  # the server sums the clients' private replies exactly: the method's own
+    unlearn = None
+    if inner_unlearn is not None:
+        unlearn = lambda server, k, state: server._replace(inner=inner_unlearn(server.inner, k, state))  # noqa: E731
     return algorithm._replace(
         init_server=init_server, init_client=init_client, broadcast=broadcast, server_update=server_update,
         posterior=posterior, client_update=update_from(algorithm.name, private_local), local=private_local,
-        personal=personal, unlearn=None,
+        personal=personal, unlearn=unlearn,
     )  # fmt: skip

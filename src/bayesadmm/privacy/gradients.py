@@ -3,9 +3,11 @@
 cohort solver calls in place of `solvers.cohort.batch_gradients`).
 
 A step's gradient of the mean loss becomes (Σ_i clip(g_i) + N(0, (σC)² I)) / B: every example's gradient g_i scaled
-into the L2 ball of radius C, their sum noised, divided by the minibatch's size B (an epoch's last minibatch may be
-smaller: its own size). Everything a solver computes from it (Adam's moments, IVON's Hessian estimate ĝ∘ε/σ from its
-own weight noise ε) is post-processing.
+into the L2 ball of radius C, their sum noised, divided by B. With noise the minibatches are Poisson samples
+(`solvers.cohort.poisson_minibatches`, what the accountant analyses) and B is their expected size min(batch size, N),
+a public number, whatever the step drew (Opacus's way; a step that drew no example gives the noise / B); without
+noise (ε infinite) the minibatches are the solver's shuffles and B is the minibatch's own size. Everything a solver
+computes from it (Adam's moments, IVON's Hessian estimate ĝ∘ε/σ from its own weight noise ε) is post-processing.
 
 The noise: each client's solve draws it from a noise generator of its own (`noise_generator`, seeded by one draw from
 the client's generator before anything else of the solve), one N(0, I) vector per step in step order, so a cohort's
@@ -72,14 +74,15 @@ def _noised(total: Tensor, std: float, generator: torch.Generator | None) -> Ten
 @dataclass(frozen=True)
 class PrivateGradients:
     """A client's data whose minibatch gradient (`batch_grad`) is DP-SGD's: per-example gradients clipped to `clip`,
-    summed, noised with N(0, (noise_multiplier · clip)² I) from `generator` (None: no noise), divided by the
-    minibatch size. `batch_loss` is the data's own (a solver that reads losses would see the data unprotected: the
-    private solvers take gradients only)."""
+    summed, noised with N(0, (noise_multiplier · clip)² I) from `generator` (None: no noise), divided by `expected`
+    (Poisson minibatches' expected size; None: the minibatch's own size). `batch_loss` is the data's own (a solver
+    that reads losses would see the data unprotected: the private solvers take gradients only)."""
 
     data: Any
     clip: float
     noise_multiplier: float
     generator: torch.Generator | None
+    expected: int | None = None
 
     @property
     def num_examples(self) -> int:
@@ -89,19 +92,24 @@ class PrivateGradients:
         return self.data.batch_loss(theta, idx)
 
     def batch_grad(self, theta: Tensor, idx: Tensor) -> Tensor:
-        total = clip_rows(per_example_gradients(self.data, theta, idx), self.clip).sum(dim=0)
-        return _noised(total, self.noise_multiplier * self.clip, self.generator) / idx.numel()
+        if idx.numel() == 0:  # a Poisson minibatch that drew no example: the noise alone
+            total = torch.zeros_like(theta.detach())
+        else:
+            total = clip_rows(per_example_gradients(self.data, theta, idx), self.clip).sum(dim=0)
+        return _noised(total, self.noise_multiplier * self.clip, self.generator) / (self.expected or idx.numel())
 
 
 @dataclass(frozen=True)
 class PrivateCohortGradients:
     """`solvers.cohort.batch_gradients` made private: each active client's gradient of step t is `PrivateGradients`'
     for its minibatch, its noise from its own stream. `generators`: the noise generators in the order of the cohort
-    (`StackedClients`), None each without noise."""
+    (`StackedClients`), None each without noise. `batch_size`: the solver's, for Poisson minibatches, whose sum is
+    divided by their expected size min(batch_size, N_k); None: by the minibatch's own size."""
 
     clip: float
     noise_multiplier: float
     generators: Sequence[torch.Generator | None]
+    batch_size: int | None = None
 
     def __call__(self, data: Any, plan: Any, t: int, thetas: Tensor) -> Tensor:
         """(A, 1, d): the private gradients of the A = plan.active[t] first clients of `plan` at thetas (A, 1, d)."""
@@ -114,14 +122,19 @@ class PrivateCohortGradients:
         per_chunk = max(1, CHUNK_BYTES // max(1, cut * dim * thetas.element_size()))
         for start in range(0, active, per_chunk):
             stop = min(active, start + per_chunk)
-            rows = plan.rows[t, start:stop, :cut]
-            grads = _example_rows(data, thetas[start:stop, 0], rows, plan.targets[t, start:stop, :cut])
-            grads = clip_rows(grads, self.clip).view(stop - start, cut, dim)
+            if cut > 0:
+                rows = plan.rows[t, start:stop, :cut]
+                grads = _example_rows(data, thetas[start:stop, 0], rows, plan.targets[t, start:stop, :cut])
+                grads = clip_rows(grads, self.clip).view(stop - start, cut, dim)
+            else:  # no client's Poisson minibatch drew an example this step
+                grads = thetas.new_zeros((stop - start, 1, dim))
             for slot in range(start, stop):
                 n = counts[slot]
-                total = grads[slot - start, :n].sum(dim=0)
-                noise = self.generators[plan.order[slot]]
-                out[slot] = _noised(total, self.noise_multiplier * self.clip, noise) / n
+                total = grads[slot - start, :n].sum(dim=0)  # zeros where the minibatch is empty
+                client = plan.order[slot]
+                noise = self.generators[client]
+                size = n if self.batch_size is None else min(self.batch_size, data.sizes[client])
+                out[slot] = _noised(total, self.noise_multiplier * self.clip, noise) / size
         return out.unsqueeze(1)
 
 

@@ -7,8 +7,9 @@ one has no client-level DP, and a run asking for it is refused.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -20,13 +21,19 @@ class ClientUpdate:
     """A client's update: for each (reply prefix, broadcast prefix) of `pairs`, the reply's entries under the first
     (the key itself, or `prefix.0`, `prefix.1`, ...) minus `scale` times the broadcast's entries of the same suffix
     under the second. The server must aggregate the replies by their unweighted sum or mean, so that the noised sum
-    of the clipped updates is all it releases. `every_round`: the server sums every client's last reply, so a
-    client's noised reply would be reused after its round; such a method needs every client in every round
-    (participation 1), where the sum is over this round's replies alone."""
+    of the clipped updates is all it releases; at participation < 1 (Poisson sampling) by their mean, which the
+    replies are rebuilt to make the noised sum over the expected number of participants. `every_round`: the server
+    sums every client's last reply, so a client's noised reply would be reused after its round; such a method needs
+    every client in every round (participation 1), where the sum is over this round's replies alone.
+    `empty_round(server_state, reply) -> (server_state, info)`: the method's server update for a round that no
+    client took part in (Poisson sampling may draw none), given the one reply whose update entries are the
+    broadcast's moved by the noise (the noised sum of no updates, over the expected number of participants); a
+    module-level function (it travels to worker processes). None: the method needs participation 1."""
 
     pairs: tuple[tuple[str, str], ...]
     scale: float = 1.0
     every_round: bool = False
+    empty_round: Callable[[Any, dict[str, Tensor]], tuple[Any, Any]] | None = None
 
     def keys(self, reply: Mapping[str, Tensor], message: Mapping[str, Tensor]) -> list[tuple[str, str]]:
         """The (reply key, broadcast key) pairs of the update, in a fixed order; a KeyError naming what is missing."""
@@ -40,4 +47,15 @@ class ClientUpdate:
                 if partner not in message:
                     raise KeyError(f"the broadcast has no '{partner}' for the reply's '{key}'")
                 found.append((key, partner))
+        return found
+
+    def broadcast_keys(self, message: Mapping[str, Tensor]) -> list[tuple[str, str]]:
+        """The (reply key, broadcast key) pairs of the update read from the broadcast alone (a round without
+        replies), in `keys`' order; a KeyError naming what is missing."""
+        found = []
+        for reply_prefix, message_prefix in self.pairs:
+            keys = sorted(k for k in message if k == message_prefix or k.startswith(message_prefix + "."))
+            if not keys:
+                raise KeyError(f"the broadcast has no '{message_prefix}' entries (keys: {sorted(message)})")
+            found += [(reply_prefix + key[len(message_prefix) :], key) for key in keys]
         return found

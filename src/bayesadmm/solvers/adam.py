@@ -26,17 +26,25 @@ from torch import Tensor
 
 from bayesadmm import rng
 from bayesadmm.checks import all_finite
-from bayesadmm.solvers.cohort import CohortGradients, StackedClients, batch_gradients
+from bayesadmm.solvers.cohort import CohortGradients, StackedClients, batch_gradients, poisson_minibatches
 from bayesadmm.solvers.cohort_adam import adam_cohort
 from bayesadmm.solvers.newton import PointResult, ProxProblem
 
 
 def minibatches(
-    num_examples: int, batch_size: int, epochs: int, generator: torch.Generator, device: torch.device | str = "cpu"
+    num_examples: int,
+    batch_size: int,
+    epochs: int,
+    generator: torch.Generator,
+    device: torch.device | str = "cpu",
+    poisson: bool = False,
 ) -> Iterator[Tensor]:
     """Example indices for `epochs` passes over the data in minibatches, reshuffled each epoch by the generator (the
     last minibatch of an epoch may be smaller). Drawn lazily, so randomness used between batches (IVON's noise)
-    interleaves with the shuffles in a fixed order."""
+    interleaves with the shuffles in a fixed order. `poisson`: `poisson_minibatches` instead."""
+    if poisson:
+        yield from poisson_minibatches(num_examples, batch_size, epochs, generator, device)
+        return
     for _ in range(epochs):
         order = rng.randperm(num_examples, generator, device)
         for start in range(0, num_examples, batch_size):
@@ -59,6 +67,9 @@ class LocalAdam:
     epochs: int = 1
     batch_size: int = 32
     weight_decay: float = 0.0
+    # Poisson minibatches (`solvers.cohort.poisson_minibatches`: example-level DP's sampling, set by
+    # `privacy.example_level`) in place of the epochs' shuffles
+    poisson: bool = False
     # clients per cohort where the engine chooses on a CPU: cohorts of 16 and 32 took 0.61-0.64 of the per-client
     # round's time for FedAvg on 10 to 1000 clients (`python benchmarks/cohort.py`, docs/performance.md)
     cpu_cohort: ClassVar[int] = 16
@@ -94,7 +105,8 @@ class LocalAdam:
         has_prox = torch.is_tensor(prox_weight) or prox_weight != 0.0
         batch_grad = getattr(data, "batch_grad", None)  # the data's own gradient (no autograd graph), where it has one
         steps = 0
-        for idx in minibatches(data.num_examples, self.batch_size, self.epochs, generator, theta0.device):
+        batches = minibatches(data.num_examples, self.batch_size, self.epochs, generator, theta0.device, self.poisson)
+        for idx in batches:
             optimizer.zero_grad(set_to_none=True)
             if batch_grad is not None:
                 theta.grad = batch_grad(theta, idx)
@@ -185,6 +197,7 @@ class LocalAdamProx:
     lr: float = 1e-3
     epochs: int = 1
     batch_size: int = 32
+    poisson: bool = False  # (LocalAdam's)
     cpu_cohort: ClassVar[int] = LocalAdam.cpu_cohort  # (its steps are LocalAdam's)
     needs_generator: ClassVar[bool] = True
     private_gradients: ClassVar[bool] = True  # (its steps are LocalAdam's)
@@ -194,7 +207,7 @@ class LocalAdamProx:
 
     @property
     def adam(self) -> LocalAdam:
-        return LocalAdam(lr=self.lr, epochs=self.epochs, batch_size=self.batch_size)
+        return LocalAdam(lr=self.lr, epochs=self.epochs, batch_size=self.batch_size, poisson=self.poisson)
 
     def minimize(self, data, v: Tensor, rho: float, center: Tensor, generator: torch.Generator | None = None):
         if generator is None:

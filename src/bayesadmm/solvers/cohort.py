@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -149,10 +149,13 @@ class BatchPlan(NamedTuple):
 
 
 def plan_batches(
-    data: StackedClients, batch_size: int, epochs: int, generators: Sequence[torch.Generator]
+    data: StackedClients, batch_size: int, epochs: int, generators: Sequence[torch.Generator], poisson: bool = False
 ) -> BatchPlan:
     """Each client's `epochs` shuffles from its generator (one `rng.randperm` per epoch, in epoch order, as
-    `minibatches` draws them) laid out as minibatches of `batch_size`."""
+    `minibatches` draws them) laid out as minibatches of `batch_size`; `poisson`: each client's Poisson minibatches
+    (`poisson_plan`)."""
+    if poisson:
+        return poisson_plan(data, batch_size, epochs, generators)
     blocks = [math.ceil(n / batch_size) for n in data.sizes]  # minibatches per epoch
     steps = [epochs * b for b in blocks]
     order = sorted(range(len(data)), key=lambda i: -steps[i])
@@ -168,7 +171,42 @@ def plan_batches(
         sizes = torch.full((b,), batch_size, dtype=torch.int64)
         sizes[-1] = n - (b - 1) * batch_size
         counts[slot, : epochs * b] = sizes.repeat(epochs)
-    ordered_steps = [steps[i] for i in order]
+    return _plan(data, order, [steps[i] for i in order], rows, counts)
+
+
+def poisson_minibatches(
+    num_examples: int, batch_size: int, epochs: int, generator: torch.Generator, device: torch.device | str = "cpu"
+) -> Iterator[Tensor]:
+    """Example-level DP's minibatches (Poisson sampling, which its accountant analyses): ⌈N / B⌉ steps an epoch, each
+    step's minibatch every example independently with probability q = min(1, B / N), from one uniform draw per
+    example and step (`rng.rand`), in index order. The size varies, qN = min(B, N) on average, and may be 0."""
+    rate = min(1.0, batch_size / num_examples)
+    for _ in range(epochs * math.ceil(num_examples / batch_size)):
+        yield (rng.rand(num_examples, generator, "cpu") < rate).nonzero().flatten().to(device)
+
+
+def poisson_plan(
+    data: StackedClients, batch_size: int, epochs: int, generators: Sequence[torch.Generator]
+) -> BatchPlan:
+    """Each client's Poisson minibatches (`poisson_minibatches`: ⌈N_k / B⌉ · epochs steps, each example
+    in each step with probability min(1, B / N_k)), drawn from its generator as that function draws them, laid out
+    as minibatches as wide as the largest (a step may hold none: its count is 0)."""
+    steps = [epochs * math.ceil(n / batch_size) for n in data.sizes]
+    order = sorted(range(len(data)), key=lambda i: -steps[i])
+    drawn = [list(poisson_minibatches(data.sizes[i], batch_size, epochs, generators[i])) for i in order]
+    widest = max(1, max(len(batch) for batches in drawn for batch in batches))
+    rows = torch.zeros((max(steps), len(data), widest), dtype=torch.int64)
+    counts = torch.zeros((len(data), max(steps)), dtype=torch.int64)
+    for slot, (i, batches) in enumerate(zip(order, drawn, strict=True)):
+        for t, batch in enumerate(batches):
+            rows[t, slot, : len(batch)] = batch + data.offsets[i]
+            counts[slot, t] = len(batch)
+    return _plan(data, order, [steps[i] for i in order], rows, counts)
+
+
+def _plan(data: StackedClients, order: list[int], ordered_steps: list[int], rows: Tensor, counts: Tensor) -> BatchPlan:
+    """The plan of the minibatch table `rows` (T, K, B) with their sizes `counts` (K, T), in the order `order`."""
+    most = rows.shape[0]
     active = [sum(1 for s in ordered_steps if s > t) for t in range(most)]
     width, longest = [], []
     for t in range(most):

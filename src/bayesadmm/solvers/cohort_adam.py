@@ -102,7 +102,7 @@ def adam_cohort(
 ) -> list[tuple[Tensor, int]]:
     """(θ_k, steps) of each client's problem, in the order of `problems`, as `adam.train` gives them; `gradients`
     computes each step's minibatch gradients (`batch_gradients`, or example-level DP's private ones)."""
-    plan = plan_batches(data, adam.batch_size, adam.epochs, generators)
+    plan = plan_batches(data, adam.batch_size, adam.epochs, generators, adam.poisson)
     chosen = [problems[i] for i in plan.order]
     like, scratch = chosen[0].theta0, data.workspace
     theta = scratch.stack("theta", [p.theta0.detach() for p in chosen], like)

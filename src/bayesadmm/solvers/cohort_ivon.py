@@ -41,7 +41,7 @@ def ivon_cohort(
     The step loop stays in this function: it updates the (K, d) row matrices in place and reads the noise keys and
     flat views set up just above it, which a helper would take as a dozen arguments."""
     setups = [solver.setup(p, data.clients[i], generators[i]) for i, p in enumerate(problems)]
-    plan = plan_batches(data, solver.batch_size, solver.epochs, generators)
+    plan = plan_batches(data, solver.batch_size, solver.epochs, generators, solver.poisson)
     ordered = [setups[i] for i in plan.order]
     first = ordered[0]
     if any(s.state.step != first.state.step for s in ordered):

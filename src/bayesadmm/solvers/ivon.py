@@ -140,6 +140,9 @@ class IVONSolver(VariationalSolver):
     # the compiled kernels or the eager maths (equal to rounding): a run's `compile` setting decides
     # (`optim.compilation.decide`, e.g. eagerly for a small model whose run would not win back the compilation)
     compiled: bool = True
+    # Poisson minibatches (`solvers.cohort.poisson_minibatches`: example-level DP's sampling, set by
+    # `privacy.example_level`) in place of the epochs' shuffles
+    poisson: bool = False
     # one client at a time where the engine chooses on a CPU: IVON's per-step passes over the parameters (drawing
     # the noise, the update) cost per client what they cost batched: cohorts of 5 to 32 took 1.03-1.19 of the
     # per-client round's time on one thread (`python benchmarks/cohort.py --method ivon-admm`) and 1.09 of it with
@@ -245,7 +248,9 @@ class IVONSolver(VariationalSolver):
         try:
             kernels = self.kernels
             thetas, eps = ivon.sample(state, ess, delta, noise_key, self.mc_samples, check=False, kernels=kernels)
-            batches = minibatches(data.num_examples, self.batch_size, self.epochs, generator, state.mean.device)
+            batches = minibatches(
+                data.num_examples, self.batch_size, self.epochs, generator, state.mean.device, self.poisson
+            )
             idx = next(batches, None)
             while idx is not None:
                 grads = (

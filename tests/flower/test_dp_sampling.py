@@ -1,0 +1,70 @@
+"""Client-level DP through a Flower strategy at participation < 1: the strategy draws the engine's Poisson sample
+(rounds without participants included) and gives bayesadmm.run's numbers and ε."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+pytest.importorskip("opacus")
+
+import user_app
+from flwr.app import ArrayRecord
+from helpers import LoopbackGrid, assert_same_metrics, lines
+from test_strategy import _user_client_app
+
+import bayesadmm
+from bayesadmm.engine.federation import participants
+from bayesadmm.flower import strategy
+
+FEDAVG = {"lr": 0.01, "epochs": 1, "batch_size": 8}
+
+
+def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_sample(tmp_path):
+    """3 clients at q = 0.4, seed 7: rounds 2 and 3 draw no client; the strategy's rounds are the local run's, with
+    the same participants, numbers and ε."""
+    torch.set_default_dtype(torch.float64)  # restored by tests/conftest.py
+    parts, test = user_app.tensors(seed=3)
+    dp = bayesadmm.DPSettings(clip=1.0, noise_multiplier=1.0)
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    local = bayesadmm.run(
+        model,
+        clients=parts,
+        test=test,
+        algorithm="fedavg",
+        hparams=FEDAVG,
+        rounds=4,
+        seed=7,
+        eval_samples=4,
+        out=tmp_path / "local",
+        progress=False,
+        cohort=1,
+        participation=0.4,
+        dp=dp,
+    )
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    s = strategy(
+        "fedavg",
+        model=model,
+        rounds=4,
+        seed=7,
+        eval_samples=4,
+        dtype="float64",
+        eval_data=test,
+        dp=dp,
+        fraction_train=0.4,
+        fraction_evaluate=0.0,
+        out=tmp_path / "flower",
+        **FEDAVG,
+    )
+    grid = LoopbackGrid(_user_client_app(parts, test), len(parts))
+    s.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()))
+    flower = lines(tmp_path / "flower")
+    drawn = [len(participants([0, 1, 2], 0.4, 7, r, "poisson")) for r in range(1, 5)]
+    assert drawn == [3, 0, 0, 1]
+    assert [line["participants"] for line in flower] == drawn == [line["participants"] for line in local.history]
+    assert_same_metrics(local.history, flower, tol=1e-9)
+    assert [line["dp_epsilon"] for line in flower] == [line["dp_epsilon"] for line in local.history]
