@@ -22,7 +22,7 @@ from typing import Any
 
 from torch import nn
 
-from bayesadmm.engine.federation import Result
+from bayesadmm.engine.federation import Result, StaleResult
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.loading import load
 from bayesadmm.models import FlatModel
@@ -56,6 +56,8 @@ def unlearn(
     client_id = _check(result, client_id)
     try:
         state = result.client_states([client_id])[client_id]
+    except StaleResult as exc:  # the run directory moved on: its client states are not of this Result's round
+        raise UnlearningError(f"cannot unlearn client {client_id}: {exc}") from None
     except ValueError as exc:
         raise UnlearningError(f"client {client_id} is not a client of the run in {result.run_dir} ({exc})") from None
     hook = result.algorithm.unlearn
