@@ -1,5 +1,6 @@
-"""What a resume checks besides the checkpoint's method, configuration and clients: a private run's accountant
-history against the checkpoint's rounds; and how a run that diverged says so."""
+"""What a resume checks besides the checkpoint's method, configuration and clients: the data the run is scored on, a
+private run's accountant history against the checkpoint's rounds; what it may change; and how a run that diverged
+says so."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import math
 import re
 
 import pytest
-from tests.engine.test_rundir import _run  # the same tiny federation (fedavg, 2 clients, a classifier)
+import torch
+from tests.engine.test_rundir import FEDAVG, _data, _run  # the same tiny federation (fedavg, 2 clients)
+from torch import nn
 
+import bayesadmm
 from bayesadmm.engine import run as engine_run
 from bayesadmm.engine import rundir
 from bayesadmm.privacy import DPSettings
@@ -66,3 +70,44 @@ def test_a_diverged_run_says_so_with_what_to_try(tmp_path, monkeypatch, capsys, 
     assert re.search(advice, result.message), result.message
     printed = capsys.readouterr().err.strip().splitlines()
     assert printed == [f"bayesadmm: diverged in {result.message} (the state of round 0 is in {tmp_path / 'r'})"]
+
+
+def _scored(out, test=None, ood=None, **kwargs):
+    """The tiny federation of `_run` (its clients), scored on `test` and `ood`."""
+    torch.manual_seed(0)
+    clients, own = _data()
+    options = {"algorithm": "fedavg", "hparams": FEDAVG, "rounds": 2, "progress": False, "out": out, **kwargs}
+    return bayesadmm.run(nn.Linear(3, 2), clients, test or own, ood=ood, **options)
+
+
+def test_a_resume_scored_on_other_data_is_refused_naming_it(tmp_path):
+    """The test set and the OOD inputs are part of the run's identity: other values of the same shape are refused."""
+    _, (X, y) = _data()
+    ood = torch.randn(10, 3, generator=torch.Generator().manual_seed(5))
+    assert _scored(tmp_path / "r", ood=ood, stop_at=1).status == "stopped"
+    with pytest.raises(rundir.RunDirError, match=r"the data of the evaluation set \(test=\) differ from those .*"):
+        _scored(tmp_path / "r", test=(X + 1, y), ood=ood, resume=True)
+    with pytest.raises(rundir.RunDirError, match=r"the data of the OOD inputs \(ood=\) differ from those .*"):
+        _scored(tmp_path / "r", ood=ood * 2, resume=True)
+    assert _scored(tmp_path / "r", ood=ood, resume=True).status == "completed"
+
+
+def test_a_checkpoint_written_before_the_evaluation_data_were_recorded_resumes(tmp_path):
+    path = tmp_path / "r" / "checkpoint.pt"
+    _scored(tmp_path / "r", stop_at=1)
+    checkpoint = rundir.load_state(path)
+    data = {k: v for k, v in checkpoint["run"]["data"].items() if k != "evaluation"}
+    rundir.save_state(path, {**checkpoint, "run": {**checkpoint["run"], "data": data}})  # as an older bayesadmm wrote
+    assert _scored(tmp_path / "r", resume=True).status == "completed"
+    assert "evaluation" in rundir.load_state(path)["run"]["data"]  # recorded from then on
+
+
+def test_what_a_resume_may_change_is_accepted_with_the_same_numbers(tmp_path):
+    """docs/reliability.md: workers, checkpoint interval, stop_at, device and client store may change on resume."""
+    whole = _scored(tmp_path / "whole", rounds=3)
+    assert _scored(tmp_path / "r", rounds=3, stop_at=1).status == "stopped"
+    changed = {"checkpoint_every": 2, "workers": 2, "client_store": "disk", "device": "cpu"}
+    resumed = _scored(tmp_path / "r", rounds=3, resume=True, **changed)
+    assert resumed.status == "completed"
+    strip = lambda h: [{k: v for k, v in line.items() if not k.endswith("seconds")} for line in h]  # noqa: E731
+    assert strip(resumed.history) == strip(whole.history)

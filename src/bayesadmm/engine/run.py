@@ -28,7 +28,7 @@ from bayesadmm.engine.federation import (
 )
 from bayesadmm.engine.history import append_line, headline, mean_client_info, metrics_line, on_done, progress_bar
 from bayesadmm.engine.history import read_metrics as _read_metrics
-from bayesadmm.engine.identity import check_same_run
+from bayesadmm.engine.identity import check_same_run, evaluation_fingerprint
 from bayesadmm.engine.leavings import save_posterior, write_reliability
 from bayesadmm.engine.pool import client_runner
 from bayesadmm.engine.provenance import record_environment
@@ -89,7 +89,10 @@ class Run:
         self.algorithm = federation.make_algorithm()
         self.ids = sorted(federation.clients.sizes)
         config_json = json.loads(json.dumps(dict(config))) if config is not None else None  # as config.json holds it
-        self.identity = {"method": self.algorithm.name, "config": config_json, "data": fingerprint(federation.clients)}
+        personal_tests = federation.personal.tests if federation.personal is not None else None
+        scored_on = evaluation_fingerprint(federation.eval_X, federation.eval_y, federation.ood_X, personal_tests)
+        data = {**fingerprint(federation.clients), "evaluation": scored_on}  # trained on, and scored on
+        self.identity = {"method": self.algorithm.name, "config": config_json, "data": data}
         self.server: Any = None
         self.history: list[dict] = []
         self.round = self.checkpointed = 0
