@@ -16,6 +16,7 @@ from torch import nn
 import bayesadmm
 from bayesadmm.engine import run as engine_run
 from bayesadmm.engine import rundir
+from bayesadmm.engine.identity import check_same_run
 from bayesadmm.privacy import DPSettings
 from bayesadmm.privacy.client_level import PrivateServer
 from bayesadmm.privacy.example_level import ExampleServer
@@ -111,3 +112,28 @@ def test_what_a_resume_may_change_is_accepted_with_the_same_numbers(tmp_path):
     assert resumed.status == "completed"
     strip = lambda h: [{k: v for k, v in line.items() if not k.endswith("seconds")} for line in h]  # noqa: E731
     assert strip(resumed.history) == strip(whole.history)
+
+
+@pytest.mark.parametrize(
+    ("key", "old", "new"),
+    [
+        ("out", "runs/a", "runs/b"),
+        ("data_dir", "/data", "/elsewhere"),
+        ("workers", 1, 4),
+        ("checkpoint_every", 1, 2),
+        ("stop_at", 2, 0),
+        ("log", "", "tensorboard"),
+        ("device", "cpu", "cuda"),
+        ("client_store", "memory", "disk"),
+        ("stop-at", 2, 0),  # a Flower run config's spelling
+    ],
+)
+def test_what_a_resume_may_change_passes_the_checkpoints_identity_check(tmp_path, key, old, new):
+    """The check `bayesadmm resume` (config.json) and the Flower strategy (their run config) meet: the settings
+    docs/reliability.md lists may differ, at the top level or in a table; anything else is refused."""
+    data = {"sizes": {"0": 16}}
+    saved = {"method": "fedavg", "config": {"rounds": 3, key: old, "settings": {key: old}}, "data": data}
+    mine = {"method": "fedavg", "config": {"rounds": 3, key: new, "settings": {key: new}}, "data": data}
+    check_same_run(tmp_path / "checkpoint.pt", {"run": saved}, mine)
+    with pytest.raises(rundir.RunDirError, match="rounds 3 → 4"):
+        check_same_run(tmp_path / "checkpoint.pt", {"run": saved}, {**mine, "config": {**mine["config"], "rounds": 4}})

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from tests.engine.test_rundir import _run  # the same tiny federation (fedavg, 2 clients, a classifier)
 
 from bayesadmm import reports
-from bayesadmm.engine import loop
+from bayesadmm.engine import loop, rundir
 from bayesadmm.engine import run as engine_run
 from bayesadmm.engine.rundir import POSTERIOR, load_state
 
@@ -156,3 +156,24 @@ def test_a_finished_run_leaves_no_lock_and_a_killed_runs_lock_does_not_block(tmp
     (tmp_path / "s").mkdir()
     (tmp_path / "s" / ".lock").write_text("process 1 on elsewhere since 00:00:00")  # a killed run's, unlocked
     assert _run(tmp_path / "s", rounds=1).status == "completed" and not (tmp_path / "s" / ".lock").exists()
+
+
+def test_a_lock_file_removed_by_its_finishing_holder_is_not_taken(tmp_path, monkeypatch):
+    """A process that opened .lock just before its holder removed it on the way out would hold a file no longer at
+    the path, and a third process could then lock a new one: two writers. It locks the file at the path instead."""
+    import fcntl
+
+    real, opened = fcntl.flock, []
+
+    def holder_ends_meanwhile(fd, operation):
+        if not opened:  # this process has opened .lock; the holder ends now and removes it
+            opened.append(fd)
+            (tmp_path / ".lock").unlink()
+        return real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", holder_ends_meanwhile)
+    with rundir.locked(tmp_path):
+        with pytest.raises(rundir.RunDirError, match=f"in use by process {os.getpid()}"):
+            with rundir.locked(tmp_path):  # a third writer finds the lock held
+                pass
+    assert not (tmp_path / ".lock").exists()
