@@ -129,9 +129,10 @@ class Run:
         self._prepare_files(0)
 
     def prepare_resume(self) -> bool:
-        """Check the checkpoint (its run, its client states, `stop_at`) before anything is written; False where the
-        run is already complete up to its last round, else record the environment and drop the metrics lines of the
-        rounds after the checkpoint."""
+        """Check the checkpoint (its run, its client states, a private run's accounting, `stop_at`) before anything is
+        written; False where the run is already complete up to its last round (its final status written), else record
+        the environment and drop the metrics lines of the rounds after the checkpoint. A checkpoint of the last round
+        without its final status is a run whose end was cut short: True, no round left, and `finish` ends it."""
         settings = self.settings
         checkpoint = read_checkpoint(self.checkpoint_path, settings.rounds)
         check_same_run(self.checkpoint_path, checkpoint, self.identity)
