@@ -50,8 +50,8 @@ def unlearn(
     `exit_code` and `run_dir` are the original run's (nothing was trained, and the run directory still holds the
     original checkpoint, client included); `message` says "client J unlearned". Raises `UnlearningError` for a method
     without the hook, an unknown client, one that never took part or was already unlearned, and a server state of
-    another round than the checkpoint's client states (a run that diverged between checkpoints), and a Result whose run
-directory has moved on since (resumed or run again: its checkpoint is of another round). A run directory is
+    another round than the checkpoint's client states (a run that diverged between checkpoints), and a Result whose
+    run directory has moved on since (resumed or run again: its checkpoint is of another round). A run directory is
     read with `bayesadmm.load(run_dir, model=model, likelihood=likelihood)` (a run of `bayesadmm.run` needs them)."""
     result = _as_result(result_or_run_dir, model, likelihood)
     client_id = _check(result, client_id)
