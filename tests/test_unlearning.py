@@ -143,3 +143,22 @@ def test_a_run_directory_is_unlearned_as_its_result(tmp_path):
     assert from_dir.posterior.provenance["unlearned"] == [1]
     with pytest.raises(ValueError, match="model="):
         bayesadmm.unlearn(out, 1)
+
+
+def test_a_result_whose_run_directory_moved_on_refuses_rather_than_mix_rounds(tmp_path):
+    """A Result of round 2 whose run was resumed to round 4 since: its server is round 2's, the directory's client
+    states round 4's; unlearn and personal refuse, naming the round the directory holds and how to read it."""
+    clients, out = data(), tmp_path / "r"
+    early = run(clients, out, rounds=4, stop_at=2)
+    assert early.status == "stopped" and early.round == 2
+    late = run(clients, out, rounds=4, resume=True)
+    assert late.round == 4
+    stale = f"this Result is of round 2; {out} now holds round 4: bayesadmm.load"
+    with pytest.raises(bayesadmm.UnlearningError, match=stale):
+        bayesadmm.unlearn(early, GONE)
+    with pytest.raises(ValueError, match=stale):
+        early.personal(GONE)
+    with pytest.raises(ValueError, match=stale):
+        early.client_states()
+    assert torch.equal(early.posterior.mean, early.algorithm.posterior(early.server).mean)  # its own round's
+    assert bayesadmm.unlearn(late, GONE).round == 4  # the current Result unlearns as before

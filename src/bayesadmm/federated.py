@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -263,7 +264,7 @@ def run(
         config["dp"] = dp.to_json()
     if resume:
         check_same_run(run_dir, config)
-    return run_federation(
+    result = run_federation(
         federation,
         settings,
         run_dir,
@@ -274,6 +275,12 @@ def run(
         on_round=on_round,
         overwrite=overwrite,
     )
+    if result.status == "diverged":  # said where the user looks, not only in result.status and status.json
+        print(
+            f"bayesadmm: diverged in {result.message} (the state of round {result.round} is in {run_dir})",
+            file=sys.stderr,
+        )
+    return result
 
 
 def _private(make, algorithm, hparams, dp: DPSettings, settings: Settings, sizes: Mapping[int, int]):

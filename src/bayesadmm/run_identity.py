@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import nn
 
+from bayesadmm.engine.identity import RESUME_MAY_CHANGE
 from bayesadmm.engine.settings import Settings
 from bayesadmm.models import FlatModel
 
@@ -52,8 +53,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def check_same_run(run_dir: Path, config: Mapping[str, Any]) -> None:
-    """A resume must continue the same experiment: everything but stop_at, workers and the dp budget and noise as
-    saved."""
+    """A resume must continue the same experiment: everything but what a resume may change (`RESUME_MAY_CHANGE`:
+    workers, checkpoint_every, stop_at, device, ...) and the dp budget and noise as saved."""
     path = run_dir / "config.json"
     if not (run_dir / "checkpoint.pt").exists() or not path.exists():
         raise FileNotFoundError(f"{run_dir} has no checkpoint to resume from; run without resume=True")
@@ -62,7 +63,7 @@ def check_same_run(run_dir: Path, config: Mapping[str, Any]) -> None:
     saved = json.loads(read_bytes(path))  # never through a link out of the run directory
     saved.get("settings", {}).setdefault("compile", "on")  # written before the setting: it compiled
     mine = json.loads(json.dumps(config))
-    for key in ("stop_at", "workers"):
+    for key in RESUME_MAY_CHANGE:  # workers, checkpoint_every, stop_at, device, ...: the same run
         saved.get("settings", {}).pop(key, None)
         mine["settings"].pop(key, None)
     for key in ("dp_epsilon", "dp_noise"):  # a larger budget (or other noise) goes on: the accountant has each round's

@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from bayesadmm.engine.federation import Result
+from bayesadmm.engine.federation import Result, StaleResult
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.loading import load
 from bayesadmm.models import FlatModel
@@ -55,12 +55,15 @@ def unlearn(
     `exit_code` and `run_dir` are the original run's (nothing was trained, and the run directory still holds the
     original checkpoint, client included); `message` says "client J unlearned". Raises `UnlearningError` for a method
     without the hook, an unknown client, one that never took part or was already unlearned, and a server state of
-    another round than the checkpoint's client states (a run that diverged between checkpoints). A run directory is
+    another round than the checkpoint's client states (a run that diverged between checkpoints), and a Result whose
+    run directory has moved on since (resumed or run again: its checkpoint is of another round). A run directory is
     read with `bayesadmm.load(run_dir, model=model, likelihood=likelihood)` (a run of `bayesadmm.run` needs them)."""
     result = _as_result(result_or_run_dir, model, likelihood)
     client_id = _check(result, client_id)
     try:
         state = result.client_states([client_id])[client_id]
+    except StaleResult as exc:  # the run directory moved on: its client states are not of this Result's round
+        raise UnlearningError(f"cannot unlearn client {client_id}: {exc}") from None
     except ValueError as exc:
         raise UnlearningError(f"client {client_id} is not a client of the run in {result.run_dir} ({exc})") from None
     hook = result.algorithm.unlearn

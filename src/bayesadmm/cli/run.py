@@ -117,7 +117,10 @@ def command(args) -> int:
         print(f"bayesadmm: the run failed: {type(exc).__name__}: {exc} (--debug shows where)", file=sys.stderr)
         return 1
     if result.status == "diverged":  # the library reports it in the Result; the command says it
-        print(f"stopped: {result.message} (the state of round {result.round} is in the checkpoint)", file=sys.stderr)
+        print(
+            f"bayesadmm: diverged in {result.message} (the state of round {result.round} is in the checkpoint)",
+            file=sys.stderr,
+        )
     elif result.message:
         print(result.message)
     if (run_dir / "curves.png").exists():

@@ -19,8 +19,8 @@ from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.solvers.von import SubproblemError
 
-__all__ = ["Federation", "Result", "participants", "PARTICIPANTS", "EVALUATION", "BREAKDOWNS", "EXIT_OK",
-           "EXIT_FAILED", "EXIT_DIVERGED"]  # fmt: skip
+__all__ = ["Federation", "Result", "StaleResult", "participants", "PARTICIPANTS", "EVALUATION", "BREAKDOWNS",
+           "EXIT_OK", "EXIT_FAILED", "EXIT_DIVERGED"]  # fmt: skip
 
 # The engine's own random streams, generator_for(seed, round, <id>); 10⁹ + 0, 1, 2, 5, 6 are the config layer's set-up
 # streams (subsample, partition, initial weights, validation split, test rows), 10⁹ + 7, 8, 9 the personal split,
@@ -53,6 +53,11 @@ class Federation:
     # each client's personal test split and how it is evaluated (`engine.personal.Personalisation`); None: not at all
     personal: Any = None
     ood_X: Tensor | None = None  # out-of-distribution inputs: the uncertainty metrics at each evaluation (classifiers)
+
+
+class StaleResult(ValueError):
+    """A `Result` whose run directory now holds another round's checkpoint (the run was resumed or run again since
+    the Result was made): what it would read from there is not of its round."""
 
 
 @dataclass
@@ -119,7 +124,9 @@ class Result:
     def client_states(self, clients: Iterable[int] | None = None) -> dict[int, Any]:
         """The client states of the run's last checkpoint (client id → state; all clients, or those asked for), read
         from the run directory without unpickling (`rundir.load_state`). The checkpoint is of round `round` where the
-        run ended normally; after a divergence, of the last checkpointed round (`round`, the last good one)."""
+        run ended normally; after a divergence, of the last checkpointed round (`round`, the last good one). A
+        `StaleResult` error where the directory's checkpoint is now of another round (the run was resumed or run
+        again since): its client states would not be those of this Result's server."""
         from bayesadmm.engine.rundir import RunDirError, load_state
         from bayesadmm.engine.runners import checkpointed_states, initial_states
 
@@ -127,6 +134,11 @@ class Result:
         checkpoint = load_state(path)
         if not isinstance(checkpoint, Mapping) or not ("clients" in checkpoint or "shards" in checkpoint):
             raise RunDirError(f"{path} holds no client states")
+        if checkpoint.get("round") != self.round:
+            raise StaleResult(
+                f"this Result is of round {self.round}; {self.run_dir} now holds round {checkpoint.get('round')!r}: "
+                f"bayesadmm.load({str(self.run_dir)!r}) reads it"
+            )
         if "clients" in checkpoint:
             ids = sorted(checkpoint["clients"])
         else:

@@ -1,16 +1,22 @@
-"""What a resume must match: the run's identity (method, configuration, data) recorded in checkpoint.pt, compared
-with the resuming run's (`check_same_run`), except the settings a resume may change (`RESUME_MAY_CHANGE`)."""
+"""What a resume must match: the run's identity (method, configuration, data: the clients' and what the run is scored
+on) recorded in checkpoint.pt, compared with the resuming run's (`check_same_run`), except the settings a resume may
+change (`RESUME_MAY_CHANGE`). A checkpoint written before the evaluation data were recorded resumes unchecked on them;
+its next checkpoint records them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bayesadmm.engine.rundir import RunDirError
+from torch import Tensor
 
-__all__ = ["RESUME_MAY_CHANGE", "IMPLIED", "check_same_run", "flat_settings"]
+from bayesadmm.engine.rundir import RunDirError
+from bayesadmm.trees import hash_tensors
+
+__all__ = ["RESUME_MAY_CHANGE", "IMPLIED", "check_same_run", "flat_settings", "evaluation_fingerprint"]
 
 # what a resume may change: where the files go, how many workers, when to checkpoint or stop, the trackers, the
 # device (the numbers are those of the run's configuration, only rounded differently by another processor), and a
@@ -83,6 +89,44 @@ def _check_same_data(path: Path, old_data: Any, new_data: Mapping) -> None:
             f"the clients' examples differ from those {path} was written with (same sizes, other values: their sha256 "
             f"differs); resume with the run's own data, or start a new run"
         )
+    if "evaluation" in new_data:
+        _check_same_evaluation(path, old_data.get("evaluation"), new_data["evaluation"])
+
+
+# what a run is scored on, by the name a refusal gives it
+EVALUATION_DATA = {
+    "test": "the evaluation set (test=)",
+    "ood": "the OOD inputs (ood=)",
+    "personal": "the personal test splits",
+}
+
+
+def evaluation_fingerprint(
+    X: Tensor | None, y: Tensor | None, ood: Tensor | None, personal: Mapping[int, tuple[Tensor, Tensor]] | None
+) -> dict[str, str | None]:
+    """The sha256 of what a run is scored on: its evaluation set (`X`, `y`), its OOD inputs and its clients' personal
+    test splits (None for what the run has not), recorded with the clients' data so that a resume scored on other
+    data is refused."""
+
+    def sha(tensors: list[Tensor]) -> str:
+        return hash_tensors(hashlib.sha256(), tensors).hexdigest()
+
+    return {
+        "test": None if X is None or y is None else sha([X, y]),
+        "ood": None if ood is None else sha([ood]),
+        "personal": None if personal is None else sha([t for k in sorted(personal) for t in personal[k]]),
+    }
+
+
+def _check_same_evaluation(path: Path, old: Any, new: Mapping) -> None:
+    if old is None:  # a checkpoint written before evaluation data was recorded: nothing to check it by
+        return
+    for key, name in EVALUATION_DATA.items():
+        if not isinstance(old, Mapping) or old.get(key) != new.get(key):
+            raise RunDirError(
+                f"the data of {name} differ from those {path} was written with (their sha256 differs): the rounds "
+                "after the resume would be scored on other data; resume with the run's own, or start a new run"
+            )
 
 
 def _short(sizes: Any) -> str:

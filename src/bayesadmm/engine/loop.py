@@ -103,7 +103,7 @@ def run_federation(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with locked(run_dir):
+    with locked(run_dir), _sigterm_as_interrupt():  # a SIGTERM is an interruption from the start
         run = Run(
             federation, settings, run_dir, config=config, progress=progress, title=title, on_round=on_round,
             runner=runner,
@@ -112,7 +112,7 @@ def run_federation(
             return run.result()
         if not resume:
             run.prepare_fresh(overwrite, on_start)
-        with _sigterm_as_interrupt(), run.guard():  # from here on a kill is reported as an interruption, and every
-            run.open()  # way out ends with a final status
-            run.run_rounds()
-        return run.finish()
+        with run.guard():  # from here on every way out ends with a final status, the end of the run included: a
+            run.open()  # kill while it writes the posterior file and plots leaves a status that is not final, and a
+            run.run_rounds()  # resume writes them again
+            return run.finish()

@@ -28,7 +28,7 @@ from bayesadmm.engine.federation import (
 )
 from bayesadmm.engine.history import append_line, headline, mean_client_info, metrics_line, on_done, progress_bar
 from bayesadmm.engine.history import read_metrics as _read_metrics
-from bayesadmm.engine.identity import check_same_run
+from bayesadmm.engine.identity import check_same_run, evaluation_fingerprint
 from bayesadmm.engine.leavings import save_posterior, write_reliability
 from bayesadmm.engine.pool import client_runner
 from bayesadmm.engine.provenance import record_environment
@@ -45,7 +45,8 @@ from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.store import StoreSpec, store_kind
 from bayesadmm.metrics import evaluate
-from bayesadmm.privacy.client_level import BudgetExhausted
+from bayesadmm.privacy.client_level import BudgetExhausted, PrivateServer
+from bayesadmm.privacy.example_level import ExampleServer
 
 __all__ = ["Run"]
 
@@ -88,7 +89,10 @@ class Run:
         self.algorithm = federation.make_algorithm()
         self.ids = sorted(federation.clients.sizes)
         config_json = json.loads(json.dumps(dict(config))) if config is not None else None  # as config.json holds it
-        self.identity = {"method": self.algorithm.name, "config": config_json, "data": fingerprint(federation.clients)}
+        personal_tests = federation.personal.tests if federation.personal is not None else None
+        scored_on = evaluation_fingerprint(federation.eval_X, federation.eval_y, federation.ood_X, personal_tests)
+        data = {**fingerprint(federation.clients), "evaluation": scored_on}  # trained on, and scored on
+        self.identity = {"method": self.algorithm.name, "config": config_json, "data": data}
         self.server: Any = None
         self.history: list[dict] = []
         self.round = self.checkpointed = 0
@@ -125,26 +129,73 @@ class Run:
         self._prepare_files(0)
 
     def prepare_resume(self) -> bool:
-        """Check the checkpoint (its run, its client states, `stop_at`) before anything is written; False where the
-        run is already complete up to its last round, else record the environment and drop the metrics lines of the
-        rounds after the checkpoint."""
+        """Check the checkpoint (its run, its client states, a private run's accounting, `stop_at`) before anything is
+        written; False where the run is already complete up to its last round (its final status written), else record
+        the environment and drop the metrics lines of the rounds after the checkpoint. A checkpoint of the last round
+        without its final status is a run whose end was cut short: True, no round left, and `finish` ends it."""
         settings = self.settings
         checkpoint = read_checkpoint(self.checkpoint_path, settings.rounds)
         check_same_run(self.checkpoint_path, checkpoint, self.identity)
         check_states(checkpoint, self.run_dir, self.ids)  # the worker shards too: read and their checksums verified
+        self._check_accounting(checkpoint)
         if settings.stop_at and settings.stop_at < checkpoint["round"]:
             raise RunDirError(
                 f"stop_at={settings.stop_at} is before the checkpoint's round {checkpoint['round']}; "
                 f"give a later round, or none to run to the end"
             )
         self.round = self.checkpointed = checkpoint["round"]
-        if checkpoint["round"] >= settings.last_round:
+        if checkpoint["round"] >= settings.last_round and self._ended(checkpoint["round"]):
             self.history = _read_metrics(self.metrics_path, checkpoint["round"])
             self.server, self.complete = checkpoint["server"], True
             return False
+        # a checkpoint of the last round whose end was cut short (a kill while the posterior file, the plots or the
+        # final status were written) opens as any other: no round is left to run, and `finish` writes them again
         self._checkpoint = checkpoint
         self._prepare_files(checkpoint["round"])
         return True
+
+    def _check_accounting(self, checkpoint: Mapping) -> None:
+        """A private run's accountant history must be that of the checkpoint's rounds: a history cut short would
+        report less ε than was spent (and client-level DP's noise, drawn from the stream of the history's length,
+        would repeat a round's). Client-level DP: one step per round; example-level DP: each client's rounds trained,
+        those it was drawn for (at most, where a runner over a network may have missed some)."""
+        server, round_ = checkpoint["server"], checkpoint["round"]
+        if isinstance(server, PrivateServer):
+            found, expected = f"{len(server.steps)} rounds", f"{round_}"
+            if len(server.steps) == round_:
+                return
+        elif isinstance(server, ExampleServer):
+            trained = dict(server.trained)
+            drawn = dict.fromkeys(self.ids, 0)
+            for r in range(1, round_ + 1):
+                for k in participants(self.ids, self.settings.participation, self.settings.seed, r):
+                    drawn[k] += 1
+            exact = self.runner is None  # the engine's own runner trains every client drawn
+            if set(trained) <= set(drawn) and all(
+                trained.get(k, 0) == n if exact else 0 <= trained.get(k, 0) <= n for k, n in drawn.items()
+            ):
+                return
+            found, expected = "other clients' training rounds", "the clients drawn in its rounds"
+        else:
+            return
+        raise RunDirError(
+            f"{self.checkpoint_path} is of round {round_} but its privacy accountant's history holds {found}, not "
+            f"{expected}: the privacy spent would be misreported; the file was edited: restore it, or start the run "
+            "again"
+        )
+
+    def _ended(self, round_: int) -> bool:
+        """Whether status.json records the end of the run at round `round_` (completed, or stopped as asked): written
+        after the run's posterior file, plots and reliability diagram, so these are whole."""
+        try:
+            status = json.loads(read_bytes(self.status_path))
+        except (OSError, ValueError):  # missing, unreadable, not JSON (RunDirError is a ValueError): not ended
+            return False
+        return (
+            isinstance(status, dict)
+            and status.get("status") in ("completed", "stopped")
+            and status.get("round") == round_
+        )
 
     def _prepare_files(self, start: int) -> None:
         settings = self.settings
@@ -302,8 +353,20 @@ class Run:
         self.outcome = (EXIT_OK, {"status": "budget", "round": self.round, "message": reason})
 
     def _diverged(self, round_: int, reason: str) -> None:
-        status = {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {reason}"}
+        status = {"status": "diverged", "round": round_ - 1, "message": f"round {round_}: {reason}; {self._to_try()}"}
         self.outcome = (EXIT_DIVERGED, status)
+
+    def _to_try(self) -> str:
+        """What to change after a divergence: client-level DP's noise and clipping are the usual cause in a private
+        run; the step size, the damping or the data otherwise."""
+        if isinstance(self.server, PrivateServer):
+            return (
+                "try a larger clip (dp clip), more clients a round (participation, more clients), or example-level DP "
+                "(dp level 'example')"
+            )
+        return (
+            "try a smaller lr, a larger damping (the method's rho or delta), or check the data (its scale, its labels)"
+        )
 
     def checkpoint(self) -> None:
         """Write the checkpoint of the current round now (client states first, checkpoint.pt last)."""

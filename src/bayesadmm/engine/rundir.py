@@ -320,30 +320,53 @@ def load_state(path: Path, map_location: str | None = None) -> Any:
 
 @contextlib.contextmanager
 def locked(run_dir: Path) -> Iterator[None]:
-    """Hold run_dir's lock for the block; a RunDirError naming the holder if another process has it."""
+    """Hold run_dir's lock for the block; a RunDirError naming the holder if another process has it. The lock file is
+    removed on the way out while the lock is still held, so a finished run leaves none; a process that opened the
+    file before it was removed finds, once it holds the lock, that the file is no longer the one at the path, and
+    takes the lock again on a new file (so two writers never hold two files). A killed run's file stays, and the
+    kernel released its lock."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock, as before
         yield
         return
     path = Path(run_dir) / LOCK
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
-    except OSError as exc:  # ELOOP: a link in its place
-        raise RunDirError(f"cannot open the lock file {path} ({exc.strerror}); remove it and try again") from None
-    try:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        except OSError as exc:  # ELOOP: a link in its place
+            raise RunDirError(f"cannot open the lock file {path} ({exc.strerror}); remove it and try again") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = path.read_text().strip() or "another process"
+            os.close(fd)
+            holder = "another process"
+            with contextlib.suppress(OSError):  # the holder may have removed the file as it ended
+                holder = path.read_text().strip() or holder
             raise RunDirError(
                 f"{run_dir} is in use by {holder}; wait for that run to end, or choose another out="
             ) from None
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # removed by the holder that just finished: lock the file now at the path
+    try:
         os.ftruncate(fd, 0)
         os.write(fd, f"process {os.getpid()} on {socket.gethostname()} since {time.strftime('%H:%M:%S')}".encode())
         yield
     finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # still holding the lock: no other process holds this file
         os.close(fd)  # releases the lock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is the file at `path` (not one removed since it was opened)."""
+    try:
+        found = os.lstat(path)
+    except OSError:
+        return False
+    opened = os.fstat(fd)
+    return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 def prepare_fresh(run_dir: Path, overwrite: bool) -> None:

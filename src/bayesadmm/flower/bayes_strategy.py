@@ -148,6 +148,8 @@ class BayesStrategy(Strategy):
         if server_round <= run.round or run.outcome is not None or run.complete:
             if server_round <= run.round:
                 self.log(f"round {server_round}: done before the resume (checkpoint of round {run.round}); skipped")
+            if server_round >= self.settings.last_round and run.outcome is None and not run.complete:
+                self._finish()  # a resume of a run whose end was cut short: its posterior file, plots, final status
             return []
         if self._returned is not None and not _same_arrays(arrays, self._returned):
             raise RuntimeError(
