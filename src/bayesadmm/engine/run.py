@@ -167,8 +167,9 @@ class Run:
         elif isinstance(server, ExampleServer):
             trained = dict(server.trained)
             drawn = dict.fromkeys(self.ids, 0)
+            settings, sampling = self.settings, self.algorithm.client_sampling
             for r in range(1, round_ + 1):
-                for k in participants(self.ids, self.settings.participation, self.settings.seed, r):
+                for k in participants(self.ids, settings.participation, settings.seed, r, sampling):
                     drawn[k] += 1
             exact = self.runner is None  # the engine's own runner trains every client drawn
             if set(trained) <= set(drawn) and all(
