@@ -137,3 +137,29 @@ def test_what_a_resume_may_change_passes_the_checkpoints_identity_check(tmp_path
     check_same_run(tmp_path / "checkpoint.pt", {"run": saved}, mine)
     with pytest.raises(rundir.RunDirError, match="rounds 3 → 4"):
         check_same_run(tmp_path / "checkpoint.pt", {"run": saved}, {**mine, "config": {**mine["config"], "rounds": 4}})
+
+
+def _metric_lines(run_dir):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in line.items() if k not in ("seconds", "eval_seconds")} for line in lines]
+
+
+def test_the_cli_resume_changes_what_a_resume_may_change_with_the_uninterrupted_numbers(tmp_path, capsys):
+    """`bayesadmm resume DIR workers=2 checkpoint_every=2 device=cpu client_store=memory` continues the same run with
+    the numbers of an uninterrupted one; a setting that would make another run is refused before anything is written."""
+    from bayesadmm.cli import main
+
+    pytest.importorskip("sklearn")
+    common = ["diabetes-iid5", "method=fedavg", "rounds=3", "workers=1", "--quiet"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    assert main(["run", *common, f"out={whole}"]) == 0
+    assert main(["run", *common, "stop_at=1", f"out={cut}"]) == 0
+    status = (cut / "status.json").read_bytes()
+    code = main(["resume", str(cut), "method=fedprox", "--quiet"])
+    assert code == 2 and "may not change 'method'" in capsys.readouterr().err
+    assert main(["resume", str(cut), "workers=two"]) == 2 and "workers" in capsys.readouterr().err
+    assert (cut / "status.json").read_bytes() == status  # refused before anything was written
+    changes = ["workers=2", "checkpoint_every=2", "device=cpu", "client_store=memory"]
+    assert main(["resume", str(cut), "--quiet", *changes]) == 0, capsys.readouterr().err
+    assert _metric_lines(cut) == _metric_lines(whole)
+    assert json.loads((cut / "status.json").read_text())["status"] == "completed"

@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     # in this order in the help
     parser.set_defaults(run_parser=run.add_parser(commands))
     flower.add_parser(commands)
-    run.add_resume_parser(commands)
+    parser.set_defaults(resume_parser=run.add_resume_parser(commands))
     sweep.add_parser(commands)
     tune.add_parser(commands)
     compare.add_parser(commands)
@@ -59,10 +59,10 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    if argv[:1] == ["run"]:
+    if argv[:1] in (["run"], ["resume"]):
         # options may come anywhere among the KEY=VALUE overrides, which plain parse_args does not allow
-        args = parser.get_default("run_parser").parse_intermixed_args(argv[1:])
-        args.command = "run"
+        args = parser.get_default(f"{argv[0]}_parser").parse_intermixed_args(argv[1:])
+        args.command = argv[0]
     else:
         args = parser.parse_args(argv)
     if methods.load(getattr(args, "method_modules", [])):

@@ -44,10 +44,19 @@ def add_parser(commands) -> argparse.ArgumentParser:
     return run
 
 
+# the settings of config.json that `bayesadmm resume KEY=VALUE` may change: where and how the run computes, never
+# what it computes (`engine.identity.RESUME_MAY_CHANGE`; stop_at and dp_epsilon have their options)
+RESUMABLE = ("workers", "checkpoint_every", "device", "client_store", "data_dir", "log")
+
+
 def add_resume_parser(commands) -> argparse.ArgumentParser:
     """The `resume` subcommand's parser."""
     resume = commands.add_parser("resume", help="continue a run from its last checkpoint")
     resume.add_argument("run_dir", type=Path)
+    resume.add_argument(
+        "overrides", nargs="*", metavar="KEY=VALUE",
+        help=f"what a resume may change (the numbers stay those of an uninterrupted run): {', '.join(RESUMABLE)}",
+    )  # fmt: skip
     resume.add_argument("--quiet", action="store_true")
     methods.add_option(resume)
     resume.add_argument("--debug", action="store_true", help="show the traceback of a failure")
@@ -79,6 +88,7 @@ def command(args) -> int:
                 raise ConfigError(f"{args.run_dir} has no checkpoint to resume from")
             config = load(args.run_dir)
             config = type(config)(**{**config.to_json(), "out": str(args.run_dir), "stop_at": args.stop_at})
+            config = resume_overrides(config, args.overrides)
             if args.dp_epsilon is not None:
                 config = dataclasses.replace(config, dp_epsilon=args.dp_epsilon)
             device_problem = check_device(config.device)
@@ -126,3 +136,26 @@ def command(args) -> int:
     if (run_dir / "curves.png").exists():
         print(f"metrics: {run_dir / 'metrics.jsonl'}; plot: {run_dir / 'curves.png'}")
     return result.exit_code
+
+
+def resume_overrides(config, overrides: list[str]):
+    """`config` with the KEY=VALUE pairs of `bayesadmm resume` applied: only settings a resume may change
+    (`RESUMABLE`), each typed and validated as `bayesadmm run`'s are; anything else is a `ConfigError`."""
+    from bayesadmm.experiments.config import ConfigError, validate
+    from bayesadmm.experiments.values import convert
+
+    changes = {}
+    for pair in overrides:
+        key, sep, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep:
+            raise ConfigError(f"{pair!r} is not KEY=VALUE; a resume may change {', '.join(RESUMABLE)}")
+        if key not in RESUMABLE:
+            raise ConfigError(
+                f"a resume may not change {key!r}: it would be another run (start one with `bayesadmm run`); "
+                f"a resume may change {', '.join(RESUMABLE)}"
+            )
+        changes[key] = convert(key, value, (type(getattr(config, key)),))
+    changed = dataclasses.replace(config, **changes)
+    validate(dataclasses.replace(changed, device="cpu"))  # the device is the machine's, checked by the caller
+    return changed

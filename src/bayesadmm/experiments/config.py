@@ -190,7 +190,7 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
             likelihood_params[key] = convert(f"likelihood.{key}", value, kinds(likelihood_specs[key], value))
     config = RunConfig(**typed, hparams=hparams, likelihood_params=likelihood_params)
     config.make_likelihood()  # its settings: known, complete and valid
-    _validate(config)
+    validate(config)
     return config, changed
 
 
@@ -290,7 +290,7 @@ def _type_hparams(method: str, hparams: dict, hparam_specs: typing.Mapping[str, 
 _TARGET_WORDS = {"classes": "class labels", "real": "real-valued targets", "counts": "count targets"}
 
 
-def _validate(config: RunConfig) -> None:
+def validate(config: RunConfig) -> None:
     from bayesadmm.data.ood import ood_problems
     from bayesadmm.data.partitions import PARTITIONS
     from bayesadmm.models import MODELS
@@ -362,7 +362,7 @@ def load(run_dir: Path) -> RunConfig:
             if not isinstance(data.get(name, {}), dict):
                 raise ConfigError(f"{name} must be a table of settings")
         config = RunConfig(**typed, **{name: data[name] for name in tables if name in data})
-        _validate(dataclasses.replace(config, device="cpu"))  # the device is the machine's, checked by the caller
+        validate(dataclasses.replace(config, device="cpu"))  # the device is the machine's, checked by the caller
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}; restore the file, or start a new run") from None
     return config if "compile" in data else dataclasses.replace(config, compile="on")  # older runs compiled
