@@ -177,8 +177,7 @@ def test_bad_client_data_is_a_clear_error(tmp_path):
     (3.0, "got float 3.0"),
 ])
 def test_dp_takes_a_dpsettings_and_refuses_anything_else_by_type(tmp_path, dp, said):
-    """A level's name, a mapping or ε alone once failed on a missing attribute; now a TypeError saying what dp=
-    takes, before anything is written."""
+    """A level's name, a mapping or ε alone: a TypeError saying what dp= takes, before anything is written."""
     clients, test = _blobs()
     with pytest.raises(TypeError) as refused:
         bayesadmm.run(_net(), clients, test, algorithm="fedavg", hparams=FEDAVG, dp=dp, progress=False,

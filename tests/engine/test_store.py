@@ -203,7 +203,7 @@ def test_resume_with_the_disk_store_gives_the_uninterrupted_run(first, second, w
 ], ids=["clients-an-int", "clients-strings", "clients-a-table", "an-entry-a-string"])
 def test_a_malformed_block_list_is_refused_naming_the_checkpoint(malformed, tmp_path):
     """A checkpoint sealed again (a valid checksum) whose block list alone is wrong: a resume and a loaded run's
-    client states refuse it by the checkpoint's name, where they once failed on a TypeError."""
+    client states refuse it by the checkpoint's name."""
     out = tmp_path / "run"
     _run("ivon-admm", out, client_store="disk", stop_at=1)
     path = out / "checkpoint.pt"

@@ -163,11 +163,15 @@ def check_block_list(checkpoint: Mapping, path: Path) -> None:
     if "clients" in checkpoint:
         states = checkpoint["clients"]
         if not isinstance(states, Mapping) or not all(_client_id(k) for k in states):
-            raise RunDirError(f"{path} records its client states in a form the engine does not write; start the run again")
+            raise RunDirError(
+                f"{path} records its client states in a form the engine does not write; start the run again"
+            )
         return
     shards = checkpoint["shards"]
     if not isinstance(shards, list) or not all(_block_entry(entry) for entry in shards):
-        raise RunDirError(f"{path} lists its client-state blocks in a form the engine does not write; start the run again")
+        raise RunDirError(
+            f"{path} lists its client-state blocks in a form the engine does not write; start the run again"
+        )
 
 
 def _client_id(k: Any) -> bool:
