@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import re
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -314,10 +317,22 @@ def test_predict_refuses_before_writing_anything(scenario_run, data_dir, tmp_pat
         (tmp_path, "fashion-mnist-test", table, "holds no run"),
         (scenario_run, "fashion-mnist-test", tmp_path / "p.txt", "give a .csv file name"),
         (scenario_run, "fashion-mnist-test", tmp_path / "no" / "p.csv", "give a file in an existing folder"),
+        (scenario_run, "fashion-mnist-test", tmp_path / "no" / "deeper" / "p.csv", "give a file in an existing folder"),
+        (scenario_run, "fashion-mnist-test", tmp_path / "a-file" / "p.csv", "give a file in an existing folder"),
+        (scenario_run, "fashion-mnist-test", tmp_path / "folder.csv", "is a folder: give a .csv file name in it"),
     ]
+    (tmp_path / "folder.csv").mkdir()
+    (tmp_path / "a-file").write_text("a file, not a folder")
+    if os.path.isdir("/proc/self"):  # a folder that exists and refuses new files, even to root
+        cases.append((scenario_run, "fashion-mnist-test", Path("/proc/x.csv"), "cannot write in /proc"))
+    before = sorted(tmp_path.rglob("*"))
     for source, data, out, message in cases:
         assert cli.main(["predict", str(source), data, f"--data-dir={data_dir}", "--out", str(out)]) == 2
-        assert message in capsys.readouterr().err and not out.exists()
+        captured = capsys.readouterr()
+        assert message in captured.err and captured.err.count("\n") == 1 and captured.err.startswith("bayesadmm: ")
+        assert captured.out == ""  # refused before anything was computed
+        assert not out.exists() or out.is_dir()
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written, not even a probe left behind
     clients, test = _blobs()
     own = tmp_path / "own"
     bayesadmm.run(_linear(), clients, test, algorithm="fedavg", hparams={"lr": 0.05, "epochs": 1, "batch_size": 8},
@@ -347,3 +362,45 @@ def test_load_counts_the_clients_of_a_scenario_run_as_the_run_did(tmp_path, data
     config = load_config(out)
     assert scenario_sizes(out, config) == build(config).federation.clients.sizes
     assert sorted(scenario_sizes(out, config)) == [0, 2]
+
+
+def test_predict_refuses_a_posterior_file_whose_model_arguments_do_not_build(tmp_path, capsys):
+    """A file sealed by the library's own writer (a valid checksum) whose scenario names model arguments that do
+    not build, or build another model: one line naming the file, exit 2 (a ValueError from the API)."""
+    from bayesadmm.experiments.predict import source
+
+    point = _gaussian("point")
+    for kwargs, said in [({"in_features": -1}, "cannot be built (Trying to create tensor with negative dimension"),
+                         ({"in_features": 5, "num_classes": 3}, "does not fit its posterior (parameter 0")]:
+        scenario = {"model": "logistic", "model_kwargs": kwargs, "likelihood": "classification"}
+        posterior = Posterior.of(PointEstimate(point.mean), _linear(), {"scenario": scenario})
+        path = posterior.save(tmp_path / "q.safetensors")
+        with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: its scenario's model"):
+            source(path)
+        assert cli.main(["predict", str(path), "fashion-mnist-test", "--out", str(tmp_path / "p.csv")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"bayesadmm: {path}: ") and said in err and err.count("\n") == 1, err
+        assert not (tmp_path / "p.csv").exists()
+
+
+def test_predict_takes_numpy_arrays_and_lists_like_run():
+    """What `bayesadmm.run` takes as inputs, `predict` takes too, in the posterior's dtype: the same numbers as the
+    tensor's; inputs of another shape are a ValueError naming what the first layer takes."""
+    numpy = pytest.importorskip("numpy")
+    q = _gaussian("diagonal")
+    x = torch.randn(7, D, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    expected = q.predict(_linear(), x, samples=8, generator=torch.Generator().manual_seed(5))
+    for given in (x.numpy(), x.tolist()):
+        got = q.predict(_linear(), given, samples=8, generator=torch.Generator().manual_seed(5))
+        assert got.dtype == torch.float64 and torch.equal(got, expected)
+    single = x.to(torch.float32)  # float32 inputs, as an array or a tensor, both computed in float64
+    got = q.predict(_linear(), single.numpy(), samples=8, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(got, q.predict(_linear(), single, samples=8, generator=torch.Generator().manual_seed(5)))
+    small = [[1, 0, 2, 1], [0, 0, 1, 3]]  # integers a linear layer does not take: cast as bayesadmm.run casts them
+    got = q.predict(_linear(), small, samples=8, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(got, q.predict(_linear(), torch.tensor(small, dtype=torch.float64), samples=8,
+                                      generator=torch.Generator().manual_seed(5)))
+    with pytest.raises(ValueError, match=r"inputs of shape \(5,\) .*takes 4 features per example"):
+        q.predict(_linear(), numpy.zeros((3, 5)))
+    with pytest.raises(ValueError, match="x must be a tensor or array of N >= 1 inputs, got str"):
+        q.predict(_linear(), "pixels")

@@ -221,6 +221,7 @@ def run(
             as `dp_epsilon` in the metrics, and a stop with status "budget" before the round that would exceed
             `dp.epsilon`. None: none, the run as without it.
     """
+    checked_dp(dp)
     settings = Settings(
         rounds=rounds,
         seed=seed,
@@ -281,6 +282,15 @@ def run(
             file=sys.stderr,
         )
     return result
+
+
+def checked_dp(dp: Any) -> DPSettings | None:
+    """`dp` if it is a `DPSettings` or None; anything else (a level's name, a mapping, ε alone) refused by type,
+    where it would otherwise fail later on a missing attribute."""
+    if dp is not None and not isinstance(dp, DPSettings):
+        shown = repr(dp) if len(repr(dp)) <= 80 else repr(dp)[:77] + "..."
+        raise TypeError(f"dp= takes a bayesadmm.DPSettings(level=..., ...), got {type(dp).__name__} {shown}")
+    return dp
 
 
 def _private(make, algorithm, hparams, dp: DPSettings, settings: Settings, sizes: Mapping[int, int]):

@@ -176,17 +176,19 @@ class Posterior:
     def predict(
         self,
         model: nn.Module | FlatModel,
-        x: Tensor,
+        x: Any,
         samples: int = 32,
         generator: torch.Generator | None = None,
         likelihood: Likelihood | None = None,
         batch_size: int = 2048,
     ) -> Tensor:
-        """The posterior predictive of inputs `x (N, ...)`: ``likelihood.predictive`` of the model's outputs under
+        """The posterior predictive of inputs `x (N, ...)` (a tensor, or what `torch.as_tensor` takes: a numpy array,
+        nested lists of numbers): ``likelihood.predictive`` of the model's outputs under
         `samples` draws from the posterior (made once with `generator`, shared by all batches), as `metrics.evaluate`
         computes it. For `Classification()` (the default) the mean of the class probabilities over the draws, shape
         (N, C). A point estimate, or ``samples=0``, predicts at the mean. Computed on the posterior's device (`x` is
-        moved there) in its dtype."""
+        moved there) in its dtype (floating-point inputs are cast to it; integer inputs too where the model does not
+        take them as they are). Inputs the model does not take are a ValueError naming their shape."""
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
             raise ValueError(f"samples must be a non-negative integer, got {samples!r}")
         flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
@@ -196,7 +198,7 @@ class Posterior:
 
         with torch.inference_mode():
             mean = self.mean
-            x = x.to(mean.device)
+            x = self._inputs(flat, x)
             sample = getattr(self, "sample", None)
             if samples == 0 or sample is None:
                 summary, _ = _in_batches(lambda xb: flat.forward(mean, xb)[None], likelihood, x, batch_size, False)
@@ -204,6 +206,42 @@ class Posterior:
                 thetas = sample(samples, generator)
                 summary, _ = _in_batches(lambda xb: flat.forward_batched(thetas, xb), likelihood, x, batch_size, False)
         return summary
+
+    def _inputs(self, flat: FlatModel, x: Any) -> Tensor:
+        """`x` as a tensor on the posterior's device that the model takes: floating point in the posterior's dtype,
+        integers as they are where the model takes them (token ids), else cast as floats are (`userdata`'s rule);
+        tried on the first example so that a wrong shape is a ValueError rather than torch's error mid-batch."""
+        mean = self.mean
+        try:
+            tensor = x if isinstance(x, Tensor) else torch.as_tensor(x)
+        except (RuntimeError, TypeError, ValueError):
+            tensor = None
+        if tensor is None or tensor.dim() == 0 or tensor.shape[0] == 0:
+            got = tuple(tensor.shape) if tensor is not None else type(x).__name__
+            raise ValueError(f"x must be a tensor or array of N >= 1 inputs, got {got}")
+        tensor = tensor.to(mean.device)
+        if tensor.is_floating_point():
+            tensor = tensor.to(mean.dtype)
+        try:
+            flat.forward(mean, tensor[:1])
+            return tensor
+        except Exception as exc:  # noqa: BLE001 — whatever the model raises on these inputs
+            if not tensor.is_floating_point() and not tensor.is_complex():
+                return self._inputs(flat, tensor.to(mean.dtype))
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(
+            f"the model does not take inputs of shape {tuple(tensor.shape[1:])} ({reason}); "
+            f"give inputs of the shape it was trained on{_first_layer(flat)}"
+        )
+
+
+def _first_layer(flat: FlatModel) -> str:
+    """What the model's first layer takes, where it is a linear layer (the common case of tabular inputs)."""
+    owner = flat.layout[0][0].rpartition(".")[0]
+    layer = flat.module.get_submodule(owner)
+    if not isinstance(layer, nn.Linear):
+        return ""
+    return f" (its first layer{f' {owner!r}' if owner else ''} takes {layer.in_features} features per example)"
 
 
 @dataclass(frozen=True, eq=False)

@@ -171,6 +171,21 @@ def test_bad_client_data_is_a_clear_error(tmp_path):
                       out=tmp_path / "x")
 
 
+@pytest.mark.parametrize("dp, said", [
+    ("client", "got str 'client'"),
+    ({"level": "client", "noise_multiplier": 1.0}, "got dict {'level': 'client', 'noise_multiplier': 1.0}"),
+    (3.0, "got float 3.0"),
+])
+def test_dp_takes_a_dpsettings_and_refuses_anything_else_by_type(tmp_path, dp, said):
+    """A level's name, a mapping or ε alone: a TypeError saying what dp= takes, before anything is written."""
+    clients, test = _blobs()
+    with pytest.raises(TypeError) as refused:
+        bayesadmm.run(_net(), clients, test, algorithm="fedavg", hparams=FEDAVG, dp=dp, progress=False,
+                      out=tmp_path / "x")
+    assert str(refused.value) == f"dp= takes a bayesadmm.DPSettings(level=..., ...), {said}"
+    assert not (tmp_path / "x").exists()
+
+
 # ---- a user-written algorithm: gradient steps from the server's point, then the weighted mean of the replies ----
 
 

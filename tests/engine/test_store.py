@@ -5,6 +5,7 @@ and resume."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from torch import nn
 import bayesadmm
 from bayesadmm.algorithms import get, names
 from bayesadmm.engine import store
-from bayesadmm.engine.rundir import SHARDS, RunDirError, load_state, shard_path
+from bayesadmm.engine.rundir import SHARDS, RunDirError, load_state, save_state, shard_path
 from bayesadmm.engine.store import DiskStore, block_files, read_block, store_kind
 from bayesadmm.federated import algorithm_factory
 from bayesadmm.models import FlatModel
@@ -192,3 +193,26 @@ def test_resume_with_the_disk_store_gives_the_uninterrupted_run(first, second, w
         checkpoint = load_state(out / "checkpoint.pt")
         named = sorted(e["file"].split("/")[1] for e in checkpoint["shards"] if "file" in e)
         assert sorted(block_files(out / SHARDS)) == named
+
+
+@pytest.mark.parametrize("malformed", [
+    lambda entries: [{**entries[0], "clients": 3}, *entries[1:]],
+    lambda entries: [{**entries[0], "clients": [str(k) for k in entries[0]["clients"]]}, *entries[1:]],
+    lambda entries: [{**entries[0], "clients": {"0": 0}}, *entries[1:]],
+    lambda entries: ["b0.safetensors", *entries[1:]],
+], ids=["clients-an-int", "clients-strings", "clients-a-table", "an-entry-a-string"])
+def test_a_malformed_block_list_is_refused_naming_the_checkpoint(malformed, tmp_path):
+    """A checkpoint sealed again (a valid checksum) whose block list alone is wrong: a resume and a loaded run's
+    client states refuse it by the checkpoint's name."""
+    out = tmp_path / "run"
+    _run("ivon-admm", out, client_store="disk", stop_at=1)
+    path = out / "checkpoint.pt"
+    checkpoint = load_state(path)
+    assert any("file" in entry for entry in checkpoint["shards"])  # a block on disk, named by the list
+    save_state(path, {**checkpoint, "shards": malformed(checkpoint["shards"])})
+    status = (out / "status.json").read_bytes()
+    with pytest.raises(RunDirError, match=f"^{re.escape(str(path))} lists its client-state blocks in a form"):
+        _run("ivon-admm", out, client_store="disk", resume=True)
+    assert (out / "status.json").read_bytes() == status  # refused before anything was written
+    with pytest.raises(RunDirError, match=f"^{re.escape(str(path))} lists its client-state blocks in a form"):
+        bayesadmm.load(out, model=_net()).client_states()

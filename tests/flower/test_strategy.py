@@ -192,6 +192,19 @@ def test_a_bad_number_in_a_run_config_is_refused_naming_its_key(tmp_path, entry,
         strategy("fedavg", model=user_app.make_model(), clients=0, **FEDAVG)
 
 
+@pytest.mark.parametrize("dp, said", [
+    ("client", "got str 'client'"),
+    ({"level": "example"}, "got dict {'level': 'example'}"),
+    (3.0, "got float 3.0"),
+])
+def test_a_strategys_dp_takes_a_dpsettings_and_refuses_anything_else_when_it_is_made(tmp_path, dp, said):
+    """Refused by `strategy(...)` itself, not when a federation first reaches the settings."""
+    with pytest.raises(TypeError) as refused:
+        strategy("fedavg", model=user_app.make_model(), dp=dp, out=tmp_path / "run", **FEDAVG)
+    assert str(refused.value) == f"dp= takes a bayesadmm.DPSettings(level=..., ...), {said}"
+    assert not (tmp_path / "run").exists()
+
+
 def test_an_out_that_holds_a_run_is_refused_before_any_node_is_asked_and_the_log_says_why_in_one_line(data, tmp_path):
     parts, test = data
     out = tmp_path / "taken"

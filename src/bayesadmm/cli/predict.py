@@ -8,6 +8,7 @@ import argparse
 import csv
 import io
 import sys
+import tempfile
 from pathlib import Path
 
 from bayesadmm.cli import methods
@@ -39,13 +40,24 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def _check_out(out: Path | None) -> None:
-    """Refuse an --out that cannot be written, before anything is computed."""
+    """Refuse an --out that cannot be written, before anything is loaded or computed. Whether its folder takes a new
+    file is tried with a file made there and removed at once: permissions do not tell (root may write anywhere
+    by them, yet /proc refuses new files)."""
     if out is None:
         return
     if out.suffix != ".csv":
         raise ValueError(f"--out {out}: give a .csv file name")
-    if out.is_dir() or not out.parent.is_dir():
-        raise ValueError(f"--out {out}: give a file in an existing folder")
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder: give a .csv file name in it")
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {out}: {out.parent} is not a folder; give a file in an existing folder")
+    try:
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".probe"):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"--out {out}: cannot write in {out.parent} ({exc.strerror or exc}); give a file in a folder you can write"
+        ) from None
 
 
 def _table(probabilities, targets) -> bytes:
@@ -85,6 +97,10 @@ def command(args) -> int:
     if predictive:
         print(f"predictive ({args.samples} draws): {predictive}")
     if args.out is not None:
-        write_bytes(args.out, _table(prediction.predictive, prediction.targets))
+        try:
+            write_bytes(args.out, _table(prediction.predictive, prediction.targets))
+        except OSError as exc:  # checked writable before; the disk filled or the folder changed since
+            print(f"bayesadmm: {exc}", file=sys.stderr)
+            return 2
         print(f"predictions: {args.out}")
     return 0

@@ -129,11 +129,13 @@ class Result:
         again since): its client states would not be those of this Result's server."""
         from bayesadmm.engine.rundir import RunDirError, load_state
         from bayesadmm.engine.runners import checkpointed_states, initial_states
+        from bayesadmm.engine.store import check_block_list
 
         path = self.run_dir / "checkpoint.pt"
         checkpoint = load_state(path)
         if not isinstance(checkpoint, Mapping) or not ("clients" in checkpoint or "shards" in checkpoint):
             raise RunDirError(f"{path} holds no client states")
+        check_block_list(checkpoint, path)
         if checkpoint.get("round") != self.round:
             raise StaleResult(
                 f"this Result is of round {self.round}; {self.run_dir} now holds round {checkpoint.get('round')!r}: "

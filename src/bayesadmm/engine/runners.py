@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
 from bayesadmm.engine.rundir import SHARD_NAME, SHARDS, RunDirError, load_state, real_folder, save_state, shard_path
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.engine.store import DiskStore, MemoryStore, StoreSpec, make_store, read_block
+from bayesadmm.engine.store import DiskStore, MemoryStore, StoreSpec, check_block_list, make_store, read_block
 from bayesadmm.threads import one_thread
 
 __all__ = [
@@ -181,16 +181,12 @@ def check_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> N
     is read (names confined, checksum verified: `load_state`) and holds the clients listed, and every client in
     `wanted` has a state. The workers read their shards again when they start; this reads one shard at a time."""
     path = Path(run_dir) / "checkpoint.pt"
+    check_block_list(checkpoint, path)
     found: set = set()
     if "clients" in checkpoint:
-        found = set(checkpoint["clients"]) if isinstance(checkpoint["clients"], Mapping) else set()
+        found = set(checkpoint["clients"])
     else:
-        shards = checkpoint["shards"]
-        if not isinstance(shards, list) or not all(
-            isinstance(s, Mapping) and "clients" in s and ("file" in s or s.get("fresh") is True) for s in shards
-        ):
-            raise RunDirError(f"{path} lists its shards in a form the engine does not write; start the run again")
-        for shard in shards:
+        for shard in checkpoint["shards"]:
             if shard.get("fresh"):
                 if checkpoint.get("initial") is None:
                     raise RunDirError(f"{path} lists clients in their initial state but no initial server state")

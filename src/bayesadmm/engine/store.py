@@ -46,6 +46,7 @@ __all__ = [
     "make_store",
     "store_kind",
     "read_block",
+    "check_block_list",
     "STORES",
     "AUTO_DISK_CLIENTS",
     "CACHE_BYTES",
@@ -152,6 +153,41 @@ def read_block(path: Path, sha256: str | None = None) -> dict[int, Any]:
     if sha256 is not None and meta["sha256"] != sha256:
         raise RunDirError(f"{path} is not the block its checkpoint names (another sha256); start the run again")
     return states
+
+
+def check_block_list(checkpoint: Mapping, path: Path) -> None:
+    """Refuse (a RunDirError naming `path`, the checkpoint) a record of client states in a form the engine does not
+    write: the inline states ("clients") a mapping from client id, or the block list ("shards") a list of entries,
+    each a mapping whose "clients" is a list of client ids (integers) and which names its "file" (a string, its
+    "sha256" a string where given) or is "fresh". The readers then index it without meeting another type."""
+    if "clients" in checkpoint:
+        states = checkpoint["clients"]
+        if not isinstance(states, Mapping) or not all(_client_id(k) for k in states):
+            raise RunDirError(
+                f"{path} records its client states in a form the engine does not write; start the run again"
+            )
+        return
+    shards = checkpoint["shards"]
+    if not isinstance(shards, list) or not all(_block_entry(entry) for entry in shards):
+        raise RunDirError(
+            f"{path} lists its client-state blocks in a form the engine does not write; start the run again"
+        )
+
+
+def _client_id(k: Any) -> bool:
+    return isinstance(k, int) and not isinstance(k, bool)
+
+
+def _block_entry(entry: Any) -> bool:
+    """Whether `entry` is a block-list entry as `DiskStore.flush` or the workers write it."""
+    if not isinstance(entry, Mapping):
+        return False
+    clients = entry.get("clients")
+    if not isinstance(clients, list) or not all(_client_id(k) for k in clients):
+        return False
+    if entry.get("fresh") is True:
+        return True
+    return isinstance(entry.get("file"), str) and isinstance(entry.get("sha256", ""), str)
 
 
 class _Block:

@@ -21,7 +21,7 @@ from torch import Tensor
 from bayesadmm.experiments.config import ConfigError, RunConfig, make_likelihood
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import FlatModel, make_model
-from bayesadmm.posterior import Posterior
+from bayesadmm.posterior import Posterior, _mismatch
 
 __all__ = ["DATA_SETS", "Source", "Prediction", "source", "data_set", "predict"]
 
@@ -105,8 +105,15 @@ def source(path: str | Path) -> Source:
     try:
         model = make_model(scenario["model"], **scenario["model_kwargs"])
         likelihood = make_likelihood(scenario["likelihood"], scenario.get("likelihood_params", {}))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path}: its scenario's model or likelihood cannot be built ({exc})") from None
+    # RuntimeError: torch's, for arguments a layer cannot be made of (a negative size)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{path}: its scenario's model or likelihood cannot be built ({reason})") from None
+    if model.layout != posterior.layout:
+        raise ConfigError(
+            f"{path}: its scenario's model ({scenario['model']} with {scenario['model_kwargs']}) does not fit its "
+            f"posterior ({_mismatch(posterior.layout, model.layout)}); give the posterior file its run wrote"
+        )
     return Source(posterior, model, likelihood, scenario, None)
 
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from bayesadmm.algorithms.spec import get
 from bayesadmm.engine.federation import Federation
 from bayesadmm.engine.settings import Settings
-from bayesadmm.federated import algorithm_factory, flat_model
+from bayesadmm.federated import algorithm_factory, checked_dp, flat_model
 from bayesadmm.flower.app_config import NodeClients, Timeouts
 from bayesadmm.flower.bayes_strategy import BayesStrategy
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
@@ -88,6 +88,7 @@ def strategy(
     (DP-Adam or DP-IVON on the nodes, which the messages tell the noise multiplier to use). `compile`: IVON's kernels
     compiled ("on"), eager ("off") or where the run's local steps make it pay ("auto"), decided alike on every node."""
     spec = get(method)
+    checked_dp(dp)
     record = spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on nodes
     if clients is not None and (isinstance(clients, bool) or not isinstance(clients, int) or clients < 1):
         raise ValueError(f"clients must be the number of SuperNodes to wait for (>= 1) or None, got {clients!r}")
