@@ -41,7 +41,7 @@ def layout_of(model: FlatModel | nn.Module) -> Layout:
     raise TypeError(f"model must be a torch.nn.Module or a bayesadmm.FlatModel, got {type(model).__name__}")
 
 
-def _mismatch(mine: Layout, theirs: Layout) -> str:
+def layout_mismatch(mine: Layout, theirs: Layout) -> str:
     """The first difference between two layouts, in words."""
     for k in range(max(len(mine), len(theirs))):
         a = mine[k] if k < len(mine) else None
@@ -154,7 +154,7 @@ class Posterior:
     def _check_model(self, found: Layout, what: str) -> None:
         if found != self.layout:
             raise ValueError(
-                f"{what} does not fit this posterior ({_mismatch(self.layout, found)}); "
+                f"{what} does not fit this posterior ({layout_mismatch(self.layout, found)}); "
                 "pass a module of the architecture the posterior was trained with"
             )
 

@@ -21,7 +21,7 @@ from torch import Tensor
 from bayesadmm.experiments.config import ConfigError, RunConfig, make_likelihood
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import FlatModel, make_model
-from bayesadmm.posterior import Posterior, _mismatch
+from bayesadmm.posterior import Posterior, layout_mismatch
 
 __all__ = ["DATA_SETS", "Source", "Prediction", "source", "data_set", "predict"]
 
@@ -112,7 +112,7 @@ def source(path: str | Path) -> Source:
     if model.layout != posterior.layout:
         raise ConfigError(
             f"{path}: its scenario's model ({scenario['model']} with {scenario['model_kwargs']}) does not fit its "
-            f"posterior ({_mismatch(posterior.layout, model.layout)}); give the posterior file its run wrote"
+            f"posterior ({layout_mismatch(posterior.layout, model.layout)}); give the posterior file its run wrote"
         )
     return Source(posterior, model, likelihood, scenario, None)
 
