@@ -198,3 +198,28 @@ def test_a_reply_record_is_checked_before_its_bytes_are_read():
     for reason, (answer, pending) in refused.items():
         with pytest.raises(ValueError, match=re.escape(reason)):
             check_reply(answer, pending, 128)
+
+
+UNGUARDED_SCRIPT = """
+import torch
+from torch import nn
+import bayesadmm
+
+torch.manual_seed(0)
+clients = [(torch.randn(40, 5), torch.randint(0, 3, (40,))) for _ in range(4)]
+bayesadmm.run(nn.Linear(5, 3), clients, clients[0], algorithm="fedavg",
+              hparams={"lr": 0.01, "epochs": 1, "batch_size": 8}, rounds=1, workers=2, progress=False, out="run")
+"""
+
+
+def test_a_script_that_starts_workers_at_its_top_level_is_told_to_guard_it(tmp_path):
+    """Each worker process imports the user's script; one without `if __name__ == "__main__":` starts the run again
+    in the worker, which dies: the run ends at once naming the fix, not with a reset pipe or a hang."""
+    import subprocess
+    import sys
+
+    (tmp_path / "script.py").write_text(UNGUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: client worker") and 'if __name__ == "__main__":' in last, last

@@ -75,6 +75,12 @@ __all__ = ["ClientPool", "client_runner", "local_runner", "STALL_SECONDS"]
 # A round in which no worker has sent anything for this long ends with an error naming the workers it waits for:
 # generous, since a worker sends nothing while it trains one unit (a client, or a cohort of them).
 STALL_SECONDS = 30 * 60.0
+# the usual cause of a worker that dies at once, which its own traceback (on stderr) names less plainly: each worker
+# process imports the user's script, and one that starts a run at its top level then starts it again in the worker
+UNGUARDED = (
+    "; if it died as it started (its traceback above), and your script starts the run at its top level, put that "
+    'under if __name__ == "__main__": (each worker process imports your script), or use workers=1'
+)
 PARENT_CHECK_SECONDS = 1.0  # how often a worker that waits for a free slot checks that the parent is still there
 
 
@@ -330,7 +336,7 @@ class ClientPool:
 
     def _died(self, index: int) -> RuntimeError:
         self.processes[index].join(timeout=5)
-        return RuntimeError(f"{self._name(index)} died (exit code {self.processes[index].exitcode})")
+        return RuntimeError(f"{self._name(index)} died (exit code {self.processes[index].exitcode}){UNGUARDED}")
 
     def _stalled(self, round_: int, indices: list[int]) -> str:
         """Why a round ends that made no progress for `stall_seconds`: the workers it waits for."""
@@ -410,7 +416,7 @@ class ClientPool:
     def _receive(self, index: int) -> Ok | Reply | str:
         try:
             answer = self.connections[index].recv()
-        except EOFError:
+        except (EOFError, ConnectionResetError):  # the worker is gone: its end of the pipe closed, or reset
             raise self._died(index) from None
         if isinstance(answer, Error):
             answer.exception.add_note(f"in client worker {index}:\n{answer.traceback}")
