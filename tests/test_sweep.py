@@ -204,3 +204,22 @@ def test_shipped_sweep_files_are_named_with_an_at_sign(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("bayesadmm ")
+
+
+def test_methods_given_on_the_command_line_leave_out_a_sweep_files_grids_written_for_another_method(tmp_path):
+    """`bayesadmm sweep @fmnist-heterog10 method=ivon-admm,fedavg`: the file's FedEP and FedPA grids set `inference`,
+    a hyperparameter neither method has; they are left out with a note instead of failing on a key the user never
+    wrote, and the file's main grid runs the two methods over its seeds."""
+    from bayesadmm.experiments.grids import shipped_sweep, with_axes
+
+    grids = read_sweep_file(shipped_sweep("@fmnist-heterog10"))
+    kept, notes = with_axes(grids, {"method": ["ivon-admm", "fedavg"]})
+    assert notes == [f"left out grid {n} of the sweep file: it sets inference, which ivon-admm has not" for n in (2, 3)]
+    made = points(kept, tmp_path)
+    assert sorted((p.config.method, p.config.seed) for p in made) == [
+        (m, s) for m in ("fedavg", "ivon-admm") for s in range(3)
+    ]
+    kept, notes = with_axes(grids, {"seed": ["5"]})  # no methods given: every grid, with the axis replaced
+    assert len(kept) == 3 and not notes and all(g.axes["seed"] == ["5"] for g in kept)
+    with pytest.raises(ConfigError, match="every grid of the sweep file sets a hyperparameter"):
+        with_axes(grids[1:], {"method": ["fedavg"]})

@@ -34,7 +34,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
 def command(args) -> int:
     from bayesadmm.engine.loop import Interrupted
     from bayesadmm.experiments.config import ConfigError
-    from bayesadmm.experiments.grids import SHIPPED_PREFIX, shipped_sweep
+    from bayesadmm.experiments.grids import SHIPPED_PREFIX, shipped_sweep, with_axes
     from bayesadmm.experiments.sweep import Grid, Sweep, grid, is_sweep_file, points, read_sweep_file, run_dirs
     from bayesadmm.reports import compare
 
@@ -45,7 +45,9 @@ def command(args) -> int:
         given = grid(args.axes)  # added to (or replacing) every grid's axes
         source = shipped_sweep(args.source) if args.source.startswith(SHIPPED_PREFIX) else Path(args.source)
         if is_sweep_file(source):
-            grids = [Grid(g.scenarios, {**g.axes, **given}) for g in read_sweep_file(source)]
+            grids, notes = with_axes(read_sweep_file(source), given)
+            for note in notes:
+                print(f"sweep: {note}")
         else:
             grids = [Grid([s for s in args.source.split(",") if s], given)]
         todo = points(grids, args.out)

@@ -83,6 +83,30 @@ def read_sweep_file(path: Path) -> list[Grid]:
     return grids
 
 
+def with_axes(grids: Sequence[Grid], given: dict[str, list[str]]) -> tuple[list[Grid], list[str]]:
+    """A sweep file's grids with the command line's axes added to (or replacing) each grid's. Where the command line
+    names the methods, a grid that sets a method's hyperparameter that one of those methods does not have was written
+    for another method (e.g. FedEP's ``inference``): it is left out, and named in the notes returned."""
+    from bayesadmm.algorithms.spec import get, names
+    from bayesadmm.experiments.config import GENERAL_KEYS
+
+    methods = [m for m in given.get("method", []) if m in names()]  # an unknown one: `points` names it
+    kept, notes = [], []
+    for number, one in enumerate(grids, start=1):
+        own = [k for k in one.axes if k not in given and k not in GENERAL_KEYS and not k.startswith("likelihood.")]
+        foreign = {m: [k for k in own if k not in {f.name for f in get(m).fields()}] for m in methods}
+        foreign = {m: keys for m, keys in foreign.items() if keys}
+        if foreign:
+            method, keys = next(iter(foreign.items()))
+            notes.append(f"left out grid {number} of the sweep file: it sets {', '.join(keys)}, which {method} has not")
+            continue
+        kept.append(Grid(one.scenarios, {**one.axes, **given}))
+    if not kept:
+        raise ConfigError("every grid of the sweep file sets a hyperparameter the methods given do not have: "
+                          + "; ".join(notes))  # fmt: skip
+    return kept, notes
+
+
 def _scalar(value) -> bool:
     return isinstance(value, (str, int, float, bool))
 
