@@ -3,14 +3,25 @@
 Works for any run that wrote a checkpoint, however it ended (completed, stopped, diverged, interrupted): the server
 state and the round come from checkpoint.pt (read without unpickling, its checksum verified: `rundir.load_state`), the
 status from status.json and the metrics up to that round from metrics.jsonl. The algorithm is rebuilt from
-config.json, as `bayesadmm resume` rebuilds it, but nothing runs:
+config.json, as a resume rebuilds it, but nothing runs. The kinds of run directory, told apart by config.json:
 
-- a run of `bayesadmm run SCENARIO` (config.json is the resolved `RunConfig`): the scenario's zoo model is rebuilt
-  from the config (`experiments.build.scenario_model`, no data is read), the client sizes from partition.json;
-- a run of `bayesadmm.run` (config.json records the method's name, its hyperparameters, the clients' sizes and the
-  reprs of the model and the likelihood): the caller passes the same `model=` (and `likelihood=` where it was not the
-  default), which are checked against config.json.
+- a run of `bayesadmm run SCENARIO`, or of the Flower presets' app (config.json is the resolved `RunConfig`): the
+  scenario's zoo model is rebuilt from the config (`experiments.build.scenario_model`, no data is read), the client
+  sizes from partition.json;
+- a run of `bayesadmm.run` (config.json records the method's name, its hyperparameters, the settings, the clients'
+  sizes and the reprs of the model and the likelihood): the caller passes the same `model=` (and `likelihood=` where
+  it was not the default), which are checked against config.json;
+- a run of a Flower strategy, `bayesadmm.flower.strategy` (config.json's "flower-strategy" table: the method, its
+  hyperparameters, the settings, the model's repr, the likelihood's spelling, `app_config.likelihood_spelling`; its
+  "parameters" and "dp"): `model=` as for `bayesadmm.run`, `likelihood=` for one of the user's own ("own:Name"); the
+  clients' sizes, which the nodes reported, from the checkpoint's record of its run (`clients.fingerprint`);
+- a run of the Flower run-config app with the user's own model (config.json: the run config under "flower", the
+  clients' sizes under "clients"): the model's entry point is never imported, `model=` is the caller's (its size
+  checked against the checkpoint's posterior); the method must be a registered one (a "module:function" factory is
+  refused: nothing read from a file is imported).
 
+A value of config.json, status.json or metrics.jsonl of another shape than the library writes (a list for a table, a
+string for a number, a dp record without its keys) is a one-line RunDirError naming the file and the key or line.
 Files are read without following symbolic links (`rundir.read_bytes`); no lock is taken, since checkpoints are renamed
 into place whole. The server state is loaded onto the CPU, whatever device the run trained on.
 """
@@ -45,9 +56,10 @@ def load(
     """The `Result` of the run in `run_dir` as its last checkpoint has it: `status`, `round` (the checkpoint's),
     `history`, `server`, `algorithm`, `model`, `run_dir`, so `.posterior` and `.client_states()` work as on the
     Result `bayesadmm.run` returned. `model=` (and `likelihood=`, unless it was `Classification()`) are needed for a
-    run of `bayesadmm.run` with your own model; a scenario's run rebuilds its own. A RunDirError (a ValueError) says
-    what is wrong: no run there, no or a damaged checkpoint, a method that is not registered, a model that does not
-    fit."""
+    run with your own model (`bayesadmm.run`, a Flower strategy or the Flower run-config app); a scenario's run (also
+    through the Flower presets' app) rebuilds its own. A RunDirError (a ValueError) says in one line what is wrong: no
+    run there, no or a damaged checkpoint, a method that is not registered, a model that does not fit, a file of
+    another shape than the library writes."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or not any(os.path.lexists(run_dir / name) for name in RUN_FILES):
         raise RunDirError(f"{run_dir} holds no run (no config.json, checkpoint.pt or status.json); give a run's out=")
