@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import struct
 from pathlib import Path
 
@@ -404,3 +405,86 @@ def test_predict_takes_numpy_arrays_and_lists_like_run():
         q.predict(_linear(), numpy.zeros((3, 5)))
     with pytest.raises(ValueError, match="x must be a tensor or array of N >= 1 inputs, got str"):
         q.predict(_linear(), "pixels")
+# ---- a run's files of another shape: one line naming the file ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def private_run(tmp_path_factory):
+    """A small private `bayesadmm.run` directory (config.json has a dp record), float64 as the suite's tests."""
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        clients, test = _blobs()
+        out = tmp_path_factory.mktemp("private") / "run"
+        bayesadmm.run(_linear(), clients, test, algorithm="fedavg", hparams={"lr": 0.05, "epochs": 1, "batch_size": 8},
+                      rounds=2, progress=False, out=out, dp=bayesadmm.DPSettings(noise_multiplier=0.5))  # fmt: skip
+    finally:
+        torch.set_default_dtype(saved)
+    return out
+
+
+def _set(*keys, value):
+    """An edit of a JSON file: `value` at the path `keys` (`_DELETE`: the key removed)."""
+
+    def edit(config):
+        table = config
+        for key in keys[:-1]:
+            table = table[key]
+        if value is _DELETE:
+            del table[keys[-1]]
+        else:
+            table[keys[-1]] = value
+
+    return edit
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize("file, edit, said", [
+    ("config.json", _set("hparams", value=[0.05, 1, 8]), "config.json: hparams is list [0.05, 1, 8], not a table"),
+    ("config.json", _set("hparams", "lr", value="fast"), "config.json: hparams.lr is str 'fast', not float"),
+    ("config.json", _set("hparams", "speed", value=2), "config.json: it does not build the run's method (fedavg has no "
+                                                       "hyperparameters speed"),
+    ("config.json", _set("settings", "rounds", value="2"), "config.json: settings: rounds must be an integer >= 1"),
+    ("config.json", _set("settings", value=[2, 0]), "config.json: settings is list [2, 0], not a table of the run's"),
+    ("config.json", _set("settings", "rounds", value=_DELETE), "config.json: settings has no rounds"),
+    ("config.json", _set("clients", value=["12", "34"]), "config.json: clients is not the clients' sizes"),
+    ("config.json", _set("clients", "0", value=-20), "config.json: clients is not the clients' sizes"),
+    ("config.json", _set("model", value=15), "config.json: model is int 15, not the model's repr"),
+    ("config.json", _set("likelihood", value=["Classification()"]), "config.json: likelihood is list"),
+    ("config.json", _set("algorithm", value=None), "config.json: algorithm is NoneType None, not a method's name"),
+    ("config.json", _set("parameters", value=15.0), "config.json: parameters is float 15.0, not the model's number"),
+    ("config.json", _set("dp", value="client"), "config.json: its dp record is not DPSettings.to_json()'s (a dp "
+                                                "record is a table of level, clip"),
+    ("config.json", _set("dp", "dp_noise", value=_DELETE), "(the dp record has no dp_noise"),
+    ("config.json", _set("dp", "clip", value="big"), "(dp clip must be a finite number > 0"),
+    ("status.json", _set("status", value=["completed"]), "status.json: status is list ['completed'], not a run's"),
+])  # fmt: skip
+def test_load_refuses_a_config_json_metrics_line_or_dp_record_of_another_shape(private_run, tmp_path, file, edit,
+                                                                               said):
+    out = tmp_path / "run"
+    shutil.copytree(private_run, out)
+    assert bayesadmm.load(out, model=_linear()).round == 2  # the copy loads as it is
+    record = json.loads((out / file).read_text())
+    edit(record)
+    (out / file).write_text(json.dumps(record))
+    with pytest.raises(RunDirError) as caught:
+        bayesadmm.load(out, model=_linear())
+    assert said in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("line", ['{"test_acc": 0.5}', "[1, 2]", '"round 2"', '{"round": 1.5}', '{"round": true}',
+                                  '{"round'])  # fmt: skip
+def test_load_and_resume_refuse_a_metrics_line_of_another_shape_naming_the_file_and_line(private_run, tmp_path, line):
+    out = tmp_path / "run"
+    shutil.copytree(private_run, out)
+    metrics = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("\n".join([metrics[0], line, *metrics[1:]]) + "\n")
+    with pytest.raises(RunDirError, match=r"metrics.jsonl line 2 is not a round's metrics") as caught:
+        bayesadmm.load(out, model=_linear())
+    assert "\n" not in str(caught.value)
+    clients, test = _blobs()
+    with pytest.raises(RunDirError, match=r"metrics.jsonl line 2 is not a round's metrics"):
+        bayesadmm.run(_linear(), clients, test, algorithm="fedavg", hparams={"lr": 0.05, "epochs": 1, "batch_size": 8},
+                      rounds=2, progress=False, out=out, resume=True, dp=bayesadmm.DPSettings(noise_multiplier=0.5))

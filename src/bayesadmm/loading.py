@@ -3,25 +3,37 @@
 Works for any run that wrote a checkpoint, however it ended (completed, stopped, diverged, interrupted): the server
 state and the round come from checkpoint.pt (read without unpickling, its checksum verified: `rundir.load_state`), the
 status from status.json and the metrics up to that round from metrics.jsonl. The algorithm is rebuilt from
-config.json, as `bayesadmm resume` rebuilds it, but nothing runs:
+config.json, as a resume rebuilds it, but nothing runs. The kinds of run directory, told apart by config.json:
 
-- a run of `bayesadmm run SCENARIO` (config.json is the resolved `RunConfig`): the scenario's zoo model is rebuilt
-  from the config (`experiments.build.scenario_model`, no data is read), the client sizes from partition.json;
-- a run of `bayesadmm.run` (config.json records the method's name, its hyperparameters, the clients' sizes and the
-  reprs of the model and the likelihood): the caller passes the same `model=` (and `likelihood=` where it was not the
-  default), which are checked against config.json.
+- a run of `bayesadmm run SCENARIO`, or of the Flower presets' app (config.json is the resolved `RunConfig`): the
+  scenario's zoo model is rebuilt from the config (`experiments.build.scenario_model`, no data is read), the client
+  sizes from partition.json;
+- a run of `bayesadmm.run` (config.json records the method's name, its hyperparameters, the settings, the clients'
+  sizes and the reprs of the model and the likelihood): the caller passes the same `model=` (and `likelihood=` where
+  it was not the default), which are checked against config.json;
+- a run of a Flower strategy, `bayesadmm.flower.strategy` (config.json's "flower-strategy" table: the method, its
+  hyperparameters, the settings, the model's repr, the likelihood's spelling, `app_config.likelihood_spelling`; its
+  "parameters" and "dp"): `model=` as for `bayesadmm.run`, `likelihood=` for one of the user's own ("own:Name"); the
+  clients' sizes, which the nodes reported, from the checkpoint's record of its run (`clients.fingerprint`);
+- a run of the Flower run-config app with the user's own model (config.json: the run config under "flower", the
+  clients' sizes under "clients"): the model's entry point is never imported, `model=` is the caller's (its size
+  checked against the checkpoint's posterior); the method must be a registered one (a "module:function" factory is
+  refused: nothing read from a file is imported).
 
+A value of config.json, status.json or metrics.jsonl of another shape than the library writes (a list for a table, a
+string for a number, a dp record without its keys) is a one-line RunDirError naming the file and the key or line.
 Files are read without following symbolic links (`rundir.read_bytes`); no lock is taken, since checkpoints are renamed
 into place whole. The server state is loaded onto the CPU, whatever device the run trained on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import nn
 
@@ -29,7 +41,7 @@ from bayesadmm.algorithms import Algorithm
 from bayesadmm.engine.federation import EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, Result
 from bayesadmm.engine.history import read_metrics
 from bayesadmm.engine.rundir import RUN_FILES, RunDirError, load_state, read_bytes
-from bayesadmm.likelihoods import Classification, Likelihood
+from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior import layout_of
 
@@ -44,30 +56,37 @@ def load(
     """The `Result` of the run in `run_dir` as its last checkpoint has it: `status`, `round` (the checkpoint's),
     `history`, `server`, `algorithm`, `model`, `run_dir`, so `.posterior` and `.client_states()` work as on the
     Result `bayesadmm.run` returned. `model=` (and `likelihood=`, unless it was `Classification()`) are needed for a
-    run of `bayesadmm.run` with your own model; a scenario's run rebuilds its own. A RunDirError (a ValueError) says
-    what is wrong: no run there, no or a damaged checkpoint, a method that is not registered, a model that does not
-    fit."""
+    run with your own model (`bayesadmm.run`, a Flower strategy or the Flower run-config app); a scenario's run (also
+    through the Flower presets' app) rebuilds its own. A RunDirError (a ValueError) says in one line what is wrong: no
+    run there, no or a damaged checkpoint, a method that is not registered, a model that does not fit, a file of
+    another shape than the library writes."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir() or not any(os.path.lexists(run_dir / name) for name in RUN_FILES):
         raise RunDirError(f"{run_dir} holds no run (no config.json, checkpoint.pt or status.json); give a run's out=")
+    if model is not None and not isinstance(model, (nn.Module, FlatModel)):
+        raise TypeError(f"model= must be the run's torch.nn.Module or FlatModel, got {type(model).__name__}")
     config = _read_json(run_dir / "config.json")
     checkpoint = _checkpoint(run_dir)
-    if "dataset" in config and "scenario" in config:
+    scenario = None
+    if "dataset" in config and "scenario" in config:  # `bayesadmm run SCENARIO`, or the Flower preset app's run
         make, flat, scenario = _scenario_run(run_dir, model, likelihood)
+    elif "flower-strategy" in config:
+        make, flat = _strategy_run(run_dir, config, checkpoint, model, likelihood)
+    elif "flower" in config:
+        make, flat = _flower_app_run(run_dir, config, model, likelihood)
     else:
         make, flat = _api_run(run_dir, config, model, likelihood)
-        scenario = None
-    algorithm = make()
+    with _refused(run_dir / "config.json", "it does not build the run's method"):
+        algorithm = make()
     method = checkpoint.get("run", {}).get("method") if isinstance(checkpoint.get("run"), Mapping) else None
     if method is not None and method != algorithm.name:
         raise RunDirError(f"{run_dir}: the checkpoint is of method {method!r}, config.json builds {algorithm.name!r}")
     round_ = checkpoint["round"]
     status = _status(run_dir)
     history = read_metrics(run_dir / "metrics.jsonl", round_)
-    code = EXIT_CODES.get(status.get("status", ""), EXIT_FAILED)
     result = Result(
-        str(status.get("status", "unknown")), code, round_, history, checkpoint["server"], algorithm, run_dir,
-        str(status.get("message", "")), flat, scenario,
+        status["status"], EXIT_CODES.get(status["status"], EXIT_FAILED), round_, history, checkpoint["server"],
+        algorithm, run_dir, str(status.get("message", "")), flat, scenario,
     )  # fmt: skip
     _check_posterior_fits(result, run_dir)
     return result
@@ -99,9 +118,12 @@ def _checkpoint(run_dir: Path) -> dict:
 
 def _status(run_dir: Path) -> dict:
     """status.json; a run that has none yet is reported as running (it was stopped before writing it)."""
-    if not os.path.lexists(run_dir / "status.json"):
+    path = run_dir / "status.json"
+    if not os.path.lexists(path):
         return {"status": "running"}
-    return _read_json(run_dir / "status.json")
+    status = _read_json(path)
+    _expect(path, "status", status.get("status", "unknown"), str, "a run's status (completed, stopped, ...)")
+    return {"status": "unknown", **status}
 
 
 def _scenario_run(
@@ -146,43 +168,258 @@ def _api_run(
 ) -> tuple[Callable[[], Algorithm], FlatModel]:
     """The algorithm factory and model of a `bayesadmm.run` directory, `model` and `likelihood` checked against its
     config.json."""
-    from bayesadmm.algorithms.spec import names
-    from bayesadmm.federated import algorithm_factory
-
+    path = run_dir / "config.json"
     needed = {"algorithm", "hparams", "parameters", "clients", "likelihood", "model", "settings"}
     if not needed <= set(config):
-        raise RunDirError(f"{run_dir / 'config.json'} is not a run's configuration; restore it")
+        raise RunDirError(f"{path} is not a run's configuration; restore it")
+    recorded = _expect(path, "model", config["model"], str, "the model's repr")
     if model is None:
         raise RunDirError(
-            f"{run_dir} is a run of bayesadmm.run with your own model ({str(config['model'])[:60]}...): pass it, "
+            f"{run_dir} is a run of bayesadmm.run with your own model ({_brief(recorded)}): pass it, "
             "bayesadmm.load(run_dir, model=...)"
         )
-    flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
-    if flat.dim != config["parameters"] or (isinstance(model, nn.Module) and repr(model) != config["model"]):
+    flat = _own_model(path, model, config["parameters"], recorded)
+    spelt = _expect(path, "likelihood", config["likelihood"], str, "the likelihood's repr")
+    likelihood = _run_likelihood(run_dir, spelt, likelihood)
+    method = _method(run_dir, path, "algorithm", config["algorithm"])
+    hparams = _hparams(path, "hparams", method, config["hparams"])
+    settings = _settings(path, "settings", config["settings"])
+    sizes = _sizes(path, "clients", config["clients"])
+    # the run's compile choice: "on" for a run written before the setting (its kernels were compiled)
+    schedule = Schedule(settings["rounds"], settings.get("participation", 1.0), settings.get("compile", "on"),
+                        settings.get("seed", 0))  # fmt: skip
+    return _factory(path, method, hparams, flat, sizes, likelihood, schedule, config.get("dp")), flat
+
+
+def _strategy_run(
+    run_dir: Path, config: dict, checkpoint: dict, model: Any, likelihood: Likelihood | None
+) -> tuple[Callable[[], Algorithm], FlatModel]:
+    """The algorithm factory and model of the run of a Flower strategy (`bayesadmm.flower.strategy`): its settings
+    from config.json's "flower-strategy" table, the clients' sizes (which the nodes reported) from the checkpoint's
+    record of its run; `model` and `likelihood` checked against them."""
+    path = run_dir / "config.json"
+    setup = _expect(path, "flower-strategy", config["flower-strategy"], Mapping, "the strategy's settings (a table)")
+    needed = {"algorithm", "hparams", "likelihood", "model", "rounds"}
+    missing = sorted(needed - set(setup) | {"parameters"} - set(config))
+    if missing:
+        raise RunDirError(f"{path} is not a Flower strategy's configuration (no {', '.join(missing)}); restore it")
+    recorded = _expect(path, "flower-strategy.model", setup["model"], str, "the model's repr")
+    if model is None:
         raise RunDirError(
-            f"model= is not the run's model (config.json records {config['parameters']} parameters of "
-            f"{str(config['model'])[:60]}...; given {flat.dim} of {repr(model)[:60]}...): pass the run's own"
+            f"{run_dir} is a run of a Flower strategy with your own model ({_brief(recorded)}): pass it, "
+            "bayesadmm.load(run_dir, model=...)"
         )
-    likelihood = _run_likelihood(run_dir, config["likelihood"], likelihood)
-    method = config["algorithm"]
+    flat = _own_model(path, model, config["parameters"], recorded)
+    likelihood = _spelt_likelihood(run_dir, path, "flower-strategy.likelihood", setup["likelihood"], likelihood)
+    method = _method(run_dir, path, "flower-strategy.algorithm", setup["algorithm"])
+    hparams = _hparams(path, "flower-strategy.hparams", method, setup["hparams"])
+    settings = _settings(path, "flower-strategy", setup)
+    record = checkpoint.get("run")
+    data = record.get("data") if isinstance(record, Mapping) else None  # `clients.fingerprint`: the nodes' sizes
+    found = data.get("sizes") if isinstance(data, Mapping) else None
+    sizes = _sizes(run_dir / "checkpoint.pt", "run.data.sizes", found)
+    schedule = Schedule(settings["rounds"], settings.get("participation", 1.0), settings.get("compile", "auto"),
+                        settings.get("seed", 0))  # fmt: skip
+    return _factory(path, method, hparams, flat, sizes, likelihood, schedule, config.get("dp")), flat
+
+
+def _flower_app_run(
+    run_dir: Path, config: dict, model: Any, likelihood: Likelihood | None
+) -> tuple[Callable[[], Algorithm], FlatModel]:
+    """The algorithm factory and model of a run of the Flower run-config app with a model of your own (config.json:
+    the run config, under "flower", and the clients' sizes). The run config names the model as an entry point, which
+    is never imported here: `model` is the caller's (its size checked against the checkpoint's posterior)."""
+    from bayesadmm.flower.app_config import _settings as app_settings
+    from bayesadmm.flower.app_config import parse_hparams
+
+    path = run_dir / "config.json"
+    run_config = _expect(path, "flower", config["flower"], Mapping, "the Flower run config (a table)")
+    name = run_config.get("model")
+    if not isinstance(name, str) or ":" not in name:
+        raise RunDirError(f"{path}: flower.model is {_shown(name)}, not the model's module:function; restore it")
+    if model is None:
+        raise RunDirError(
+            f"{run_dir} is a Flower run of your own model {_brief(name)}: pass it, bayesadmm.load(run_dir, model=...) "
+            "(the model that function returns)"
+        )
+    flat = _own_model(path, model, None, None)
+    algorithm = run_config.get("algorithm") or "ivon-admm"
+    if isinstance(algorithm, str) and ":" in algorithm:
+        raise RunDirError(
+            f"{run_dir} is a run of the algorithm factory {_brief(algorithm)}, which bayesadmm.load does not import: "
+            "it rebuilds registered methods (register yours as a MethodSpec, docs/guides/own-algorithm.md, and name it "
+            "in the run config's algorithm=); this run's state is bayesadmm.engine.rundir.load_state(checkpoint.pt)"
+        )
+    method = _method(run_dir, path, "flower.algorithm", algorithm)
+    given = run_config.get("hparams")
+    if isinstance(given, Mapping):
+        found = dict(given)
+    elif isinstance(given, str) or given is None:
+        with _refused(path, "flower.hparams is not KEY=VALUE ..."):
+            found = parse_hparams(given or "")
+    else:
+        raise RunDirError(f"{path}: flower.hparams is {_shown(given)}, not 'KEY=VALUE ...' or a table; restore it")
+    hparams = _hparams(path, "flower.hparams", method, found)
+    spelt = run_config.get("likelihood") or "classification"
+    likelihood = _spelt_likelihood(run_dir, path, "flower.likelihood", spelt, likelihood)
+    with _refused(path, "the Flower run config's settings are not a run's"):
+        # as the ServerApp read them; the device aside (it need not exist on this machine: the state loads on the CPU)
+        settings = app_settings({k: v for k, v in run_config.items() if k != "device"})
+    sizes = _sizes(path, "clients", config.get("clients"))
+    schedule = Schedule(settings.rounds, settings.participation, settings.compile, settings.seed)
+    return _factory(path, method, hparams, flat, sizes, likelihood, schedule, None), flat
+
+
+class Schedule(NamedTuple):
+    """What a method's factory takes of a run's settings."""
+
+    rounds: int
+    participation: float
+    compile: str
+    seed: int
+
+
+def _factory(
+    path: Path,
+    method: str,
+    hparams: dict,
+    flat: FlatModel,
+    sizes: dict[int, int],
+    likelihood: Likelihood,
+    schedule: Schedule,
+    dp: Any,
+) -> Callable[[], Algorithm]:
+    """The factory of registered method `method` as the run built it (`federated.algorithm_factory`), made private
+    as the run's `dp` record says (None: not private); a value no check above refused but the method does is a
+    RunDirError naming the file."""
+    from bayesadmm.algorithms.spec import get
+    from bayesadmm.federated import algorithm_factory
+    from bayesadmm.privacy import DPSettings, private_factory
+
+    rounds, participation, compile_, seed = schedule
+    with _refused(path, "it does not build the run's method"):
+        make = algorithm_factory(method, hparams, flat, sizes, likelihood, rounds, participation, compile_)
+    if dp is None:
+        return make
+    with _refused(path, "its dp record is not DPSettings.to_json()'s"):
+        settings = DPSettings.from_json(dp)
+    spec = get(method)
+    with _refused(path, "it does not build the run's private method"):
+        # the same noise as the run's: its own, or calibrated from the same budget, sizes and rounds
+        return private_factory(make, spec, spec.make_hparams(**hparams), settings, participation=participation,
+                               sizes=sizes, rounds=rounds, seed=seed)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _refused(path: Path, what: str) -> Iterator[None]:
+    """A TypeError or ValueError raised within (a value of the file the checks let through, refused where it is
+    used) as a one-line RunDirError naming `path`."""
+    try:
+        yield
+    except RunDirError:
+        raise
+    except (TypeError, ValueError, KeyError) as exc:
+        text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise RunDirError(f"{path}: {what} ({text[:200]}); restore the run's file") from None
+
+
+def _brief(text: str, width: int = 60) -> str:
+    """`text` on one line (a module's repr spans several), cut to `width` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _shown(value: Any) -> str:
+    """A value of a file as an error names it: its type and the start of its repr, on one line."""
+    return f"{type(value).__name__} {_brief(repr(value), 40)}"
+
+
+def _expect(path: Path, key: str, value: Any, kind: type, what: str) -> Any:
+    """`value`, the file's `key`, if it is a `kind` (not a bool where a number is asked); else a one-line RunDirError
+    naming the file and the key."""
+    if isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool):
+        return value
+    raise RunDirError(f"{path}: {key} is {_shown(value)}, not {what}; restore the run's file")
+
+
+def _own_model(path: Path, model: Any, parameters: Any, recorded: str | None) -> FlatModel:
+    """`model` as a FlatModel, checked against the run's number of parameters and its module's repr (where the run
+    recorded them)."""
+    flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
+    if parameters is None:
+        return flat
+    count = _expect(path, "parameters", parameters, int, "the model's number of parameters")
+    if flat.dim != count or (isinstance(model, nn.Module) and recorded is not None and repr(model) != recorded):
+        raise RunDirError(
+            f"model= is not the run's model (config.json records {count} parameters of {_brief(str(recorded))}; "
+            f"given {flat.dim} of {_brief(repr(model))}): pass the run's own"
+        )
+    return flat
+
+
+def _method(run_dir: Path, path: Path, key: str, method: Any) -> str:
+    """The run's registered method's name."""
+    from bayesadmm.algorithms.spec import names
+
+    _expect(path, key, method, str, "a method's name")
     if method not in names():
         raise RunDirError(_unregistered(run_dir, repr(method)))
-    sizes = _client_sizes(run_dir, config["clients"])
-    settings = config["settings"] if isinstance(config["settings"], Mapping) else {}
-    # the run's compile choice: "on" for a run written before the setting (its kernels were compiled)
-    schedule = (settings.get("rounds"), settings.get("participation", 1.0), settings.get("compile", "on"))
-    make = algorithm_factory(method, dict(config["hparams"]), flat, sizes, likelihood, *schedule)
-    if isinstance(config.get("dp"), Mapping):  # a private run: its server state is the private wrapper's
-        from bayesadmm.algorithms.spec import get
-        from bayesadmm.privacy import DPSettings, private_factory
+    return method
 
-        spec = get(method)
-        make = private_factory(
-            make, spec, spec.make_hparams(**config["hparams"]), DPSettings.from_json(config["dp"]),
-            participation=settings.get("participation", 1.0), sizes=sizes, rounds=settings.get("rounds", 1),
-            seed=settings.get("seed", 0),
-        )  # fmt: skip
-    return make, flat
+
+# the JSON values a hyperparameter's annotation accepts (an annotation of other types: the method's own checks)
+_JSON_KINDS: dict[str, tuple[type, ...]] = {
+    "bool": (bool,), "int": (int,), "float": (int, float), "str": (str,), "None": (type(None),),
+}  # fmt: skip
+
+
+def _hparams(path: Path, key: str, method: str, hparams: Any) -> dict:
+    """The run's hyperparameters of `method`, each of the JSON kind its field's annotation declares (a number for a
+    float, ...); unknown, missing or invalid ones are the method's to refuse (`_factory`)."""
+    from bayesadmm.algorithms.spec import get
+
+    _expect(path, key, hparams, Mapping, "a table of the method's hyperparameters")
+    fields = {f.name: f for f in get(method).fields()}
+    for name, value in hparams.items():
+        field = fields.get(name)
+        if field is None:
+            continue
+        declared = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+        parts = [part.strip() for part in declared.split("|")]
+        if not all(part in _JSON_KINDS for part in parts):
+            continue
+        kinds = tuple(kind for part in parts for kind in _JSON_KINDS[part])
+        if isinstance(value, kinds) and (not isinstance(value, bool) or "bool" in parts):
+            continue
+        raise RunDirError(f"{path}: {key}.{name} is {_shown(value)}, not {declared}; restore the run's file")
+    return dict(hparams)
+
+
+def _settings(path: Path, key: str, settings: Any) -> Mapping[str, Any]:
+    """The run's settings (rounds, seed, participation, compile, ...) as `engine.settings` checks them (the device
+    aside: the state loads on the CPU)."""
+    from bayesadmm.engine.settings import KEYS, problems
+
+    _expect(path, key, settings, Mapping, "a table of the run's settings")
+    if "rounds" not in settings:
+        raise RunDirError(f"{path}: {key} has no rounds; restore the run's file")
+    found = problems({k: v for k, v in settings.items() if k in KEYS and k != "device"}, check_machine=False)
+    if found:
+        raise RunDirError(f"{path}: {key}: {found[0]}; restore the run's file")
+    return settings
+
+
+def _sizes(path: Path, key: str, clients: Any) -> dict[int, int]:
+    """Each client's number of examples, as the run recorded them (client id → N_k)."""
+    sizes: dict[int, Any] = {}
+    if isinstance(clients, Mapping):
+        try:
+            sizes = {int(k): n for k, n in clients.items()}
+        except (TypeError, ValueError):
+            sizes = {}
+    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes.values()):
+        raise RunDirError(f"{path}: {key} is not the clients' sizes (a table of client id → examples); restore it")
+    return sizes
 
 
 def _run_likelihood(run_dir: Path, recorded: str, given: Likelihood | None) -> Likelihood:
@@ -194,11 +431,31 @@ def _run_likelihood(run_dir: Path, recorded: str, given: Likelihood | None) -> L
     return likelihood
 
 
-def _client_sizes(run_dir: Path, clients: Any) -> dict[int, int]:
-    try:
-        return {int(k): int(n) for k, n in dict(clients).items()}
-    except (TypeError, ValueError):
-        raise RunDirError(f"{run_dir / 'config.json'} records no client sizes; restore it") from None
+def _spelt_likelihood(run_dir: Path, path: Path, key: str, spelt: Any, given: Likelihood | None) -> Likelihood:
+    """A Flower run's likelihood from its spelling (`app_config.likelihood_spelling`): "classification",
+    "regression:NOISE" (rebuilt; `given`, if any, must be spelt alike), or "own:Name" (the caller's, of that class)."""
+    from bayesadmm.flower.app_config import likelihood_spelling
+
+    _expect(path, key, spelt, str, "a likelihood's name")
+    if spelt.startswith("own:"):
+        if given is None or likelihood_spelling(given) != spelt:
+            raise RunDirError(
+                f"{run_dir} was run with your own likelihood {_brief(spelt[4:])}: pass it, "
+                "bayesadmm.load(run_dir, model=..., likelihood=...)"
+            )
+        return given
+    if spelt == "classification":
+        own: Likelihood = Classification()
+    elif spelt.startswith("regression:"):
+        with _refused(path, f"{key} is not regression:NOISE"):
+            own = GaussianRegression(float(spelt.split(":", 1)[1]))
+    else:
+        raise RunDirError(f"{path}: {key} is {_shown(spelt)}, not classification, regression:NOISE or own:NAME")
+    if given is None:
+        return own
+    if likelihood_spelling(given) != spelt:
+        raise RunDirError(f"{run_dir} was run with the likelihood {spelt}, not {given!r}: pass the run's own, or none")
+    return given
 
 
 def _check_posterior_fits(result: Result, run_dir: Path) -> None:
@@ -206,4 +463,6 @@ def _check_posterior_fits(result: Result, run_dir: Path) -> None:
     try:
         _ = result.posterior
     except ValueError as exc:
-        raise RunDirError(f"{run_dir}: the checkpoint's posterior does not fit the model ({exc})") from None
+        raise RunDirError(
+            f"{run_dir}: the checkpoint's posterior does not fit model= ({_brief(str(exc), 120)}); pass the run's own"
+        ) from None

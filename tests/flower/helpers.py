@@ -184,13 +184,14 @@ def user_client_app(parts, test):
 
 
 def flower_run_dir(tmp_path: Path, method: str = "ivon-admm", kind: str = "strategy", rounds: int = 2,
-                   **options) -> Path:
+                   returned: list | None = None, **options) -> Path:
     """A small run directory as a Flower run writes it, in a second or two: `method` (a registry name) over
     user_app's model (``user_app.make_model()``, 67 parameters) and three clients' synthetic data, through a
     LoopbackGrid, `rounds` rounds, float64, an evaluation set on the server. `kind`: "strategy" (a ServerApp of your
     own with `bayesadmm.flower.strategy`: config.json's keys under "flower-strategy") or "run-config" (the run-config
     app's ServerApp, a model named in the run config: config.json's under "flower", with flower.json beside it).
-    `options`: more of `strategy`'s arguments (or, for "run-config", run config keys). Returns the run directory."""
+    `options`: more of `strategy`'s arguments (or, for "run-config", run config keys). Returns the run directory;
+    `returned`, if given, gets the engine's Result of the run appended."""
     import torch
     import user_app
     from flwr.app import ArrayRecord
@@ -211,6 +212,7 @@ def flower_run_dir(tmp_path: Path, method: str = "ivon-admm", kind: str = "strat
                          fraction_evaluate=0.0, out=out, **{**hparams, **options})
             s.start(grid=LoopbackGrid(user_client_app(parts, test), len(parts)),
                     initial_arrays=ArrayRecord(model.state_dict()))
+            result = s.result
         elif kind == "run-config":
             from bayesadmm.flower.app_config import flower_run
             from bayesadmm.flower.client_app import app as client_app
@@ -225,9 +227,11 @@ def flower_run_dir(tmp_path: Path, method: str = "ivon-admm", kind: str = "strat
                           "out": str(out), "hparams": " ".join(f"{k}={json.dumps(v)}" for k, v in hparams.items()),
                           "discovery-timeout": 5.0, **options}
             configs = {k: {"partition-id": k, "data": str(f)} for k, f in files.items()}
-            run_server(LocalDataGrid(client_app, configs, files, [eval_file]), flower_run(run_config))
+            result = run_server(LocalDataGrid(client_app, configs, files, [eval_file]), flower_run(run_config))
         else:
             raise ValueError(f"kind={kind!r}: strategy or run-config")
     finally:
         torch.set_default_dtype(saved)
+    if returned is not None:
+        returned.append(result)
     return out

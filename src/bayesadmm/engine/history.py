@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from bayesadmm.engine.rundir import open_append, read_bytes
+from bayesadmm.engine.rundir import RunDirError, open_append, read_bytes
 
 __all__ = ["metrics_line", "append_line", "read_metrics", "mean_client_info", "headline", "progress_bar", "on_done"]
 
@@ -44,10 +44,29 @@ def append_line(path: Path, line: Mapping[str, Any]) -> None:
 
 
 def read_metrics(path: Path, up_to: int) -> list[dict]:
-    """The lines of metrics.jsonl of rounds up to `up_to` (none if there is no file)."""
+    """The lines of metrics.jsonl (or personal.jsonl) of rounds up to `up_to` (none if there is no file); a line that
+    is not a round's record (a JSON table with an integer "round") is a RunDirError naming the file and the line."""
     if not path.exists():
         return []
-    lines = [json.loads(line) for line in read_bytes(path).decode().splitlines() if line.strip()]
+    try:
+        text = read_bytes(path).decode()
+    except UnicodeDecodeError:
+        raise RunDirError(f"{path} is not text; restore it, or delete it (the rounds' metrics are lost)") from None
+    lines = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            line = None
+        round_ = line.get("round") if isinstance(line, dict) else None
+        if isinstance(round_, bool) or not isinstance(round_, int):
+            raise RunDirError(
+                f"{path} line {number} is not a round's metrics (a JSON table with its integer round): {raw[:60]!r}; "
+                "restore the file, or remove the line"
+            )
+        lines.append(line)
     return [line for line in lines if line["round"] <= up_to]
 
 

@@ -333,6 +333,17 @@ def likelihood_of(setup: Mapping[str, Any]) -> Likelihood:
     raise ValueError(f"likelihood={name!r}: use classification or regression:NOISE (e.g. regression:0.1)")
 
 
+def likelihood_spelling(likelihood: Likelihood) -> str:
+    """The likelihood's name in a setup, which `likelihood_of` reads back: ``classification``,
+    ``regression:NOISE``, or ``own:ClassName`` for one of your own (the nodes must be given it: `bayesadmm.flower.
+    client`'s likelihood=)."""
+    if isinstance(likelihood, Classification):
+        return "classification"
+    if isinstance(likelihood, GaussianRegression):
+        return f"regression:{likelihood.noise!r}"
+    return f"own:{type(likelihood).__name__}"
+
+
 def algorithm_of(
     setup: Mapping[str, Any], model: FlatModel, sizes: Mapping[int, int], likelihood: Likelihood | None = None
 ) -> Callable[[], Algorithm]:

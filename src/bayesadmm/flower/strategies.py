@@ -30,9 +30,9 @@ from bayesadmm.algorithms.spec import get
 from bayesadmm.engine.federation import Federation
 from bayesadmm.engine.settings import Settings
 from bayesadmm.federated import algorithm_factory, checked_dp, flat_model
-from bayesadmm.flower.app_config import NodeClients, Timeouts
+from bayesadmm.flower.app_config import NodeClients, Timeouts, likelihood_spelling
 from bayesadmm.flower.bayes_strategy import BayesStrategy
-from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
+from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.privacy import DPSettings, private_factory
 from bayesadmm.privacy.example_level import example_noise
@@ -99,7 +99,7 @@ def strategy(
     )  # fmt: skip
     flat, own_theta = flat_model(model)  # the model's own parameters: θ0 where Flower gives no initial arrays
     setup = {
-        "algorithm": method, "hparams": dict(hparams), "likelihood": _spelt(likelihood), "seed": seed,
+        "algorithm": method, "hparams": dict(hparams), "likelihood": likelihood_spelling(likelihood), "seed": seed,
         "rounds": rounds, "device": device, "dtype": dtype, "clients": clients, "eval_samples": eval_samples,
         "participation": fraction_train, "compile": compile,
     }  # fmt: skip
@@ -120,7 +120,9 @@ def strategy(
                 chosen = replace(
                     dp, noise_multiplier=example_noise(make(), dp, sizes, rounds) if sigma is None else sigma
                 )
-                setup["dp"] = chosen.to_json()
+                # the nodes are told it; config.json records it, so that `bayesadmm.load` need not calibrate it again
+                # (a resume may change the noise: `engine.identity.RESUME_MAY_CHANGE`)
+                setup["dp"] = config["dp"] = chosen.to_json()
             make = private_factory(make, spec, record, chosen, participation=fraction_train, sizes=sizes,
                                    rounds=rounds, seed=seed)  # fmt: skip
         X, y = evaluation if evaluation is not None else (None, None)
@@ -189,15 +191,6 @@ def _number(run_config: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"run config key {key}: a number, got {value!r}")
     return float(value)
-
-
-def _spelt(likelihood: Likelihood) -> str:
-    """The likelihood's name in the setup the nodes rebuild it from (`app_config.likelihood_of`)."""
-    if isinstance(likelihood, Classification):
-        return "classification"
-    if isinstance(likelihood, GaussianRegression):
-        return f"regression:{likelihood.noise!r}"
-    return f"own:{type(likelihood).__name__}"  # the nodes must be given it (`bayesadmm.flower.client`'s likelihood=)
 
 
 def _initial(flat: FlatModel, own_theta: Tensor, initial: Mapping[str, Tensor] | None) -> Tensor:

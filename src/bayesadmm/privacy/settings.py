@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = ["DPSettings", "LEVELS", "ACCOUNTANTS"]
@@ -49,8 +50,15 @@ class DPSettings:
             raise ValueError("dp needs a noise_multiplier or a target epsilon (from which the noise is calibrated)")
 
     @classmethod
-    def from_json(cls, record: dict) -> DPSettings:
-        """The settings `to_json` recorded."""
+    def from_json(cls, record: object) -> DPSettings:
+        """The settings `to_json` recorded; a ValueError naming what is wrong with a record of another shape (not a
+        table, a key missing) or with its values."""
+        keys = ("level", "clip", "dp_noise", "dp_epsilon", "delta")
+        if not isinstance(record, Mapping):
+            raise ValueError(f"a dp record is a table of {', '.join(keys)}, got {type(record).__name__} {record!r:.60}")
+        missing = [key for key in keys if key not in record]
+        if missing:
+            raise ValueError(f"the dp record has no {', '.join(missing)} (it needs {', '.join(keys)})")
         return cls(
             level=record["level"],
             clip=record["clip"],
