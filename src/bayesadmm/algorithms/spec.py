@@ -41,7 +41,18 @@ if TYPE_CHECKING:
     from bayesadmm.models import FlatModel
     from bayesadmm.privacy.message import ClientUpdate
 
-__all__ = ["Context", "MethodSpec", "register", "get", "names", "specs", "choice", "load", "load_from_environment"]
+__all__ = [
+    "Context",
+    "MethodSpec",
+    "register",
+    "get",
+    "names",
+    "specs",
+    "choice",
+    "describe",
+    "load",
+    "load_from_environment",
+]
 
 
 @dataclass(frozen=True)
@@ -179,6 +190,37 @@ def names() -> list[str]:
 def specs() -> list[MethodSpec]:
     """The registered specs, sorted by name."""
     return [_SPECS[name] for name in names()]
+
+
+def describe(name: str) -> str:
+    """What a person choosing settings for method `name` needs, from its spec: its summary, its hyperparameters
+    (type and default; "required" where there is none), its presets per scenario, `bayesadmm tune`'s search space,
+    and whether it has client-level DP. `bayesadmm methods show NAME` prints it."""
+    spec = get(name)
+    lines = [f"{spec.name}: {spec.summary}" if spec.summary else spec.name, ""]
+    lines.append(f"hyperparameters (bayesadmm run ... method={spec.name} KEY=VALUE; bayesadmm.run(hparams={{...}})):")
+    rows = []
+    for f in spec.fields():
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory
+        rows.append((f.name, kind, "required" if _required(f) else repr(default() if callable(default) else default)))
+    widths = [max((len(row[i]) for row in rows), default=0) for i in (0, 1)]
+    lines += [f"  {name:<{widths[0]}}  {kind:<{widths[1]}}  {default}" for name, kind, default in rows]
+    lines += ["", "presets (the settings of the built-in scenarios; a preset fills what the command line leaves out):"]
+    for scenario, values in sorted(spec.presets.items()):
+        lines.append(f"  {scenario}: " + " ".join(f"{k}={v}" for k, v in values.items()))
+    if not spec.presets:
+        lines.append("  none: give every required hyperparameter")
+    lines += ["", "search space (bayesadmm tune; --space overrides it):"]
+    for key, space in spec.search_space.items():
+        ((kind, bounds),) = space.items()
+        shown = ", ".join(map(str, bounds)) if kind == "choices" else f"{bounds[0]} to {bounds[1]}"
+        lines.append(f"  {key}: {kind} {shown}")
+    if not spec.search_space:
+        lines.append("  none")
+    dp = "yes" if spec.dp_update is not None else "no (refused)"
+    lines += ["", f"client-level differential privacy: {dp}"]
+    return "\n".join(lines)
 
 
 # The method modules the command line was given (--methods), os.pathsep-separated: the CLI sets it so that the runs a

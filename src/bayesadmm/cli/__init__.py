@@ -26,6 +26,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "precompile": precompile.command,
     "paper": paper.command,
     "predict": predict.command,
+    "methods": methods.command,
 }
 
 
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_parser(commands)
     predict.add_parser(commands)
     precompile.add_parser(commands)
+    methods.add_parser(commands)
     paper.add_parser(commands)
     return parser
 
