@@ -48,13 +48,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def preset(model: str, method: str, epochs: int) -> dict:
+def preset(model: str, method: str, epochs: int) -> tuple[dict, int]:
+    """The scenario's hyperparameters of `method` with `epochs` local epochs, and the scenario's rounds (the length
+    of a `cosine` schedule: the runs keep it and stop after `--rounds`, as `bayesadmm run --stop_at` does)."""
     config, _ = resolve(SCENARIOS[model], [f"method={method}"])
     hparams = dict(config.hparams)
     hparams["epochs"] = epochs
-    if hparams.pop("cosine", False):
-        hparams["cosine_rounds"] = config.rounds  # the scenario's schedule, as `bayesadmm run` passes it
-    return hparams
+    return hparams, config.rounds
 
 
 def data(clients: int, examples: int, classes: int) -> tuple[list, tuple]:
@@ -75,6 +75,7 @@ def one_run(model: str, method: str, cohort: int, args: argparse.Namespace) -> d
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    hparams, schedule_rounds = preset(model, method, args.epochs)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         result = bayesadmm.run(
@@ -82,8 +83,9 @@ def one_run(model: str, method: str, cohort: int, args: argparse.Namespace) -> d
             clients,
             test,
             algorithm=method,
-            hparams=preset(model, method, args.epochs),
-            rounds=args.rounds,
+            hparams=hparams,
+            rounds=schedule_rounds,
+            stop_at=args.rounds,
             seed=0,
             eval_samples=4,
             device=args.device,
@@ -91,7 +93,7 @@ def one_run(model: str, method: str, cohort: int, args: argparse.Namespace) -> d
             out=folder,
             progress=False,
         )
-    if result.status != "completed":
+    if len(result.history) != args.rounds:
         raise RuntimeError(f"{model} {method} cohort={cohort}: {result.status} {result.message}")
     seconds = [line["seconds"] for line in result.history]
     return {

@@ -118,15 +118,12 @@ def run_bayesadmm(scenario, settings: dict, folder: str) -> dict:
 
     import bayesadmm
 
-    hparams = {k: v for k, v in scenario.hparams.items() if k != "cosine"}
-    if scenario.hparams.get("cosine"):
-        hparams["cosine_rounds"] = scenario.schedule_rounds  # what `bayesadmm run` passes for cosine: true
     result = bayesadmm.run(
         mlp_with(scenario.theta0),
         scenario.clients,
         (scenario.X_test, scenario.y_test),
         algorithm=scenario.method,
-        hparams=hparams,
+        hparams=scenario.hparams,  # cosine: true spans `rounds`, the scenario's, as `bayesadmm run` does
         rounds=scenario.schedule_rounds,
         stop_at=ROUNDS,
         seed=scenario.seed,
