@@ -28,7 +28,8 @@ def main() -> None:
         if (args.out / name / "status.json").exists():
             print(f"{name}: done before, kept")
             continue
-        config, _ = resolve("fmnist-heterog10", [f"rounds={args.rounds}", "method=fedavg", f"out={args.out / name}", *keys, *args.set])
+        settings = [f"rounds={args.rounds}", "method=fedavg", f"out={args.out / name}", *keys, *args.set]
+        config, _ = resolve("fmnist-heterog10", settings)
         run_simulation(config, cpus=2)
         print(f"{name}: done")
 
