@@ -1,7 +1,7 @@
 """The papers' CIFAR models trained by `bayesadmm.run`: per-client against cohort training, seconds and memory.
 
     python benchmarks/cifar_models.py --device cuda [--models zenke-cnn acar-cnn resnet20] [--methods fedavg ivon-admm]
-                                      [--clients 10] [--examples 500] [--epochs 1] [--rounds 2]
+                                      [--clients 10] [--examples 500] [--epochs 1] [--rounds 2] [--test-examples 500]
 
 For each model (the CIFAR-10 CNNs of Zenke et al. and Acar et al., and ResNet-20 with GroupNorm for CIFAR-100, as the
 scenarios `cifar10-zenke`, `cifar10-acar` and `cifar100-resnet20` build them) and method, `--clients` clients of
@@ -9,11 +9,13 @@ scenarios `cifar10-zenke`, `cifar10-acar` and `cifar100-resnet20` build them) an
 no timing) are trained for `--rounds` rounds of `--epochs` local epochs in minibatches of 64 (the papers' batch size),
 once one client at a time (`cohort=1`) and once with every client in one cohort (`cohort=K`). Round 1 is warm-up
 (cuDNN's algorithm search, IVON's kernels); the later rounds are timed (the `seconds` of each round's metrics line:
-client updates and server step, not the evaluation). On CUDA the peak memory the run allocated
+client updates and server step, not the evaluation, on `--test-examples` such images). On CUDA the peak memory the run allocated
 (`torch.cuda.max_memory_allocated`, reset before each run) is printed beside it.
 
-The hyperparameters are each scenario's preset with the epochs cut to `--epochs`. The papers train 5000 images per
-client for 10-25 epochs a round; a round here is `--examples`/5000 · `--epochs`/E of theirs.
+The hyperparameters are each scenario's preset with the epochs cut to `--epochs`; each run has the scenario's rounds
+and stops after `--rounds` (as `bayesadmm run --stop_at` does), so that IVON-ADMM's cosine schedule and the choice of
+compiled kernels (`compile="auto"`, by the run's local steps) are those of the scenario's run. The papers train 5000
+images per client for 10-25 epochs a round; a round here is `--examples`/5000 · `--epochs`/E of theirs.
 """
 
 from __future__ import annotations
@@ -42,39 +44,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=1, help="local epochs a round (the presets' cut to this)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds a run; round 1 is warm-up")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--test-examples", type=int, default=500, help="random CIFAR-shaped images evaluated on")
     args = parser.parse_args(argv)
     if args.rounds < 2:
         parser.error("--rounds must be >= 2 (round 1 is warm-up)")
     return args
 
 
-def preset(model: str, method: str, epochs: int) -> dict:
+def preset(model: str, method: str, epochs: int) -> tuple[dict, int]:
+    """The scenario's hyperparameters of `method` with `epochs` local epochs, and the scenario's rounds (the length
+    of a `cosine` schedule: the runs keep it and stop after `--rounds`, as `bayesadmm run --stop_at` does)."""
     config, _ = resolve(SCENARIOS[model], [f"method={method}"])
     hparams = dict(config.hparams)
     hparams["epochs"] = epochs
-    if hparams.pop("cosine", False):
-        hparams["cosine_rounds"] = config.rounds  # the scenario's schedule, as `bayesadmm run` passes it
-    return hparams
+    return hparams, config.rounds
 
 
-def data(clients: int, examples: int, classes: int) -> tuple[list, tuple]:
+def data(clients: int, examples: int, classes: int, tests: int) -> tuple[list, tuple]:
     gen = torch.Generator().manual_seed(0)
     parts = [
         (torch.rand(examples, 3, 32, 32, generator=gen), torch.randint(0, classes, (examples,), generator=gen))
         for _ in range(clients)
     ]
-    test = (torch.rand(500, 3, 32, 32, generator=gen), torch.randint(0, classes, (500,), generator=gen))
+    test = (torch.rand(tests, 3, 32, 32, generator=gen), torch.randint(0, classes, (tests,), generator=gen))
     return parts, test
 
 
 def one_run(model: str, method: str, cohort: int, args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     flat = make_model(model, num_classes=CLASSES[model])
-    clients, test = data(args.clients, args.examples, CLASSES[model])
+    clients, test = data(args.clients, args.examples, CLASSES[model], args.test_examples)
     cuda = torch.device(args.device).type == "cuda"
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    hparams, schedule_rounds = preset(model, method, args.epochs)
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as folder:
         result = bayesadmm.run(
@@ -82,8 +86,9 @@ def one_run(model: str, method: str, cohort: int, args: argparse.Namespace) -> d
             clients,
             test,
             algorithm=method,
-            hparams=preset(model, method, args.epochs),
-            rounds=args.rounds,
+            hparams=hparams,
+            rounds=schedule_rounds,
+            stop_at=args.rounds,
             seed=0,
             eval_samples=4,
             device=args.device,
@@ -91,7 +96,7 @@ def one_run(model: str, method: str, cohort: int, args: argparse.Namespace) -> d
             out=folder,
             progress=False,
         )
-    if result.status != "completed":
+    if len(result.history) != args.rounds:
         raise RuntimeError(f"{model} {method} cohort={cohort}: {result.status} {result.message}")
     seconds = [line["seconds"] for line in result.history]
     return {

@@ -19,6 +19,9 @@ metrics.jsonl: the client updates and the server's, without the evaluation) and 
 of the later rounds' (what compiling, and anything else done once, adds to the first round), and the child's wall
 time. Then, on another empty cache, `bayesadmm precompile` (what `make setup` runs; its time is printed) and the same
 run after it: a fresh install's first run. Needs FashionMNIST (`make setup`).
+
+With --smoke: the same children on 1 % of the scenario's images with compile="off", and no precompile: a check that
+the script runs (tests/test_benchmarks.py), which measures nothing.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ import time
 from pathlib import Path
 
 
-def child(method: str, rounds: int, epochs: int, cohort: int, threads: int, out: str) -> None:
-    """One run in this process, writing its run directory to `out`."""
+def child(method: str, rounds: int, epochs: int, cohort: int, threads: int, out: str, smoke: bool = False) -> None:
+    """One run in this process, writing its run directory to `out` (with `smoke`: 1 % of the data, not compiled)."""
     import torch
 
     import bayesadmm
@@ -44,14 +47,12 @@ def child(method: str, rounds: int, epochs: int, cohort: int, threads: int, out:
 
     if threads:
         torch.set_num_threads(threads)
-    config, _ = resolve("fmnist-heterog10", [f"method={method}", f"rounds={rounds}"])
+    config, _ = resolve("fmnist-heterog10", [f"method={method}", f"rounds={rounds}", *(["data_fraction=0.01"] * smoke)])
     built = build(config)
     federation = built.federation
     source = federation.clients
     clients = {k: (source.X[a:b], source.y[a:b]) for k, (a, b) in source.slices.items()}  # type: ignore[attr-defined]
-    hparams = {k: v for k, v in config.hparams.items() if k != "cosine"}
-    if config.hparams.get("cosine"):
-        hparams["cosine_rounds"] = rounds
+    hparams = dict(config.hparams)  # cosine: true spans the run's `rounds`, as `bayesadmm run` does
     if epochs:
         hparams["epochs"] = epochs
     bayesadmm.run(
@@ -63,7 +64,7 @@ def child(method: str, rounds: int, epochs: int, cohort: int, threads: int, out:
         rounds=rounds,
         seed=config.seed,
         cohort=cohort,
-        compile="on",  # what compiling costs (compile="auto" would run these short runs eagerly)
+        compile="off" if smoke else "on",  # what compiling costs (compile="auto" would run these short runs eagerly)
         out=out,
         progress=False,
     )
@@ -127,6 +128,7 @@ def main() -> None:
     parser.add_argument("--quickstart-child", default=None, help=argparse.SUPPRESS)  # the compile mode, in a child
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)  # the cohort, in a child
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help="1 %% of the data, compile=off, no precompile: a check")
     args = parser.parse_args()
     if args.quickstart_child is not None:
         quickstart(args.quickstart_child, args.out)
@@ -135,7 +137,7 @@ def main() -> None:
         time_quickstart(args.repeats, args.modes)
         return
     if args.child is not None:
-        child(args.method, args.rounds, args.epochs, args.child, args.threads, args.out)
+        child(args.method, args.rounds, args.epochs, args.child, args.threads, args.out, args.smoke)
         return
     if args.rounds < 2:
         parser.error("--rounds must be at least 2 (round 1 is compared with the later ones)")
@@ -144,6 +146,8 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache, tempfile.TemporaryDirectory() as runs:
             for label in ("cold", "warm"):
                 _timed_run(args, cohort, cache, Path(runs) / label, label + " cache")
+        if args.smoke:
+            continue
         with tempfile.TemporaryDirectory(prefix="inductor-cache-") as cache, tempfile.TemporaryDirectory() as runs:
             began = time.perf_counter()
             command = [sys.executable, "-m", "bayesadmm", "precompile"]
@@ -162,7 +166,7 @@ def _timed_run(args, cohort: int, cache: str, out: Path, label: str) -> None:
     """One child run with Inductor's cache in `cache`; prints round 1's extra seconds."""
     command = [sys.executable, __file__, "--child", str(cohort), "--out", str(out)]
     command += ["--method", args.method, "--rounds", str(args.rounds), "--epochs", str(args.epochs)]
-    command += ["--threads", str(args.threads)]
+    command += ["--threads", str(args.threads), *(["--smoke"] * args.smoke)]
     began = time.perf_counter()
     subprocess.run(command, env=_environment(cache), check=True)
     wall = time.perf_counter() - began

@@ -93,7 +93,7 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     from pathlib import Path
 
     from bayesadmm.engine.loop import participants
-    from bayesadmm.engine.run import _save_checkpoint
+    from bayesadmm.engine.checkpoint import save_checkpoint
     from bayesadmm.engine.workers import assign, client_runner
     from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve
@@ -129,7 +129,7 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
         folder = Path(tempfile.mkdtemp(prefix="bench-checkpoint-", dir="."))
         try:
             began = time.perf_counter()
-            _save_checkpoint(folder / "checkpoint.pt", rounds, server, clients)
+            save_checkpoint(folder / "checkpoint.pt", rounds, server, clients, {})
             checkpoint_seconds = time.perf_counter() - began
             # the state's size as saved (server + every client's state, from the workers' shards)
             state_mb = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 2**20

@@ -1,9 +1,10 @@
 """Profile one round of many small clients (issue #6: where the per-client cost goes).
 
-    python benchmarks/profile_round.py CLIENTS METHOD [WORKERS [SCENARIO]]     # e.g. 1000 ivon-admm 1
+    python benchmarks/profile_round.py CLIENTS METHOD [WORKERS [SCENARIO [KEY=VALUE ...]]]   # e.g. 1000 ivon-admm 1
 
 SCENARIO (default fmnist-heterog100) split iid into CLIENTS clients, one local epoch; rounds 1-4 untimed by the
-profiler, round 5 under cProfile (top 25 by own time).
+profiler, round 5 under cProfile (top 25 by own time). KEY=VALUE: more of the scenario's settings (e.g.
+data_fraction=0.01 for a quick check that the script runs, as tests/test_benchmarks.py runs it).
 """
 
 import cProfile
@@ -25,7 +26,7 @@ def main():
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     scenario = sys.argv[4] if len(sys.argv) > 4 else "fmnist-heterog100"
     overrides = [f"method={method}", f"workers={workers}", "rounds=8", f"clients={clients_n}", "partition=iid"]
-    overrides.append("epochs=1")
+    overrides += ["epochs=1", *sys.argv[5:]]
     config, _ = resolve(scenario, overrides)
     fed = build(config).federation
     alg = fed.make_algorithm()

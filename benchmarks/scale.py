@@ -18,7 +18,8 @@ blocks included). A K above the scenario's own is skipped (fmnist-xdevice's 60,0
 
 Then, against the standard Flower simulation (Ray backend): `benchmarks/flower_scale.py` with FedAvg at 10³ clients,
 100 per round, bayesadmm with 2 workers, `--flower-repetitions` times each, alternately (0: skipped), in a child
-process; it prints both sides' seconds per round and their ratio.
+process; it prints both sides' seconds per round and their ratio. The exit status is 1 where a run failed (its line
+says why), else 0.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def disk_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="+", default=DEFAULT_CASES)
     parser.add_argument("--clients", nargs="+", type=int, default=[1000, 10_000, 100_000])
@@ -70,7 +71,8 @@ def main() -> None:
     if args.child:
         scenario, method, clients, participants, rounds, out = args.child
         child(scenario, method, int(clients), int(participants), int(rounds), out)
-        return
+        return 0
+    failed = False
     print(f"{'case':34} {'clients':>8} {'s/round':>8} {'ratio':>6} {'peak RSS':>9} {'on disk':>9}")
     for case in args.cases:
         scenario, method, participants = case.split(":")
@@ -85,6 +87,7 @@ def main() -> None:
             done = subprocess.run(command, capture_output=True, text=True, env=os.environ, check=False)
             if done.returncode != 0:
                 print(f"{case:34} {clients:>8} failed: {done.stderr.strip().splitlines()[-1:]}")
+                failed = True
                 continue
             line = json.loads(done.stdout.strip().splitlines()[-1])
             base = base or line["seconds"]
@@ -94,8 +97,10 @@ def main() -> None:
         print("\nagainst the standard Flower simulation:", flush=True)
         options = f"--clients 1000 --participants 100 --repetitions {args.flower_repetitions} --bayesadmm workers=2"
         script = str(Path(__file__).with_name("flower_scale.py"))
-        subprocess.run([sys.executable, script, *options.split()], env=os.environ, check=False)
+        flower = subprocess.run([sys.executable, script, *options.split()], env=os.environ, check=False)
+        failed = failed or flower.returncode != 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

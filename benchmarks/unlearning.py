@@ -2,13 +2,15 @@
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/unlearning.py [--methods ivon-admm fedlap-cov] [--client 3]
         [--scenario fmnist-heterog10] [--rounds 50] [--seed 0] [--runs runs/unlearning] [--out docs/results/unlearning]
+        [--set KEY=VALUE ...]
 
 For each method it trains the scenario (the method's preset) with every client and again with `exclude_client=J`,
 resuming either run where its directory holds one (a finished run is read back as it is; `--train-only` trains the
 runs and stops, so that methods can train in parallel processes), unlearns client J from the
 first with `bayesadmm.unlearn`, and evaluates the three posteriors on the test set (at the mean and for the posterior
 predictive) and on client J's own training data, with the KL divergences between them. It prints a Markdown table
-and writes the numbers to OUT/<scenario>-c<J>-s<seed>.json.
+and writes the numbers to OUT/<scenario>-c<J>-s<seed>.json. `--set` adds the scenario's settings to both runs (e.g.
+`--set data_fraction=0.01 epochs=1` for a quick check that the script runs; tests/test_benchmarks.py runs it so).
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def kl(posterior, reference) -> float | None:
 
 
 def common(args) -> list[str]:
-    """The overrides of both runs: the schedule, the seed and one process (the numbers do not depend on it)."""
-    return [f"rounds={args.rounds}", f"seed={args.seed}", "workers=1"]
+    """The overrides of both runs: the schedule, the seed, one process (the numbers do not depend on it) and `--set`."""
+    return [f"rounds={args.rounds}", f"seed={args.seed}", "workers=1", *args.set]
 
 
 def run_dir(args, method: str, without: bool) -> Path:
@@ -150,6 +152,7 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs/unlearning"))
     parser.add_argument("--out", type=Path, default=Path("docs/results/unlearning"))
     parser.add_argument("--train-only", action="store_true", help="train (or resume) the runs, compare nothing")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings of both runs")
     args = parser.parse_args()
     if args.train_only:  # e.g. one process per method, then one without this flag to compare
         for method in args.methods:

@@ -40,12 +40,13 @@ class Scenario:
         return sum(math.ceil(len(y) / self.batch_size) for _, y in self.clients) * int(self.hparams["epochs"])
 
 
-def load_scenario(name: str, method: str) -> Scenario:
-    """The partition, test set and initial weights exactly as `bayesadmm run NAME method=METHOD` makes them."""
+def load_scenario(name: str, method: str, overrides: tuple[str, ...] = ()) -> Scenario:
+    """The partition, test set and initial weights exactly as `bayesadmm run NAME method=METHOD [KEY=VALUE ...]` makes
+    them (`overrides`: the KEY=VALUE settings)."""
     from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve
 
-    config, _ = resolve(name, [f"method={method}"])
+    config, _ = resolve(name, [f"method={method}", *overrides])
     federation = build(config).federation
     source = federation.clients  # TensorClients: client k owns rows slices[k] of X, y
     clients = [

@@ -40,7 +40,9 @@ On a GPU (`--device cuda`) all three train there: bayesadmm.run with `device="cu
 its CPU DataLoader, and the Flower simulation with `client_resources = {"num_cpus": 1, "num_gpus": --flower-gpus}`
 (0.25: four ClientApps share the GPU at once), as Flower's guides set it. The limit is then the round's arithmetic at
 the GPU's float32 torch.mm throughput (no TF32). `--epochs N` replaces the preset's local epochs for every contender
-(a shorter round, the same ratios per local step); `--contenders` runs a subset.
+(a shorter round, the same ratios per local step); `--contenders` runs a subset; `--set KEY=VALUE ...` changes the
+scenario's settings as on `bayesadmm run` (e.g. `--set data_fraction=0.01` for a quick check that the script runs, as
+tests/test_benchmarks.py runs it).
 
 Exit codes: 0 done, 2 a missing dependency (flwr) or a bad argument.
 """
@@ -73,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flower-gpus", type=float, default=0.25, help="each ClientApp's num_gpus on a GPU")
     parser.add_argument("--epochs", type=int, default=0, help="local epochs for every contender (0: the preset's)")
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS), choices=CONTENDERS)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="the scenario's settings")
     parser.add_argument(
         "--bayesadmm",
         nargs="*",
@@ -118,15 +121,12 @@ def run_bayesadmm(scenario, settings: dict, folder: str) -> dict:
 
     import bayesadmm
 
-    hparams = {k: v for k, v in scenario.hparams.items() if k != "cosine"}
-    if scenario.hparams.get("cosine"):
-        hparams["cosine_rounds"] = scenario.schedule_rounds  # what `bayesadmm run` passes for cosine: true
     result = bayesadmm.run(
         mlp_with(scenario.theta0),
         scenario.clients,
         (scenario.X_test, scenario.y_test),
         algorithm=scenario.method,
-        hparams=hparams,
+        hparams=scenario.hparams,  # cosine: true spans `rounds`, the scenario's, as `bayesadmm run` does
         rounds=scenario.schedule_rounds,
         stop_at=ROUNDS,
         seed=scenario.seed,
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     from plain import run_plain
 
     began = time.perf_counter()
-    scenario = load_scenario(args.scenario, args.method)
+    scenario = load_scenario(args.scenario, args.method, tuple(args.set))
     if args.epochs:
         scenario.hparams["epochs"] = args.epochs
     contenders = tuple(name for name in CONTENDERS if name in args.contenders)
