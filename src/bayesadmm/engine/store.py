@@ -35,7 +35,7 @@ from typing import Any
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from bayesadmm.engine.rundir import SHARDS, RunDirError, _sync_directory, read_bytes, real_folder
+from bayesadmm.engine.rundir import SHARDS, RunDirError, _sync_directory, read_bytes, real_folder, shard_path
 from bayesadmm.engine.settings import CLIENT_STORES
 from bayesadmm.trees import flatten, hash_tensors, unflatten
 
@@ -172,6 +172,9 @@ def check_block_list(checkpoint: Mapping, path: Path) -> None:
         raise RunDirError(
             f"{path} lists its client-state blocks in a form the engine does not write; start the run again"
         )
+    for entry in shards:  # a file's name is one the engine writes, inside the run's client-states folder
+        if entry.get("fresh") is not True:
+            shard_path(path.parent, entry["file"])
 
 
 def _client_id(k: Any) -> bool:
@@ -187,7 +190,7 @@ def _block_entry(entry: Any) -> bool:
         return False
     if entry.get("fresh") is True:
         return True
-    return isinstance(entry.get("file"), str) and isinstance(entry.get("sha256", ""), str)
+    return "file" in entry and isinstance(entry.get("sha256", ""), str)  # the file's name: `shard_path` checks it
 
 
 class _Block:
