@@ -24,7 +24,7 @@ def test_a_sigterm_during_a_checkpoint_write_acts_after_the_file_is_whole(tmp_pa
     write = rundir._Writes.write
 
     def signalled(self, data):
-        os.kill(os.getpid(), signal.SIGTERM)
+        signal.raise_signal(signal.SIGTERM)  # to this (the main) thread, as a kill's would be at its next bytecode
         return write(self, data)
 
     monkeypatch.setattr(rundir._Writes, "write", signalled)
