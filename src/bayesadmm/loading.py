@@ -173,12 +173,7 @@ def _api_run(
     if not needed <= set(config):
         raise RunDirError(f"{path} is not a run's configuration; restore it")
     recorded = _expect(path, "model", config["model"], str, "the model's repr")
-    if model is None:
-        raise RunDirError(
-            f"{run_dir} is a run of bayesadmm.run with your own model ({_brief(recorded)}): pass it, "
-            "bayesadmm.load(run_dir, model=...)"
-        )
-    flat = _own_model(path, model, config["parameters"], recorded)
+    flat = _given_model(run_dir, "bayesadmm.run", model, config["parameters"], recorded)
     spelt = _expect(path, "likelihood", config["likelihood"], str, "the likelihood's repr")
     likelihood = _run_likelihood(run_dir, spelt, likelihood)
     method = _method(run_dir, path, "algorithm", config["algorithm"])
@@ -204,12 +199,7 @@ def _strategy_run(
     if missing:
         raise RunDirError(f"{path} is not a Flower strategy's configuration (no {', '.join(missing)}); restore it")
     recorded = _expect(path, "flower-strategy.model", setup["model"], str, "the model's repr")
-    if model is None:
-        raise RunDirError(
-            f"{run_dir} is a run of a Flower strategy with your own model ({_brief(recorded)}): pass it, "
-            "bayesadmm.load(run_dir, model=...)"
-        )
-    flat = _own_model(path, model, config["parameters"], recorded)
+    flat = _given_model(run_dir, "a Flower strategy", model, config["parameters"], recorded)
     likelihood = _spelt_likelihood(run_dir, path, "flower-strategy.likelihood", setup["likelihood"], likelihood)
     method = _method(run_dir, path, "flower-strategy.algorithm", setup["algorithm"])
     hparams = _hparams(path, "flower-strategy.hparams", method, setup["hparams"])
@@ -340,6 +330,17 @@ def _expect(path: Path, key: str, value: Any, kind: type, what: str) -> Any:
     if isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool):
         return value
     raise RunDirError(f"{path}: {key} is {_shown(value)}, not {what}; restore the run's file")
+
+
+def _given_model(run_dir: Path, kind: str, model: Any, parameters: Any, recorded: str) -> FlatModel:
+    """The user's `model=` for a run of `kind` with its own model (which config.json names only by its repr), checked
+    by `_own_model`; a RunDirError saying to pass it where it is missing."""
+    if model is None:
+        raise RunDirError(
+            f"{run_dir} is a run of {kind} with your own model ({_brief(recorded)}): pass it, "
+            "bayesadmm.load(run_dir, model=...)"
+        )
+    return _own_model(run_dir / "config.json", model, parameters, recorded)
 
 
 def _own_model(path: Path, model: Any, parameters: Any, recorded: str | None) -> FlatModel:
