@@ -145,7 +145,7 @@ def test_the_setting_is_checked_and_recorded_in_config_json(tmp_path):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["settings"]["compile"] == "auto"
     assert json.loads((tmp_path / "run" / "environment.json").read_text())[-1]["compiled_kernels"] is False
     assert _run(tmp_path / "run", resume=True).round == result.round  # the same arguments resume
-    with pytest.raises(ValueError, match=r"compile='auto' \(now 'on'\)"):
+    with pytest.raises(ValueError, match=r'settings.compile "auto" → "on"'):
         _run(tmp_path / "run", resume=True, compile="on")
 
 

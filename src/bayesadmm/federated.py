@@ -36,7 +36,7 @@ from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.metrics import check_ood
 from bayesadmm.models import FlatModel
 from bayesadmm.privacy import DPSettings, private_factory
-from bayesadmm.run_identity import check_same_run, run_config
+from bayesadmm.run_identity import recorded_hparams, run_config
 from bayesadmm.userdata import as_tensors, check_client_objects, check_data, check_inputs
 
 __all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
@@ -256,15 +256,13 @@ def run(
     )  # fmt: skip
     run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
     name = algorithm if isinstance(algorithm, str) else _name(algorithm)
-    config = run_config(settings, name, hparams, likelihood, model, flat, source.sizes)
+    config = run_config(settings, name, recorded_hparams(algorithm, hparams), likelihood, model, flat, source.sizes)
     if personal is not None:  # only then: the files of other runs stay as they were
         config["personal"] = {"split": personal_split, "every": personal_every, "finetune_epochs": finetune_epochs}
     if X_ood is not None:  # likewise
         config["ood"] = {"inputs": list(X_ood.shape)}
     if dp is not None:  # likewise
         config["dp"] = dp.to_json()
-    if resume:
-        check_same_run(run_dir, config)
     result = run_federation(
         federation,
         settings,

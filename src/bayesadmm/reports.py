@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bayesadmm.diagrams import with_uncertainty
+from bayesadmm.engine.identity import completed
 from bayesadmm.results import RUNS_FILE, gather, write_runs_file
 from bayesadmm.tables import latex, markdown_table, mean_std
 
@@ -124,11 +125,13 @@ NOT_SETTINGS = frozenset({"seed", "out", "data_dir", "workers", "checkpoint_ever
 def setting_of(config: dict) -> dict[str, str]:
     """A run's whole configuration as flat `key: JSON value` pairs, without `NOT_SETTINGS` (nested dicts such as
     `hparams` or bayesadmm.run's `settings` are flattened: their keys stand for themselves). A preset run's config
-    from an older version may lack keys added since: they count as their defaults."""
+    from an older version may lack keys added since, and an older record the hyperparameters that were not set: they
+    count as their defaults (`engine.identity.completed`)."""
     if "method" in config and "settings" not in config:
         from bayesadmm.experiments.config import RunConfig
 
         config = {**RunConfig().to_json(), **config}
+    config = completed(config)  # the hyperparameters an older record left out, at their defaults
     flat: dict[str, str] = {}
     for key, value in config.items():
         if isinstance(value, dict) and key in ("hparams", "settings"):

@@ -53,7 +53,7 @@ def test_own_module_and_tensors_run_with_every_file(tmp_path):
     for name in ("config.json", "metrics.jsonl", "checkpoint.pt", "status.json", "curves.png", "environment.json"):
         assert (tmp_path / "run" / name).exists(), name
     config = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert config["algorithm"] == "fedavg" and config["hparams"] == FEDAVG and config["settings"]["rounds"] == 3
+    assert config["algorithm"] == "fedavg" and config["hparams"] == {**FEDAVG, "weighted": False} and config["settings"]["rounds"] == 3
     assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "completed"
     assert isinstance(result.posterior, bayesadmm.PointEstimate)   # FedAvg: a point estimate, scored at its mean
     assert not any(key.startswith("ens_") for key in result.history[-1])
@@ -98,7 +98,7 @@ def test_resume_after_stop_gives_the_uninterrupted_numbers(tmp_path):
     rest = bayesadmm.run(_net(), clients, test, out=tmp_path / "split", resume=True, **kwargs)
     assert rest.status == "completed" and _same_numbers(rest.history, whole.history)
     assert torch.equal(rest.posterior.mean, whole.posterior.mean)
-    with pytest.raises(ValueError, match="different run"):
+    with pytest.raises(ValueError, match=r"configuration differs .*\(settings.rounds 3 → 4\)"):
         bayesadmm.run(_net(), clients, test, out=tmp_path / "split", resume=True, **{**kwargs, "rounds": 4})
 
 

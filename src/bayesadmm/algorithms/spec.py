@@ -137,12 +137,27 @@ class MethodSpec:
             raise ValueError(f"{self.name} needs {', '.join(missing)}")
         return self.hparams(**values)
 
+    def resolved(self, **values: Any) -> dict[str, Any]:
+        """Every hyperparameter's value, the defaults included, as JSON values: what a run's configuration records,
+        so that a resume or `bayesadmm.load` rebuilds the record the run had (`make_hparams(**resolved)` is the
+        same record) and never takes a later version's defaults for an earlier run. Checked as `make_hparams`."""
+        record = self.make_hparams(**values)
+        return {f.name: _json_value(getattr(record, f.name), f"{self.name}.{f.name}") for f in self.fields()}
+
     def factory(self, hparams: Any, context: Context) -> Callable[[], Algorithm]:
         """A zero-argument callable building the algorithm; it pickles (for worker processes) when `build`, the
         hparams record and the context do."""
         if not isinstance(hparams, self.hparams):
             raise TypeError(f"{self.name}: hparams must be a {self.hparams.__name__}, got {type(hparams).__name__}")
         return functools.partial(self.build, hparams, context)
+
+
+def _json_value(value: Any, name: str) -> Any:
+    """`value` as JSON holds it: a number, string, bool or None as it is; anything else is a TypeError, since a run
+    record that JSON cannot hold could not be rebuilt from config.json."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"{name} is a {type(value).__name__}; a hyperparameter's value must be a number, string or bool")
 
 
 def _required(f: dataclasses.Field) -> bool:

@@ -5,6 +5,7 @@ its next checkpoint records them."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -13,10 +14,11 @@ from typing import Any
 
 from torch import Tensor
 
+from bayesadmm.algorithms import spec as method_specs
 from bayesadmm.engine.rundir import RunDirError
 from bayesadmm.trees import hash_tensors
 
-__all__ = ["RESUME_MAY_CHANGE", "IMPLIED", "check_same_run", "flat_settings", "evaluation_fingerprint"]
+__all__ = ["RESUME_MAY_CHANGE", "IMPLIED", "check_same_run", "flat_settings", "completed", "evaluation_fingerprint"]
 
 # what a resume may change: where the files go, how many workers, when to checkpoint or stop, the trackers, the
 # device (the numbers are those of the run's configuration, only rounded differently by another processor), and a
@@ -62,8 +64,22 @@ def check_same_run(path: Path, checkpoint: Mapping, identity: Mapping) -> None:
     _check_same_data(path, saved["data"], identity["data"])
 
 
+def completed(config: Mapping) -> dict:
+    """`config` with every registered method's "hparams" table whole: the hyperparameters it leaves out at their
+    defaults. A run's configuration records every hyperparameter of a registered method (`MethodSpec.resolved`); one
+    written before it did recorded only those set and ran the others at their defaults, which this reads it with.
+    Found wherever a table holds "hparams" beside the method's registered name ("method" or "algorithm"): the layouts
+    of `bayesadmm run`, `bayesadmm.run` and the Flower apps."""
+    whole = {k: completed(v) if isinstance(v, Mapping) and k != "hparams" else v for k, v in config.items()}
+    name = config.get("method", config.get("algorithm"))
+    if isinstance(config.get("hparams"), Mapping) and isinstance(name, str) and name in method_specs.names():
+        defaults = {f.name: f.default for f in method_specs.get(name).fields() if f.default is not dataclasses.MISSING}
+        whole["hparams"] = {**defaults, **config["hparams"]}
+    return whole
+
+
 def _check_same_config(path: Path, saved: Mapping, mine: Mapping) -> None:
-    old, new = flat_settings(saved), flat_settings(mine)
+    old, new = flat_settings(completed(saved)), flat_settings(completed(mine))
     for key, value in IMPLIED.items():  # spelt out or implied: the same run
         if old.get(key, value) == new.get(key, value):
             old.pop(key, None)
@@ -73,7 +89,8 @@ def _check_same_config(path: Path, saved: Mapping, mine: Mapping) -> None:
         shown = ", ".join(f"{k} {old.get(k, '(unset)')} → {new.get(k, '(unset)')}" for k in differ[:5])
         raise RunDirError(
             f"the configuration differs from the one {path} was written with ({shown}"
-            f"{', ...' if len(differ) > 5 else ''}); restore config.json, or start a new run"
+            f"{', ...' if len(differ) > 5 else ''}); resume with the settings it was started with (its config.json), "
+            "or start a new run (another out=, or overwrite)"
         )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from bayesadmm import likelihoods
 from bayesadmm.algorithms import spec as method_specs
 from bayesadmm.engine import settings as engine_settings
+from bayesadmm.engine.identity import completed
 from bayesadmm.experiments.methods import method_parameters, method_spec, preset_for
 from bayesadmm.experiments.privacy import DP_DEFAULTS, dp_problems
 from bayesadmm.experiments.values import ConfigError, convert, kinds
@@ -270,7 +271,8 @@ def _sort_overrides(
 
 
 def _type_hparams(method: str, hparams: dict, hparam_specs: typing.Mapping[str, inspect.Parameter]) -> None:
-    """Convert `hparams` in place to the spec's types; check none is unknown or missing and each passes the spec."""
+    """Convert `hparams` in place to the spec's types; check none is unknown or missing and each passes the spec; then
+    complete it with the defaults of those not set (`MethodSpec.resolved`: the run records every one)."""
     for key, spec in hparam_specs.items():
         if key in hparams:
             hparams[key] = convert(key, hparams[key], kinds(spec, hparams[key]))
@@ -282,7 +284,7 @@ def _type_hparams(method: str, hparams: dict, hparam_specs: typing.Mapping[str, 
     if missing:
         raise ConfigError(f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE)")
     try:
-        method_spec(method).make_hparams(**hparams)
+        hparams.update(method_spec(method).resolved(**hparams))
     except (TypeError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
 
@@ -363,6 +365,10 @@ def load(run_dir: Path) -> RunConfig:
                 raise ConfigError(f"{name} must be a table of settings")
         config = RunConfig(**typed, **{name: data[name] for name in tables if name in data})
         validate(dataclasses.replace(config, device="cpu"))  # the device is the machine's, checked by the caller
+        # an older record holds only the hyperparameters that were set: the others ran at their defaults
+        config = dataclasses.replace(
+            config, hparams=completed({"method": config.method, "hparams": config.hparams})["hparams"]
+        )
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}; restore the file, or start a new run") from None
     return config if "compile" in data else dataclasses.replace(config, compile="on")  # older runs compiled

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from bayesadmm.algorithms import Algorithm
+from bayesadmm.algorithms.spec import get
 from bayesadmm.engine.loop import Federation, Settings
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
@@ -93,7 +94,8 @@ class FlowerRun:
         """config.json: a preset's RunConfig (so `bayesadmm resume` reads it as a local run's), else the setup."""
         if self.preset is not None:
             return self.preset.to_json()
-        return {"flower": self.app_config, "clients": {str(k): n for k, n in sorted(sizes.items())}}
+        run_config = {**self.app_config, "hparams": self.setup["hparams"]}  # every hyperparameter, as the nodes got it
+        return {"flower": run_config, "clients": {str(k): n for k, n in sorted(sizes.items())}}
 
 
 def preset_run(config: RunConfig, timeouts: Timeouts | None = None, resume: bool = False) -> FlowerRun:
@@ -214,7 +216,7 @@ def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> Flowe
     setup: dict[str, Any] = {
         "model": str(run_config["model"]),
         "algorithm": str(run_config.get("algorithm") or "ivon-admm"),
-        "hparams": _hparams(run_config.get("hparams")),
+        "hparams": _recorded(str(run_config.get("algorithm") or "ivon-admm"), _hparams(run_config.get("hparams"))),
         "likelihood": str(run_config.get("likelihood") or "classification"),
         "seed": settings.seed,
         "rounds": settings.rounds,  # for a registered method's schedules over the run (e.g. cosine=true)
@@ -272,6 +274,12 @@ def _typed(key: str, value: Any) -> Any:
 
 def _app_config(run_config: Mapping[str, Any]) -> dict:
     return {k: v for k, v in run_config.items() if k not in ("resume", "overwrite")}
+
+
+def _recorded(algorithm: str, hparams: dict[str, Any]) -> dict[str, Any]:
+    """A registered method's hyperparameters whole (`MethodSpec.resolved`, checked now, not on the nodes); a factory
+    ``module:function``'s as given."""
+    return hparams if ":" in algorithm else get(algorithm).resolved(**hparams)
 
 
 def _hparams(value: Any) -> dict[str, Any]:

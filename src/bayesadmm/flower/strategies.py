@@ -99,9 +99,9 @@ def strategy(
     )  # fmt: skip
     flat, own_theta = flat_model(model)  # the model's own parameters: θ0 where Flower gives no initial arrays
     setup = {
-        "algorithm": method, "hparams": dict(hparams), "likelihood": likelihood_spelling(likelihood), "seed": seed,
-        "rounds": rounds, "device": device, "dtype": dtype, "clients": clients, "eval_samples": eval_samples,
-        "participation": fraction_train, "compile": compile,
+        "algorithm": method, "hparams": spec.resolved(**hparams), "likelihood": likelihood_spelling(likelihood),
+        "seed": seed, "rounds": rounds, "device": device, "dtype": dtype, "clients": clients,
+        "eval_samples": eval_samples, "participation": fraction_train, "compile": compile,
     }  # fmt: skip
     config = {
         "flower-strategy": {**setup, "clients": None, "participation": fraction_train, "model": repr(model)},
