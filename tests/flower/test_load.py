@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord
 from helpers import LoopbackGrid, flower_run_dir, lines, user_client_app
 
 import bayesadmm
+from bayesadmm.algorithms import spec
 from bayesadmm.engine.rundir import RunDirError
 from bayesadmm.flower import strategy
 from bayesadmm.posterior import Posterior
@@ -242,3 +243,11 @@ def test_load_refuses_a_metrics_line_of_another_shape_of_a_strategy_run(strategy
     with pytest.raises(RunDirError, match=r"metrics.jsonl line 2 is not a round's metrics") as caught:
         bayesadmm.load(out, model=user_app.make_model())
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("kind, table", [("strategy", "flower-strategy"), ("run-config", "flower")])
+def test_a_flower_run_records_every_hyperparameter_with_its_default(tmp_path, kind, table):
+    """config.json of either Flower layout holds the method's whole record (tests/test_run_record.py: why)."""
+    out = flower_run_dir(tmp_path, "fedavg", kind=kind, rounds=1)
+    recorded = json.loads((out / "config.json").read_text())[table]["hparams"]
+    assert recorded == {**spec.get("fedavg").example, "weighted": False} and len(recorded) == 4
