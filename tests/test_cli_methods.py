@@ -1,5 +1,6 @@
 """`bayesadmm methods [list | show NAME]`: every registered method listed with its summary; one method's
-hyperparameters (required ones marked), presets per scenario, search space and DP, as its spec declares them."""
+hyperparameters (required ones marked), presets per scenario (from the scenario files), search space and DP, as its
+spec declares them."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 
 from bayesadmm import cli
 from bayesadmm.algorithms import get, names
+from bayesadmm.experiments.scenario_data import presets_of
 
 
 def test_methods_lists_every_registered_method_with_its_summary(capsys):
@@ -28,7 +30,7 @@ def test_methods_show_gives_the_hyperparameters_presets_and_search_space_of_the_
             line = next(line for line in shown.splitlines() if line.split()[:1] == [f.name])
             required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
             assert line.endswith("required") if required else line.endswith(repr(f.default)), line
-        for scenario, values in spec.presets.items():
+        for scenario, values in presets_of(spec).items():
             assert f"  {scenario}: " + " ".join(f"{k}={v}" for k, v in values.items()) in shown
         for key in spec.search_space:
             assert f"  {key}: " in shown

@@ -37,7 +37,8 @@ def test_the_wheel_and_the_sdist_install_and_run(tmp_path):
     wheel, sdist = next(dist.glob("*.whl")), next(dist.glob("*.tar.gz"))
     names = zipfile.ZipFile(wheel).namelist()
     assert any(name.endswith("licenses/LICENSE") for name in names)
-    assert "bayesadmm/experiments/presets.json" in names
+    scenarios = ROOT / "src" / "bayesadmm" / "experiments" / "scenarios"
+    assert {f"bayesadmm/experiments/scenarios/{f.name}" for f in scenarios.glob("*.json")} <= set(names)
     dependencies = Path(torch.__file__).parents[1]  # this environment's site-packages: torch, numpy, matplotlib
     for artefact in (wheel, sdist):
         env = tmp_path / f"venv-{artefact.suffix}"

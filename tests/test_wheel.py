@@ -1,7 +1,7 @@
 """The built wheel is complete outside a clone: installed into a fresh virtual environment and used from a folder
 outside the repository, it runs the README's quickstart, `bayesadmm --version`, `bayesadmm flower demo --help` and
-a sweep shipped with it by name (`bayesadmm sweep @diabetes-iid5-smoke`), and it carries py.typed, the sweep files
-and the presets' Flower app.
+a sweep shipped with it by name (`bayesadmm sweep @diabetes-iid5-smoke`), and it carries py.typed, the sweep files,
+the scenario files and the presets' Flower app.
 
 How the fresh environment gets its dependencies: installing torch, flwr and the rest from the package registry would
 take minutes (and CI has only the registry it is configured with), so the new venv (``--without-pip``) gets this
@@ -70,7 +70,8 @@ def _fresh_venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict]:
 def test_the_wheel_works_outside_a_clone(tmp_path):
     wheel = _build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
-    for shipped in ("bayesadmm/py.typed", "bayesadmm/flower/app/pyproject.toml", "bayesadmm/sweeps/diabetes-iid5.json"):
+    for shipped in ("bayesadmm/py.typed", "bayesadmm/flower/app/pyproject.toml", "bayesadmm/sweeps/diabetes-iid5.json",
+                    "bayesadmm/experiments/scenarios/diabetes-iid5.json"):
         assert shipped in names, shipped
     bin_dir, env = _fresh_venv(tmp_path, wheel)
     elsewhere = tmp_path / "elsewhere"  # outside the repository: no flower_app/, sweeps/ or src/ next to it

@@ -173,23 +173,15 @@ def _plain(value: str | None) -> str:
 
 def paper_numbers(scenario: str) -> dict:
     """The papers' published numbers for `scenario`, keyed by our row names (METHOD for a point estimate or a
-    posterior at its mean, METHOD+predictive for the posterior predictive): every registered method's
-    `MethodSpec.reference`. Mean over 3 seeds of each run's mean over the last 3 rounds up to the round; acc in %,
-    nll the test NLL."""
-    from bayesadmm.algorithms import specs
+    posterior at its mean, METHOD+predictive for the posterior predictive): the scenario files' reference rows and
+    any registered method's own `MethodSpec.reference` (`scenario_data.references`). Mean over 3 seeds of each run's
+    mean over the last 3 rounds up to the round; acc in %, nll the test NLL."""
+    from bayesadmm.experiments.scenario_data import references
 
-    table: dict[str, dict] = {}
-    for spec in specs():
-        for name, rows in spec.reference.items():
-            table.setdefault(name, {}).update({row: _plain_dict(numbers) for row, numbers in rows.items()})
+    table = references()
     if scenario not in table:
         raise ValueError(f"no paper numbers for scenario {scenario!r}; known: {', '.join(sorted(table))}")
     return table[scenario]
-
-
-def _plain_dict(value):
-    """Plain dicts of a spec's read-only mappings."""
-    return {k: _plain_dict(v) for k, v in value.items()} if hasattr(value, "items") else value
 
 
 def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> str:

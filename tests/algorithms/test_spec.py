@@ -1,12 +1,12 @@
-"""A method is one module: its `MethodSpec` (hyperparameters, presets, search space, published numbers, build) is
-registered where it is defined; the config, the CLI and the reports read the specs, and a user's module registers
-its own the same way (examples/my_methods.py), loaded by `--methods` on the command line."""
+"""A method is one module: its `MethodSpec` (hyperparameters, search space, build) is registered where it is defined,
+the built-in methods' presets and published numbers are the scenario files' (tests/experiments/test_scenario_data.py);
+the config, the CLI and the reports read both, and a user's module registers its own method the same way, presets
+included (examples/my_methods.py), loaded by `--methods` on the command line."""
 
 import dataclasses
 import json
 import os
 import re
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -15,6 +15,7 @@ import torch
 import bayesadmm
 from bayesadmm.algorithms import Context, MethodSpec, fedavg, get, names, register, spec, specs
 from bayesadmm.cli import main
+from bayesadmm.experiments import scenario_data
 from bayesadmm.experiments.config import ConfigError, presets, resolve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,11 +39,15 @@ def test_every_method_module_registers_its_spec():
         "ivon-admm",
         "ivon-pvi",
     } <= set(names())  # (and any a test registered)
-    scenarios = set(json.loads(resources.files("bayesadmm.experiments").joinpath("presets.json").read_text()))
+    scenarios = set(scenario_data.scenarios())
+    references = scenario_data.references()
+    assert set(references) <= scenarios
     for s in specs():
         assert s.summary, f"{s.name} has no summary for the docs' table"
-        assert set(s.presets) <= scenarios, f"{s.name} has presets for unknown scenarios"
-        assert set(s.reference) <= set(s.presets) | {"fmnist-heterog100"}
+        presets = scenario_data.presets_of(s)
+        assert set(presets) <= scenarios, f"{s.name} has presets for unknown scenarios"
+        published = {scenario for scenario, rows in references.items() if s.name in rows}
+        assert published <= set(presets) | {"fmnist-heterog100"}
     assert get("fedsep").hparams is get("fedep").hparams  # FedSEP shares FedEP's hyperparameters and build
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from bayesadmm.algorithms import specs
 from bayesadmm.cli import main
+from bayesadmm.experiments.scenario_data import presets_of
 
 
 def _write_idx(path: Path, array: np.ndarray) -> None:
@@ -80,7 +81,7 @@ def test_preset_runs_two_rounds(tmp_path, scenario, method, extra):
     assert config["scenario"] == scenario and config["method"] == method
 
 
-DIABETES_METHODS = [spec.name for spec in specs() if "diabetes-iid5" in spec.presets]
+DIABETES_METHODS = [spec.name for spec in specs() if "diabetes-iid5" in presets_of(spec)]
 
 
 @pytest.mark.parametrize("method", DIABETES_METHODS)

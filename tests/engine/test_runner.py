@@ -238,7 +238,7 @@ def test_compare_table_uses_mean_of_last_three_rounds_over_seeds(tmp_path, capsy
 
 def test_compare_sets_our_numbers_beside_the_papers(tmp_path, capsys):
     """--paper adds a table of 'ours / paper (difference)' for the rows the paper reports, read from
-    the methods' specs' `reference`: IVON-ADMM's predictive row against the paper's IVON-ADMM (ensemble), its m_g row
+    the scenario files' reference rows: IVON-ADMM's predictive row against the paper's IVON-ADMM (ensemble), its m_g row
     against IVON-ADMM@m_g, and methods the paper does not report (FedEP) left out."""
     from bayesadmm.reports import paper_numbers
 
@@ -278,9 +278,10 @@ FMNIST_EXTRAS = {"ama": ["rho=0.01", "delta=1.0"], "bayes-admm-iso": ["rho=0.1",
 
 def test_every_method_without_a_preset_has_settings_here():
     from bayesadmm.algorithms import specs
+    from bayesadmm.experiments.scenario_data import presets_of
 
     builtin = [s for s in specs() if s.build.__module__.startswith("bayesadmm.")]  # (other tests register their own)
-    assert {s.name for s in builtin if "fmnist-heterog10" not in s.presets} <= set(FMNIST_EXTRAS)
+    assert {s.name for s in builtin if "fmnist-heterog10" not in presets_of(s)} <= set(FMNIST_EXTRAS)
 
 
 @needs_fmnist

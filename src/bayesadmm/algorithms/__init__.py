@@ -1,9 +1,10 @@
 """Federated algorithms, one module each, all implementing `base.Algorithm`.
 
 A method that `bayesadmm run method=NAME` and `bayesadmm.run(algorithm=NAME)` can build is a `spec.MethodSpec`
-declared and registered by its own module (its hyperparameters, presets, search space, published numbers and
-`build(hparams, context)`); importing this package imports every such module, so `spec.names()` lists them all. A
-user's method is registered the same way, by importing the module that calls `spec.register`. The convex-problem
+declared and registered by its own module (its hyperparameters, search space and `build(hparams, context)`; the
+built-in methods' presets and published numbers are data, in the scenario files, `experiments.scenario_data`);
+importing this package imports every such module, so `spec.names()` lists them all. A user's method is registered
+the same way, by importing the module that calls `spec.register`. The convex-problem
 factories that take a family and a local solver object (`bayes_admm.make`, `bregman_admm.make`, `pvi.make`,
 `admm.make`) are used directly by the paper experiments and tests.
 """

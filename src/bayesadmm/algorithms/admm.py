@@ -242,17 +242,12 @@ def build_ama(hparams: AMAHparams, context: Context) -> Algorithm:
     return _build_nn(hparams, 0.0, "ama")
 
 
-# rho chosen from the FedLap paper's grid on FashionMNIST (docs/results); on diabetes-iid5 rho 1, chosen among 1e-2,
-# 0.1 and 1 by the validation RMSE at round 50 of `validation=0.2` on seed 0.
-_FMNIST = {"lr": 1e-3, "epochs": 10, "batch_size": 32, "rho": 1e-2, "delta": 0.0}
-
 SPEC = register_method(
     MethodSpec(
         name="admm",
         hparams=Hparams,
         build=build,
         summary="federated ADMM",
-        presets={"fmnist-heterog10": _FMNIST, "fmnist-homog10": _FMNIST, "diabetes-iid5": {**_FMNIST, "rho": 1.0}},
         search_space={**LR_SPACE, "rho": {"log": [0.001, 0.1]}},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "rho": 0.5, "delta": 1.0},
     )

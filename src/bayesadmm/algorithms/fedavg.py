@@ -196,17 +196,6 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
     )
 
 
-# The FashionMNIST and diabetes presets: the FedLap paper's local budget (Adam lr 1e-3, 10 epochs), the lr chosen
-# from its grid (the paper does not report the chosen values; docs/results); batch 64 on the larger image sets as
-# the BayesADMM paper's configs.
-SMALL_BATCH = {"lr": 1e-3, "epochs": 10, "batch_size": 32}
-LARGE_BATCH = {"lr": 1e-3, "epochs": 10, "batch_size": 64}
-# The BayesADMM paper (ICLR), App. F and Table 1; its one "FedAvg/FedProx" row is given to both methods.
-REFERENCE = {
-    "fmnist-heterog10": {"acc": {"10": 69.9, "25": 74.7, "50": 76.9}, "nll": {"10": 0.80, "25": 0.71, "50": 0.66}},
-    "fmnist-homog10": {"acc": {"10": 72.3, "25": 77.7, "50": 80.0}, "nll": {"10": 0.70, "25": 0.61, "50": 0.56}},
-    "fmnist-heterog100": {"acc": {"10": 73.9, "25": 78.7, "50": 81.8}, "nll": {"10": 0.73, "25": 0.60, "50": 0.53}},
-}
 LR_SPACE = {"lr": {"log": [1e-4, 1e-2]}}  # Adam's lr log-uniform around its 1e-3 (the baselines' tune space)
 
 SPEC = register_method(
@@ -215,20 +204,7 @@ SPEC = register_method(
         hparams=Hparams,
         build=build,
         summary="FedAvg: the participants' Adam-trained parameters averaged",
-        presets={
-            "fmnist-heterog10": SMALL_BATCH,
-            "fmnist-homog10": SMALL_BATCH,
-            "fmnist-heterog100": SMALL_BATCH,
-            "mnist-heterog100": LARGE_BATCH,
-            "cifar10-zenke": LARGE_BATCH,
-            "cifar10-acar": LARGE_BATCH,
-            "cifar100-resnet20": LARGE_BATCH,
-            "diabetes-iid5": SMALL_BATCH,
-            "fmnist-xdevice": SMALL_BATCH,  # (not tuned)
-            "logreg-100k": {**SMALL_BATCH, "lr": 1e-2},  # (not tuned: a linear model takes a larger step)
-        },
         search_space=LR_SPACE,
-        reference={scenario: {"fedavg": numbers} for scenario, numbers in REFERENCE.items()},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8},
         dp_update=dp_update,
     )

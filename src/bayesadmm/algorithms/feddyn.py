@@ -186,43 +186,16 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
     )
 
 
-# alpha and the weight decay chosen from the FedLap paper's grids (docs/results); on diabetes-iid5 alpha 1, chosen
-# among 1e-3, 0.1 and 1 by the validation RMSE at round 50 of `validation=0.2` on seed 0 (the smaller values
-# drifted from 0.72 to 1.1-1.5 by then).
-_SMALL = {"lr": 1e-3, "epochs": 10, "batch_size": 32, "alpha": 1e-3, "weight_decay": 1e-5}
-_LARGE = {"lr": 1e-3, "epochs": 10, "batch_size": 64, "alpha": 1e-4, "weight_decay": 1e-5}
-
 SPEC = register_method(
     MethodSpec(
         name="feddyn",
         hparams=Hparams,
         build=build,
         summary="FedDyn: dynamic regularisation of each client's loss by its linear term",
-        presets={
-            "fmnist-heterog10": _SMALL,
-            "fmnist-homog10": _SMALL,
-            "fmnist-heterog100": _SMALL,
-            "mnist-heterog100": _LARGE,
-            "cifar10-zenke": _LARGE,
-            "cifar10-acar": _LARGE,
-            "cifar100-resnet20": _LARGE,
-            "diabetes-iid5": {**_SMALL, "alpha": 1.0},
-        },
         search_space={
             **LR_SPACE,
             "alpha": {"choices": [0.01, 0.001, 0.0001, 0.00001, 0.000001]},
             "weight_decay": {"choices": [0.0001, 0.00001, 0.000001]},
-        },
-        reference={
-            "fmnist-heterog10": {
-                "feddyn": {"acc": {"10": 73.0, "25": 74.6, "50": 74.6}, "nll": {"10": 0.75, "25": 0.70, "50": 0.77}}
-            },
-            "fmnist-homog10": {
-                "feddyn": {"acc": {"10": 75.3, "25": 77.5, "50": 78.2}, "nll": {"10": 0.67, "25": 0.63, "50": 0.63}}
-            },
-            "fmnist-heterog100": {
-                "feddyn": {"acc": {"10": 75.7, "25": 81.4, "50": 82.2}, "nll": {"10": 0.66, "25": 0.53, "50": 0.51}}
-            },
         },
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "alpha": 0.01},
     )

@@ -175,9 +175,6 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
     return build_sites(make, "fedep", hparams, context)
 
 
-# FedEP, FedSEP and FedPA use FedAvg's local budget (Adam lr 1e-3, 10 epochs of batch 32; FedPA's SG-MCMC: 10 samples
-# with SGD lr 1e-2, the FedEP paper's client lr, and its shrinkage 1e-4), not tuned.
-PRESET = {"lr": 1e-3, "epochs": 10, "batch_size": 32, "alpha": 1e-2}
 # toy values: a 3-class problem of 4 features
 EXAMPLE = {"lr": 0.05, "epochs": 2, "batch_size": 8, "alpha": 0.01}
 
@@ -187,7 +184,6 @@ SPEC = register_method(
         hparams=Hparams,
         build=build,
         summary="FedEP: Gaussian expectation propagation, stateful clients",
-        presets={"fmnist-heterog10": PRESET, "diabetes-iid5": PRESET},
         example={**EXAMPLE, "damping": 0.5},
     )
 )

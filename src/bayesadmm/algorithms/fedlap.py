@@ -322,8 +322,6 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
     )
 
 
-# The FedLap methods' presets: FedAvg's budget, delta chosen from the FedLap paper's grid (docs/results).
-PRESET = {"lr": 1e-3, "epochs": 10, "batch_size": 32, "delta": 1e-2}
 DELTA_CHOICES = {"choices": [1, 0.1, 0.01, 0.001, 0.0001]}
 
 SPEC = register_method(
@@ -332,19 +330,7 @@ SPEC = register_method(
         hparams=Hparams,
         build=build,
         summary="FedLap: a Laplace version of PVI",
-        presets={"fmnist-heterog10": PRESET, "fmnist-homog10": PRESET, "diabetes-iid5": PRESET},
         search_space={**LR_SPACE, "delta": DELTA_CHOICES},
-        reference={
-            "fmnist-heterog10": {
-                "fedlap": {"acc": {"10": 71.3, "25": 74.3, "50": 77.6}, "nll": {"10": 0.75, "25": 0.71, "50": 0.65}}
-            },
-            "fmnist-homog10": {
-                "fedlap": {"acc": {"10": 72.1, "25": 77.1, "50": 80.2}, "nll": {"10": 0.71, "25": 0.62, "50": 0.57}}
-            },
-            "fmnist-heterog100": {
-                "fedlap": {"acc": {"10": 73.9, "25": 79.4, "50": 82.4}, "nll": {"10": 0.68, "25": 0.59, "50": 0.53}}
-            },
-        },
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5},
     )
 )

@@ -60,7 +60,7 @@ from bayesadmm.algorithms.base import (
     merge_replies,
 )
 from bayesadmm.algorithms.fedavg import LR_SPACE
-from bayesadmm.algorithms.fedlap import DELTA_CHOICES, PRESET
+from bayesadmm.algorithms.fedlap import DELTA_CHOICES
 from bayesadmm.algorithms.spec import Context, MethodSpec, choice
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian, Posterior
@@ -295,20 +295,7 @@ SPEC = register_method(
         hparams=Hparams,
         build=build,
         summary="FedLap-Cov: FedLap with diagonal covariances",
-        presets={"fmnist-heterog10": PRESET, "fmnist-homog10": PRESET, "diabetes-iid5": PRESET},
         search_space={**LR_SPACE, "delta": DELTA_CHOICES},
-        # the FedLap paper evaluates it at its mean
-        reference={
-            "fmnist-heterog10": {
-                "fedlap-cov": {"acc": {"10": 74.6, "25": 78.3, "50": 80.5}, "nll": {"10": 0.70, "25": 0.63, "50": 0.60}}
-            },
-            "fmnist-homog10": {
-                "fedlap-cov": {"acc": {"10": 75.0, "25": 79.8, "50": 81.8}, "nll": {"10": 0.67, "25": 0.59, "50": 0.56}}
-            },
-            "fmnist-heterog100": {
-                "fedlap-cov": {"acc": {"10": 76.9, "25": 81.3, "50": 83.0}, "nll": {"10": 0.64, "25": 0.54, "50": 0.49}}
-            },
-        },
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5},
     )
 )

@@ -94,7 +94,6 @@ from bayesadmm.algorithms.fedlap import (
     damping_of,
     site_sum,
 )
-from bayesadmm.algorithms.fedlap import PRESET as FEDLAP_PRESET
 from bayesadmm.algorithms.function_space import MEMORY_KEYS as MEMORY_KEYS
 from bayesadmm.algorithms.function_space import (
     Memory,
@@ -357,26 +356,16 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
     )
 
 
-# tau_f 1e-4 on both 10-client scenarios, chosen on a validation split (sweeps/select-fedlap-func-tau.json; 1e-2,
-# the first pick, made its server fit the memory points and stall at 55-65 %); the rest as FedLap's.
-_PRESET = {**FEDLAP_PRESET, "tau_f": 1e-4}
-
 SPEC = register_method(
     MethodSpec(
         name="fedlap-func",
         hparams=Hparams,
         build=build,
         summary="FedLap-Func: FedLap with function-space memory points",
-        presets={"fmnist-heterog10": _PRESET, "fmnist-homog10": _PRESET, "diabetes-iid5": _PRESET},
         search_space={
             **LR_SPACE,
             "delta": DELTA_CHOICES,
             "tau_f": {"choices": [1, 0.1, 0.01, 0.001, 0.0001]},
-        },
-        # the FedLap paper, Table 1 (accuracy) and Table 5 (NLL at round 50)
-        reference={
-            "fmnist-heterog10": {"fedlap-func": {"acc": {"10": 72.2, "25": 75.4, "50": 78.1}, "nll": {"50": 0.62}}},
-            "fmnist-homog10": {"fedlap-func": {"acc": {"10": 73.7, "25": 77.9, "50": 80.0}, "nll": {"50": 0.57}}},
         },
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5},
     )

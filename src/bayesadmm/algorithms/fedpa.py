@@ -40,7 +40,6 @@ from bayesadmm.algorithms.base import (
 )
 from bayesadmm.algorithms.ep_common import TiltedSettings, check_family, prior_natural, tilted_inference
 from bayesadmm.algorithms.fedep import EXAMPLE
-from bayesadmm.algorithms.fedep import PRESET as FEDEP_PRESET
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian, Natural, Posterior
@@ -131,10 +130,6 @@ SPEC = register_method(
         hparams=Hparams,
         build=build,
         summary="FedPA: federated posterior averaging",
-        presets={
-            "fmnist-heterog10": {**FEDEP_PRESET, "mcmc_lr": 1e-2, "shrinkage": 1e-4},
-            "diabetes-iid5": {**FEDEP_PRESET, "mcmc_lr": 1e-2, "shrinkage": 1e-4},
-        },
         # SG-MCMC keeps one sample per epoch: two samples give no usable covariance
         example={**EXAMPLE, "epochs": 10},
     )

@@ -22,7 +22,6 @@ from torch import Tensor
 from bayesadmm.algorithms.base import Algorithm, LocalStep, Message, TrainingInfo
 from bayesadmm.algorithms.fedavg import (
     LR_SPACE,
-    SMALL_BATCH,
     Average,
     ClientState,
     ServerState,
@@ -32,7 +31,6 @@ from bayesadmm.algorithms.fedavg import (
     dp_update,
     reply_for,
 )
-from bayesadmm.algorithms.fedavg import REFERENCE as FEDAVG_REFERENCE
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.solvers.adam import AdamProblem, local_adam
@@ -97,24 +95,13 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
     )
 
 
-# FedAvg's budget; mu chosen from the FedLap paper's grid (docs/results).
-_PRESET = {**SMALL_BATCH, "mu": 1e-2}
-# The BayesADMM paper's numbers: its one "FedAvg/FedProx" row on the heterogeneous scenarios, its FedProx row on the
-# homogeneous one.
-_REFERENCE = {
-    **FEDAVG_REFERENCE,
-    "fmnist-homog10": {"acc": {"10": 72.2, "25": 77.4, "50": 80.3}, "nll": {"10": 0.71, "25": 0.61, "50": 0.56}},
-}
-
 SPEC = register_method(
     MethodSpec(
         name="fedprox",
         hparams=Hparams,
         build=build,
         summary="FedProx: FedAvg with a proximal term μ/2‖θ − θ_g‖² on each client",
-        presets={"fmnist-heterog10": _PRESET, "fmnist-homog10": _PRESET, "diabetes-iid5": _PRESET},
         search_space={**LR_SPACE, "mu": {"choices": [1, 0.1, 0.01, 0.001, 0.0001]}},
-        reference={scenario: {"fedprox": numbers} for scenario, numbers in _REFERENCE.items()},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "mu": 0.01},
         dp_update=dp_update,
     )

@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from bayesadmm.algorithms.base import Algorithm, LocalStep, Message, NoInfo, pack, unpack
 from bayesadmm.algorithms.ep_common import IDENTITY, ServerState, clip_delta, damped_server, prior_natural
-from bayesadmm.algorithms.fedep import EXAMPLE, PRESET, Hparams, build_sites
+from bayesadmm.algorithms.fedep import EXAMPLE, Hparams, build_sites
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import Natural
@@ -96,8 +96,6 @@ SPEC = register_method(
         hparams=Hparams,
         build=build,
         summary="FedSEP: stochastic EP for stateless clients",
-        # (the cross-device scenarios' not tuned)
-        presets={key: PRESET for key in ("fmnist-heterog10", "diabetes-iid5", "fmnist-xdevice", "logreg-100k")},
         example={**EXAMPLE, "damping": 0.5},
     )
 )

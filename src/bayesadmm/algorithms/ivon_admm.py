@@ -251,121 +251,12 @@ def build_pvi(hparams: PVIHparams, context: Context) -> Algorithm:
     )
 
 
-# The presets: the authors' published configs (Federated ADMM from Bayesian Duality, ICLR version, App. F) with
-# restart_at_q_g true: every round after the first starts IVON at q_g, h = 0, as the authors' code does, where Alg. 2
-# as written re-initialises h to h0 each round (chosen on the FashionMNIST validation split, docs/results;
-# restart_at_q_g=false gives Alg. 2 as written). IVON-PVI, IVON-ADMM with rho = 1 and no server proximal term,
-# likewise. diabetes-iid5 (settings from a 10-round check on seed 0, not tuned): lr 0.1, h0 = 1 (about the curvature
-# of the Gaussian NLL at the output), beta2 0.999, tau 1 and Alg. 2 as written (restart_at_q_g false: starting at q_g
-# took the test RMSE from 0.79 to 49 in round 4 of that check; h0 = 1e-3 gave an RMSE of 1e4 in round 1).
-_FMNIST = {"lr": 5e-5, "epochs": 10, "batch_size": 32, "hess_init": 1e-3, "tau": 1e-3, "beta2": 0.9998}
-PRESETS = {
-    "fmnist-heterog10": {**_FMNIST, "delta": 1.0, "rho": 0.2, "gamma": 2e-4, "cosine": True, "restart_at_q_g": True},
-    "fmnist-homog10": {**_FMNIST, "delta": 0.5, "rho": 0.1, "gamma": 1e-4, "cosine": False, "restart_at_q_g": True},
-    "fmnist-heterog100": {
-        **_FMNIST,
-        "hess_init": 5e-4,
-        "delta": 0.1,
-        "rho": 0.1,
-        "gamma": 1e-4,
-        "beta2": 0.9999,
-        "cosine": True,
-        "restart_at_q_g": True,
-    },
-    "mnist-heterog100": {
-        "lr": 0.02,
-        "epochs": 10,
-        "batch_size": 64,
-        "hess_init": 5e-3,
-        "tau": 0.01,
-        "delta": 0.01,
-        "rho": 5.0,
-        "gamma": 0.5,
-        "beta2": 0.9998,
-        "cosine": True,
-        "restart_at_q_g": True,
-    },
-    "cifar10-zenke": {
-        "lr": 1e-3,
-        "epochs": 25,
-        "batch_size": 64,
-        "hess_init": 0.02,
-        "tau": 0.1,
-        "delta": 100.0,
-        "rho": 0.5,
-        "gamma": 0.05,
-        "beta2": 0.99999,
-        "cosine": True,
-        "restart_at_q_g": True,
-    },
-    "cifar10-acar": {
-        "lr": 5e-3,
-        "epochs": 25,
-        "batch_size": 64,
-        "hess_init": 0.1,
-        "tau": 0.1,
-        "delta": 0.5,
-        "rho": 1.0,
-        "gamma": 0.1,
-        "beta2": 0.99998,
-        "cosine": True,
-        "restart_at_q_g": True,
-    },
-    "cifar100-resnet20": {
-        "lr": 1e-3,
-        "epochs": 25,
-        "batch_size": 64,
-        "hess_init": 0.1,
-        "tau": 0.1,
-        "delta": 0.5,
-        "rho": 0.5,
-        "gamma": 0.05,
-        "beta2": 0.99999,
-        "cosine": True,
-        "restart_at_q_g": True,
-    },
-    "diabetes-iid5": {
-        "lr": 0.1,
-        "epochs": 10,
-        "batch_size": 32,
-        "hess_init": 1.0,
-        "tau": 1.0,
-        "delta": 1.0,
-        "rho": 0.2,
-        "gamma": 2e-4,
-        "beta2": 0.999,
-        "cosine": True,
-        "restart_at_q_g": False,
-    },
-}
-# The cross-device scenarios (not tuned): fmnist-heterog100's settings, and the server's running sum (`incremental`:
-# its memory and work follow the round's 1 % of the clients)
-PRESETS["fmnist-xdevice"] = {**PRESETS["fmnist-heterog100"], "incremental": True}
-PRESETS["logreg-100k"] = {**PRESETS["fmnist-heterog100"], "lr": 1e-2, "tau": 1.0, "incremental": True}
-_PVI = {"damping": 0.1, "restart_at_q_g": True}
-PVI_PRESETS = {
-    "fmnist-heterog10": {**_FMNIST, "delta": 1.0, **_PVI, "cosine": True},
-    "fmnist-homog10": {**_FMNIST, "delta": 0.5, **_PVI, "cosine": False},
-}
-
-
-def _reference(acc: list[float], nll: list[float], acc_ens: list[float], nll_ens: list[float]) -> dict:
-    def at(values: list[float]) -> dict[str, float]:
-        return dict(zip(("10", "25", "50"), values, strict=True))
-
-    return {
-        "ivon-admm": {"acc": at(acc), "nll": at(nll)},
-        "ivon-admm+predictive": {"acc": at(acc_ens), "nll": at(nll_ens)},
-    }
-
-
 SPEC = register_method(
     MethodSpec(
         name="ivon-admm",
         hparams=Hparams,
         build=build,
         summary="IVON-ADMM: BayesADMM with diagonal Gaussians, clients trained by IVON",
-        presets=PRESETS,
         # The BayesADMM paper gives no values for its coarse grid over rho, gamma, delta (and tau): the ranges span
         # ten times either side of the presets' values.
         search_space={
@@ -373,18 +264,6 @@ SPEC = register_method(
             "rho": {"log": [0.02, 2]},
             "gamma": {"log": [2e-5, 2e-3]},
             "delta": {"log": [0.1, 10]},
-        },
-        # the BayesADMM paper (ICLR): App. F (heterog. 10 %) and Table 1; the predictive row is its ensemble
-        reference={
-            "fmnist-heterog10": _reference(
-                [77.0, 81.4, 82.1], [0.65, 0.53, 0.51], [77.0, 81.5, 82.3], [0.65, 0.52, 0.50]
-            ),
-            "fmnist-homog10": _reference(
-                [80.4, 83.1, 83.4], [0.56, 0.53, 0.60], [80.6, 83.5, 84.1], [0.55, 0.50, 0.53]
-            ),
-            "fmnist-heterog100": _reference(
-                [78.7, 82.2, 82.9], [0.62, 0.50, 0.48], [78.7, 82.3, 83.0], [0.62, 0.50, 0.48]
-            ),
         },
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "rho": 0.5, "gamma": 0.5, "delta": 1.0, "hess_init": 0.1},
         dp_update=dp_update,
@@ -396,7 +275,6 @@ PVI_SPEC = register_method(
         hparams=PVIHparams,
         build=build_pvi,
         summary="PVI with IVON clients (BayesADMM with α = ρ = 1)",
-        presets=PVI_PRESETS,
         search_space={"lr": {"log": [5e-6, 5e-4]}, "damping": {"log": [0.01, 1]}, "delta": {"log": [0.1, 10]}},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "damping": 0.5, "delta": 1.0, "hess_init": 0.1},
         dp_update=pvi_dp_update,

@@ -8,16 +8,19 @@ A spec holds everything the library knows of a method beyond its equations:
                   checks the values (ValueError naming the field and what is valid)
     build         build(hparams, context) -> Algorithm, with `context` what the engine supplies (`Context`)
     summary       one line for the documentation's table of methods
-    presets       scenario -> {key: value}: the method's settings in the built-in scenarios
+    presets       scenario -> {key: value}: a user's method's settings in the built-in scenarios (the built-in
+                  methods' are data, in the scenario files: `experiments.scenario_data`)
     search_space  key -> {"log": [low, high]} | {"range": [low, high]} | {"choices": [...]}: `bayesadmm tune`'s
-    reference     scenario -> row -> {"acc": {round: %}, "nll": {round: value}}: the papers' published numbers
-                  (`bayesadmm compare --paper`), rows named METHOD (at the mean) or METHOD+predictive
+    reference     scenario -> row -> {"acc": {round: %}, "nll": {round: value}}: published numbers for a user's
+                  method (`bayesadmm compare --paper`), rows named METHOD (at the mean) or METHOD+predictive (the
+                  built-in methods' are in the scenario files)
     example       small hyperparameters for the tests' toy problems (3 classes, 4 features, a few clients)
     dp_update     dp_update(hparams) -> `privacy.ClientUpdate`: which part of a reply is the client's update, the part
                   client-level DP clips and noises (None: the method has no client-level DP, and refuses it)
 
 `register(spec)` adds a spec (it returns it, so a module can write `SPEC = register(MethodSpec(...))`); `get(name)`,
-`names()` and `specs()` read the registry. A user's method is a module that calls `register` when imported: Python
+`names()` and `specs()` read the registry. `bayesadmm methods show NAME` prints a spec with its presets from both
+places (`experiments.methods.describe`). A user's method is a module that calls `register` when imported: Python
 users import it, the command line loads it with `--methods path/to/module.py` (docs/guides/own-algorithm.md).
 """
 
@@ -49,7 +52,6 @@ __all__ = [
     "names",
     "specs",
     "choice",
-    "describe",
     "load",
     "load_from_environment",
 ]
@@ -205,37 +207,6 @@ def names() -> list[str]:
 def specs() -> list[MethodSpec]:
     """The registered specs, sorted by name."""
     return [_SPECS[name] for name in names()]
-
-
-def describe(name: str) -> str:
-    """What a person choosing settings for method `name` needs, from its spec: its summary, its hyperparameters
-    (type and default; "required" where there is none), its presets per scenario, `bayesadmm tune`'s search space,
-    and whether it has client-level DP. `bayesadmm methods show NAME` prints it."""
-    spec = get(name)
-    lines = [f"{spec.name}: {spec.summary}" if spec.summary else spec.name, ""]
-    lines.append(f"hyperparameters (bayesadmm run ... method={spec.name} KEY=VALUE; bayesadmm.run(hparams={{...}})):")
-    rows = []
-    for f in spec.fields():
-        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory
-        rows.append((f.name, kind, "required" if _required(f) else repr(default() if callable(default) else default)))
-    widths = [max((len(row[i]) for row in rows), default=0) for i in (0, 1)]
-    lines += [f"  {name:<{widths[0]}}  {kind:<{widths[1]}}  {default}" for name, kind, default in rows]
-    lines += ["", "presets (the settings of the built-in scenarios; a preset fills what the command line leaves out):"]
-    for scenario, values in sorted(spec.presets.items()):
-        lines.append(f"  {scenario}: " + " ".join(f"{k}={v}" for k, v in values.items()))
-    if not spec.presets:
-        lines.append("  none: give every required hyperparameter")
-    lines += ["", "search space (bayesadmm tune; --space overrides it):"]
-    for key, space in spec.search_space.items():
-        ((kind, bounds),) = space.items()
-        shown = ", ".join(map(str, bounds)) if kind == "choices" else f"{bounds[0]} to {bounds[1]}"
-        lines.append(f"  {key}: {kind} {shown}")
-    if not spec.search_space:
-        lines.append("  none")
-    dp = "yes" if spec.dp_update is not None else "no (refused)"
-    lines += ["", f"client-level differential privacy: {dp}"]
-    return "\n".join(lines)
 
 
 # The method modules the command line was given (--methods), os.pathsep-separated: the CLI sets it so that the runs a

@@ -1,8 +1,8 @@
 """`bayesadmm methods [list | show NAME]`: the registered methods, and one method's hyperparameters, presets and search
-space (`bayesadmm.algorithms.spec.describe`). `--methods FILE.py`: the user's own method modules, loaded by the
-commands that build or read methods (methods, run, resume, sweep, tune, compare). A file is imported only because the
-user named it on the command line (or a sweep's parent named it, through `BAYESADMM_METHODS`);
-docs/guides/own-algorithm.md."""
+space (`bayesadmm.experiments.methods.describe`: its spec, and its presets from the scenario files). `--methods
+FILE.py`: the user's own method modules, loaded by the commands that build or read methods (methods, run, resume,
+sweep, tune, compare). A file is imported only because the user named it on the command line (or a sweep's parent
+named it, through `BAYESADMM_METHODS`); docs/guides/own-algorithm.md."""
 
 from __future__ import annotations
 
@@ -81,8 +81,10 @@ def command(args) -> int:
     if args.name is None:
         print("bayesadmm: methods show needs a method's name (bayesadmm methods lists them)", file=sys.stderr)
         return 2
+    from bayesadmm.experiments.methods import describe
+
     try:
-        print(spec.describe(args.name))
+        print(describe(args.name))
     except ValueError as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2

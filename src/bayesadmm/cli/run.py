@@ -13,7 +13,7 @@ from bayesadmm.cli import methods
 
 
 def _scenarios() -> list[str]:
-    """The scenario presets, in the order presets.json lists them."""
+    """The scenario presets (bayesadmm/experiments/scenarios/), by name."""
     from bayesadmm.experiments.config import presets
 
     return list(presets())

@@ -16,13 +16,12 @@ import json
 import math
 import typing
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from bayesadmm import likelihoods
-from bayesadmm.algorithms import spec as method_specs
 from bayesadmm.engine import settings as engine_settings
 from bayesadmm.engine.identity import completed
+from bayesadmm.experiments import scenario_data
 from bayesadmm.experiments.methods import method_parameters, method_spec, preset_for
 from bayesadmm.experiments.privacy import DP_DEFAULTS, dp_problems
 from bayesadmm.experiments.values import ConfigError, convert, kinds
@@ -122,14 +121,12 @@ TUNING_METRIC = {"classification": "acc", "gaussian": "rmse", "poisson": "nll"}
 
 
 def presets() -> dict:
-    """The built-in scenarios (presets.json: data, split, model and schedule), each with "methods": every registered
-    method's settings for it (`MethodSpec.presets`)."""
-    text = resources.files("bayesadmm.experiments").joinpath("presets.json").read_text()
-    table = {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+    """The built-in scenarios (the scenario files' settings: data, split, model and schedule), by name, each with
+    "methods": every registered method's settings for it (`scenario_data.presets_by_method`)."""
+    table = scenario_data.scenarios()
+    by_method = scenario_data.presets_by_method()
     for scenario, values in table.items():
-        values["methods"] = {
-            spec.name: dict(spec.presets[scenario]) for spec in method_specs.specs() if scenario in spec.presets
-        }
+        values["methods"] = {method: dict(p[scenario]) for method, p in by_method.items() if scenario in p}
     return table
 
 

@@ -1,5 +1,6 @@
 """The configuration's methods: a registered method's spec (`method_spec`), its settable hyperparameters
-(`method_parameters`) and its settings for a built-in scenario (`preset_for`)."""
+(`method_parameters`), its settings for a built-in scenario (`preset_for`, from `scenario_data.presets_of`) and all
+of that in words (`describe`, which `bayesadmm methods show NAME` prints)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import inspect
 import typing
 
 from bayesadmm.algorithms import spec as method_specs
+from bayesadmm.experiments.scenario_data import presets_of
 from bayesadmm.experiments.values import ConfigError
 
-__all__ = ["method_spec", "method_parameters", "preset_for"]
+__all__ = ["method_spec", "method_parameters", "preset_for", "describe"]
 
 
 def method_spec(method: str) -> method_specs.MethodSpec:
@@ -40,14 +42,46 @@ def method_parameters(method: str) -> dict[str, inspect.Parameter]:
 def preset_for(spec: method_specs.MethodSpec, scenario: str, given: typing.Collection[str]) -> dict:
     """The method's settings for a built-in scenario. A method with presets for other scenarios but not this one does
     not silently fall back on its defaults: every key its presets set must then be given (KEY=VALUE)."""
-    if scenario in spec.presets or not spec.presets:
-        return dict(spec.presets.get(scenario, {}))
-    keys = sorted({key for values in spec.presets.values() for key in values})
+    presets = presets_of(spec)
+    if scenario in presets or not presets:
+        return dict(presets.get(scenario, {}))
+    keys = sorted({key for values in presets.values() for key in values})
     missing = [key for key in keys if key not in given]
     if missing:
         raise ConfigError(
             f"{spec.name} has no preset for scenario {scenario} "
-            f"(it has presets for {', '.join(sorted(spec.presets))}); set its hyperparameters explicitly: "
+            f"(it has presets for {', '.join(sorted(presets))}); set its hyperparameters explicitly: "
             + " ".join(f"{k}=VALUE" for k in missing)
         )
     return {}
+
+
+def describe(name: str) -> str:
+    """What a person choosing settings for method `name` needs, from its spec and the scenario files: its summary, its
+    hyperparameters (type and default; "required" where there is none), its presets per scenario (`presets_of`),
+    `bayesadmm tune`'s search space, and whether it has client-level DP. `bayesadmm methods show NAME` prints it."""
+    spec = method_specs.get(name)
+    lines = [f"{spec.name}: {spec.summary}" if spec.summary else spec.name, ""]
+    lines.append(f"hyperparameters (bayesadmm run ... method={spec.name} KEY=VALUE; bayesadmm.run(hparams={{...}})):")
+    rows = []
+    for key, param in method_parameters(name).items():
+        default = "required" if param.default is inspect.Parameter.empty else repr(param.default)
+        rows.append((key, str(param.annotation), default))
+    widths = [max((len(row[i]) for row in rows), default=0) for i in (0, 1)]
+    lines += [f"  {key:<{widths[0]}}  {kind:<{widths[1]}}  {default}" for key, kind, default in rows]
+    lines += ["", "presets (the settings of the built-in scenarios; a preset fills what the command line leaves out):"]
+    presets = presets_of(spec)
+    for scenario, values in presets.items():
+        lines.append(f"  {scenario}: " + " ".join(f"{k}={v}" for k, v in values.items()))
+    if not presets:
+        lines.append("  none: give every required hyperparameter")
+    lines += ["", "search space (bayesadmm tune; --space overrides it):"]
+    for key, space in spec.search_space.items():
+        ((kind, bounds),) = space.items()
+        shown = ", ".join(map(str, bounds)) if kind == "choices" else f"{bounds[0]} to {bounds[1]}"
+        lines.append(f"  {key}: {kind} {shown}")
+    if not spec.search_space:
+        lines.append("  none")
+    dp = "yes" if spec.dp_update is not None else "no (refused)"
+    lines += ["", f"client-level differential privacy: {dp}"]
+    return "\n".join(lines)
