@@ -24,7 +24,7 @@ from bayesadmm.clients import ClientData, SupervisedData, TensorClients
 from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
 from bayesadmm.engine.personal import FineTune, evaluate_personal, personal
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.federated import algorithm_factory, run
+from bayesadmm.federated import algorithm_factory, assemble, run
 from bayesadmm.likelihoods import (
     Classification,
     CurvatureLikelihood,
@@ -54,6 +54,7 @@ __all__ = [
     "PointPosterior",
     "PosteriorFileError",
     "algorithm_factory",
+    "assemble",
     "algorithms",
     "trees",
     "Algorithm",

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -35,11 +35,11 @@ from bayesadmm.engine.simulate import generator_for
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.metrics import check_ood
 from bayesadmm.models import FlatModel
-from bayesadmm.privacy import DPSettings, private_factory
+from bayesadmm.privacy import DPSettings, noised, private_factory
 from bayesadmm.run_identity import recorded_hparams, run_config
 from bayesadmm.userdata import as_tensors, check_client_objects, check_data, check_inputs
 
-__all__ = ["run", "algorithm_factory", "ENGINE_SUPPLIED"]
+__all__ = ["run", "assemble", "Assembled", "algorithm_factory", "ENGINE_SUPPLIED"]
 
 # What the engine passes to an algorithm factory that asks for it by name (its keyword arguments).
 ENGINE_SUPPLIED = ("dim", "model", "num_clients", "client_sizes", "likelihood")
@@ -89,6 +89,46 @@ def algorithm_factory(
         valid = sorted(k for k, p in parameters.items() if k not in ENGINE_SUPPLIED and p.kind is not p.VAR_KEYWORD)
         raise ValueError(f"{_name(algorithm)} has no hyperparameters {', '.join(unknown)}; valid: {', '.join(valid)}")
     return functools.partial(algorithm, **kwargs, **hparams)
+
+
+class Assembled(NamedTuple):
+    """A run's algorithm factory (zero arguments, picklable where the method is) and its differential privacy with
+    the noise multiplier it uses (None: not private), which a run directory records."""
+
+    make: Callable[[], Algorithm]
+    dp: DPSettings | None
+
+
+def assemble(
+    algorithm: str | MethodSpec | Algorithm | Callable[..., Algorithm],
+    hparams: Mapping[str, Any],
+    model: FlatModel,
+    client_sizes: Mapping[int, int],
+    likelihood: Likelihood | None = None,
+    *,
+    rounds: int | None = None,
+    participation: float = 1.0,
+    compile: str = "auto",
+    seed: int = 0,
+    dp: DPSettings | None = None,
+) -> Assembled:
+    """The run's algorithm: `algorithm_factory`'s (the method built with `hparams` and the run's context), made
+    private as `dp` says (`privacy.private_factory`, its noise calibrated to `dp.epsilon` where it gives none:
+    `privacy.noised`). The one place where `bayesadmm.run`, the command line, the Flower strategy and apps and
+    `bayesadmm.load` build a run's algorithm; a ValueError naming the fix where the method refuses its settings,
+    the likelihood or the privacy asked (only a registered method declares the update client-level DP noises)."""
+    make = algorithm_factory(algorithm, hparams, model, client_sizes, likelihood, rounds, participation, compile)
+    if dp is None:
+        return Assembled(make, None)
+    if rounds is None:
+        raise ValueError("a private run needs its number of rounds, which its noise is calibrated over")
+    spec = get(algorithm) if isinstance(algorithm, str) else algorithm if isinstance(algorithm, MethodSpec) else None
+    record = spec.make_hparams(**hparams) if spec is not None else None
+    chosen = noised(make, spec, record, dp, participation=participation, sizes=client_sizes, rounds=rounds)
+    private = private_factory(
+        make, spec, record, chosen, participation=participation, sizes=client_sizes, rounds=rounds, seed=seed
+    )
+    return Assembled(private, chosen)
 
 
 def _ready(algorithm: Algorithm) -> Algorithm:
@@ -243,11 +283,10 @@ def run(
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
     source, tests = _personal_split(source, personal_split, seed, device)
     X_ood = _ood_inputs(ood, likelihood, flat, theta0, X_test)
-    make = algorithm_factory(
-        algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds, participation, settings.compile
-    )
-    if dp is not None:
-        make = _private(make, algorithm, hparams, dp, settings, source.sizes)
+    make, dp = assemble(
+        algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds=rounds, participation=participation,
+        compile=settings.compile, seed=seed, dp=dp,
+    )  # fmt: skip
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
     personal = Personalisation(tests, personal_every, finetune) if tests is not None else None
     federation = Federation(
@@ -261,7 +300,7 @@ def run(
         config["personal"] = {"split": personal_split, "every": personal_every, "finetune_epochs": finetune_epochs}
     if X_ood is not None:  # likewise
         config["ood"] = {"inputs": list(X_ood.shape)}
-    if dp is not None:  # likewise
+    if dp is not None:  # likewise; with the noise the run uses, so that `bayesadmm.load` need not calibrate it again
         config["dp"] = dp.to_json()
     result = run_federation(
         federation,
@@ -289,16 +328,6 @@ def checked_dp(dp: Any) -> DPSettings | None:
         shown = repr(dp) if len(repr(dp)) <= 80 else repr(dp)[:77] + "..."
         raise TypeError(f"dp= takes a bayesadmm.DPSettings(level=..., ...), got {type(dp).__name__} {shown}")
     return dp
-
-
-def _private(make, algorithm, hparams, dp: DPSettings, settings: Settings, sizes: Mapping[int, int]):
-    """`make` with `dp`'s privacy; only a registered method (a name or its spec) declares its update."""
-    spec = get(algorithm) if isinstance(algorithm, str) else algorithm if isinstance(algorithm, MethodSpec) else None
-    record = spec.make_hparams(**dict(hparams or {})) if spec is not None else None
-    return private_factory(
-        make, spec, record, dp, participation=settings.participation, sizes=sizes, rounds=settings.rounds,
-        seed=settings.seed,
-    )  # fmt: skip
 
 
 def _personal_split(source, fraction: float, seed: int, device: str) -> tuple[Any, dict | None]:

@@ -279,25 +279,28 @@ def _factory(
     schedule: Schedule,
     dp: Any,
 ) -> Callable[[], Algorithm]:
-    """The factory of registered method `method` as the run built it (`federated.algorithm_factory`), made private
-    as the run's `dp` record says (None: not private); a value no check above refused but the method does is a
-    RunDirError naming the file."""
-    from bayesadmm.algorithms.spec import get
-    from bayesadmm.federated import algorithm_factory
-    from bayesadmm.privacy import DPSettings, private_factory
+    """The factory of registered method `method` as the run built it (`federated.assemble`), made private as the
+    run's `dp` record says (None: not private; the noise the record holds, or calibrated from the same budget, sizes
+    and rounds); a value no check above refused but the method does is a RunDirError naming the file."""
+    from bayesadmm.federated import assemble
+    from bayesadmm.privacy import DPSettings
 
     rounds, participation, compile_, seed = schedule
+
+    def assembled(settings: DPSettings | None) -> Callable[[], Algorithm]:
+        return assemble(
+            method, hparams, flat, sizes, likelihood, rounds=rounds, participation=participation, compile=compile_,
+            seed=seed, dp=settings,
+        ).make  # fmt: skip
+
     with _refused(path, "it does not build the run's method"):
-        make = algorithm_factory(method, hparams, flat, sizes, likelihood, rounds, participation, compile_)
+        plain = assembled(None)
     if dp is None:
-        return make
+        return plain
     with _refused(path, "its dp record is not DPSettings.to_json()'s"):
-        settings = DPSettings.from_json(dp)
-    spec = get(method)
+        private = DPSettings.from_json(dp)
     with _refused(path, "it does not build the run's private method"):
-        # the same noise as the run's: its own, or calibrated from the same budget, sizes and rounds
-        return private_factory(make, spec, spec.make_hparams(**hparams), settings, participation=participation,
-                               sizes=sizes, rounds=rounds, seed=seed)  # fmt: skip
+        return assembled(private)
 
 
 @contextlib.contextmanager

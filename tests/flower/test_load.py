@@ -71,10 +71,9 @@ def test_load_reads_back_a_flower_strategy_run(tmp_path):
 ], ids=["client", "example"])
 def test_load_reads_back_a_private_flower_strategy_run(tmp_path, monkeypatch, dp):
     from bayesadmm import privacy
-    from bayesadmm.flower import strategies
 
     # the calibration takes seconds: a stand-in noise, which config.json must record for load to use
-    monkeypatch.setattr(strategies, "example_noise", lambda *args: 0.7)
+    monkeypatch.setattr(privacy, "example_noise", lambda *args: 0.7)
     returned = []
     out = flower_run_dir(tmp_path, "fedavg", returned=returned, dp=dp)
     (result,) = returned

@@ -187,3 +187,26 @@ def test_poisson_minibatches_without_examples_give_the_noise_over_the_expected_s
         for slot, k in enumerate(plan.order):
             idx = plan.rows[t, slot, : counts[t][slot]] - 6 * k
             assert torch.allclose(got[slot], alone[k].batch_grad(thetas[k, 0], idx), atol=1e-12)
+
+
+def test_a_budgeted_run_records_its_noise_so_load_does_not_calibrate_it_again(tmp_path, monkeypatch):
+    """config.json holds the noise multiplier the run used (calibrated to the budget: the largest client's, Opacus's
+    for q = 8/20 and 3 steps a round over 2 rounds), so `bayesadmm.load` rebuilds the private method without the
+    accountant's search."""
+    import json
+
+    from bayesadmm.privacy import accountant
+
+    result = _run(tmp_path / "eps", dp=DPSettings(level="example", clip=1.0, epsilon=4.0))
+    recorded = json.loads((tmp_path / "eps" / "config.json").read_text())["dp"]
+    assert recorded["dp_epsilon"] == 4.0
+    assert recorded["dp_noise"] == accountant.calibrated_noise(4.0, 1e-5, 8 / 20, 6, "rdp")
+    assert result.history[-1]["dp_epsilon"] == accountant.epsilon([(recorded["dp_noise"], 8 / 20)] * 6, 1e-5)
+
+    def refused(*args, **kwargs):
+        raise AssertionError("load calibrated the noise again")
+
+    monkeypatch.setattr(accountant, "calibrated_noise", refused)
+    monkeypatch.setattr("bayesadmm.privacy.example_level.calibrated_noise", refused)
+    loaded = bayesadmm.load(tmp_path / "eps", model=nn.Linear(4, 3))
+    assert torch.equal(loaded.posterior.mean, result.posterior.mean)

@@ -27,10 +27,9 @@ from bayesadmm.engine.settings import DTYPES
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import DATASETS, TARGETS, ConfigError, RunConfig
-from bayesadmm.federated import algorithm_factory
+from bayesadmm.federated import assemble
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import MODELS, FlatModel, make_model
-from bayesadmm.privacy import private_factory
 
 # The set-up streams, generator_for(seed, 0, <id>); 10⁹ + 3 and + 4 are the engine's (participants, evaluation), and
 # 10⁹ + 7 (`engine.personal.PERSONAL_SPLIT`) the personal test split's.
@@ -150,20 +149,16 @@ def make_algorithm_factory(
     from bayesadmm.experiments.config import method_spec
     from bayesadmm.experiments.privacy import dp_settings
 
-    spec = method_spec(config.method)
-    make = algorithm_factory(
-        spec, config.hparams, model, client_sizes, likelihood, config.rounds, config.participation, config.compile
-    )
     dp = dp_settings(config)
-    if dp is None:
-        return make
     try:
-        return private_factory(
-            make, spec, spec.make_hparams(**config.hparams), dp, participation=config.participation,
-            sizes=client_sizes, rounds=config.rounds, seed=config.seed,
-        )  # fmt: skip
+        return assemble(
+            method_spec(config.method), config.hparams, model, client_sizes, likelihood, rounds=config.rounds,
+            participation=config.participation, compile=config.compile, seed=config.seed, dp=dp,
+        ).make  # fmt: skip
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        if dp is None or isinstance(exc, ConfigError):  # the method's own refusal, as it raised it
+            raise
+        raise ConfigError(str(exc)) from None  # the privacy asked of it: a setting of the configuration
 
 
 def build(config: RunConfig) -> Built:

@@ -32,7 +32,7 @@ from bayesadmm.engine.loop import Federation, Settings
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import RunConfig, resolve
-from bayesadmm.federated import algorithm_factory
+from bayesadmm.federated import assemble
 from bayesadmm.flower.loaders import entry_point, load_tensors
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
 from bayesadmm.models import FlatModel
@@ -364,16 +364,16 @@ def algorithm_of(
     name = str(setup["algorithm"])
     algorithm: Any = entry_point(name, "algorithm") if ":" in name else name
     rounds = setup.get("rounds")
-    return algorithm_factory(
+    return assemble(
         algorithm,
         dict(setup["hparams"]),
         model,
         dict(sizes),
         likelihood if likelihood is not None else likelihood_of(setup),
-        None if rounds is None else int(rounds),
-        float(setup.get("participation", 1.0)),
-        str(setup.get("compile", "auto")),
-    )
+        rounds=None if rounds is None else int(rounds),
+        participation=float(setup.get("participation", 1.0)),
+        compile=str(setup.get("compile", "auto")),
+    ).make
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,13 +28,12 @@ from torch import Tensor, nn
 from bayesadmm.algorithms.spec import get
 from bayesadmm.engine.federation import Federation
 from bayesadmm.engine.settings import Settings
-from bayesadmm.federated import algorithm_factory, checked_dp, flat_model
+from bayesadmm.federated import assemble, checked_dp, flat_model
 from bayesadmm.flower.app_config import NodeClients, Timeouts, likelihood_spelling
 from bayesadmm.flower.bayes_strategy import BayesStrategy
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
-from bayesadmm.privacy import DPSettings, private_factory
-from bayesadmm.privacy.example_level import example_noise
+from bayesadmm.privacy import DPSettings
 from bayesadmm.userdata import as_tensors, check_data
 
 __all__ = ["strategy", "strategy_from_config", "CONFIG_KEYS"]
@@ -89,7 +87,6 @@ def strategy(
     compiled ("on"), eager ("off") or where the run's local steps make it pay ("auto"), decided alike on every node."""
     spec = get(method)
     checked_dp(dp)
-    record = spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on nodes
     if clients is not None and (isinstance(clients, bool) or not isinstance(clients, int) or clients < 1):
         raise ValueError(f"clients must be the number of SuperNodes to wait for (>= 1) or None, got {clients!r}")
     likelihood = likelihood if likelihood is not None else Classification()
@@ -99,6 +96,7 @@ def strategy(
     )  # fmt: skip
     flat, own_theta = flat_model(model)  # the model's own parameters: θ0 where Flower gives no initial arrays
     setup = {
+        # every hyperparameter (unknown, missing or invalid ones: an error now, not on the nodes)
         "algorithm": method, "hparams": spec.resolved(**hparams), "likelihood": likelihood_spelling(likelihood),
         "seed": seed, "rounds": rounds, "device": device, "dtype": dtype, "clients": clients,
         "eval_samples": eval_samples, "participation": fraction_train, "compile": compile,
@@ -112,19 +110,16 @@ def strategy(
 
     def federation_of(sizes: Mapping[int, int], initial: Mapping[str, Tensor] | None) -> Federation:
         theta0 = _initial(flat, own_theta, initial).to(device, settings.torch_dtype)
-        make = algorithm_factory(method, hparams, flat, dict(sizes), likelihood, rounds, fraction_train, compile)
-        if dp is not None:
-            chosen = dp
-            if dp.level == "example":  # the nodes train privately: they are told its noise (`client_app`)
-                sigma = dp.noise_multiplier
-                chosen = replace(
-                    dp, noise_multiplier=example_noise(make(), dp, sizes, rounds) if sigma is None else sigma
-                )
-                # the nodes are told it; config.json records it, so that `bayesadmm.load` need not calibrate it again
-                # (a resume may change the noise: `engine.identity.RESUME_MAY_CHANGE`)
-                setup["dp"] = config["dp"] = chosen.to_json()
-            make = private_factory(make, spec, record, chosen, participation=fraction_train, sizes=sizes,
-                                   rounds=rounds, seed=seed)  # fmt: skip
+        make, chosen = assemble(
+            method, hparams, flat, dict(sizes), likelihood, rounds=rounds, participation=fraction_train,
+            compile=compile, seed=seed, dp=dp,
+        )  # fmt: skip
+        if chosen is not None:
+            # config.json records the noise the run uses, so that `bayesadmm.load` need not calibrate it again (a
+            # resume may change it: `engine.identity.RESUME_MAY_CHANGE`)
+            config["dp"] = chosen.to_json()
+            if chosen.level == "example":  # the nodes train privately: they are told its noise (`client_app`)
+                setup["dp"] = config["dp"]
         X, y = evaluation if evaluation is not None else (None, None)
         return Federation(flat, NodeClients(dict(sizes)), make, theta0, X, y, likelihood)
 

@@ -2,12 +2,13 @@
 (`client_level`), example-level DP of Adam's local training (`example_level`), the accounting by Opacus
 (`accountant`) and the budget (`BudgetExhausted`).
 
-`private_factory` turns a method's factory into that of its private version, for `bayesadmm.run(dp=...)`, the
-command line's `dp=` keys and `bayesadmm.load`.
+`private_factory` turns a method's factory into that of its private version, with the noise `noised` chooses, for
+`bayesadmm.assemble`, which every entry point builds a run's algorithm with.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "PrivateServer",
     "private",
     "private_factory",
+    "noised",
     "privatize",
     "sampling_rate",
     "epsilon",
@@ -46,6 +48,44 @@ def sampling_rate(participation: float) -> float:
     return min(1.0, float(participation))
 
 
+def noised(
+    make: Callable[[], Algorithm],
+    spec: Any,
+    hparams: Any,
+    dp: DPSettings,
+    *,
+    participation: float,
+    sizes: Mapping[int, int],
+    rounds: int,
+) -> DPSettings:
+    """`dp` with the noise multiplier the run uses: its own, or the one with which `rounds` rounds spend
+    `dp.epsilon` (at level "example", the largest of the clients': `example_level.example_noise`). `make`, `spec`,
+    `hparams`, `sizes` as `private_factory`'s; a ValueError naming the fix where the method cannot be private in the
+    way asked, before any noise is calibrated."""
+    if dp.level == "example":
+        sigma = dp.noise_multiplier
+        if sigma is None:
+            sigma = example_noise(make(), dp, sizes, rounds)  # refuses a method not trained by Adam or IVON
+        return dataclasses.replace(dp, noise_multiplier=sigma)
+    name = getattr(spec, "name", "this algorithm")
+    if spec is None or spec.dp_update is None:
+        raise ValueError(
+            f"{name} has no client-level DP (its replies are not an update the server sums); "
+            "use fedavg, fedprox, ivon-admm or ivon-pvi, or declare the method's MethodSpec.dp_update"
+        )
+    rate = sampling_rate(participation)
+    if spec.dp_update(hparams).every_round and rate < 1:
+        raise ValueError(
+            f"{name} with client-level DP needs participation=1: its server sums every client's last reply, which "
+            "would reuse a reply's share of an old round's noise; use fedavg or fedprox for partial participation"
+        )
+    sigma = dp.noise_multiplier
+    if sigma is None:
+        assert dp.epsilon is not None  # DPSettings requires one of the two
+        sigma = calibrated_noise(dp.epsilon, dp.delta, rate, rounds, dp.accountant)
+    return dataclasses.replace(dp, noise_multiplier=sigma)
+
+
 def private_factory(
     make: Callable[[], Algorithm],
     spec: Any,
@@ -60,33 +100,16 @@ def private_factory(
     """The zero-argument factory of `make`'s algorithm with the DP of `dp` (picklable where `make` is): `spec` is
     the method's `MethodSpec` (its `dp_update` says what a reply's update is; None for an algorithm given as an
     object or factory, which has none), `hparams` its hyperparameters, `sizes` the clients' sizes (client id → N_k).
-    The noise multiplier is `dp`'s, or the one with which `rounds` rounds spend `dp.epsilon` (at level "example",
-    the largest of the clients': `example_level.example_noise`). A ValueError naming the fix where the method cannot
-    be private in the way asked."""
-    name = getattr(spec, "name", "this algorithm")
+    The noise multiplier is `dp`'s, or calibrated to its budget (`noised`). A ValueError naming the fix where the
+    method cannot be private in the way asked."""
+    dp = noised(make, spec, hparams, dp, participation=participation, sizes=sizes, rounds=rounds)
+    sigma = dp.noise_multiplier
+    assert sigma is not None  # `noised` chose it
     if dp.level == "example":
-        built = make()
-        example_noise_multiplier = dp.noise_multiplier
-        if example_noise_multiplier is None:
-            example_noise_multiplier = example_noise(built, dp, sizes, rounds)
-        example_private(built, dp, example_noise_multiplier, sizes)  # refuses a method not trained by Adam or IVON
-        return functools.partial(_build_example, make, dp, example_noise_multiplier, dict(sizes))
-    if spec is None or spec.dp_update is None:
-        raise ValueError(
-            f"{name} has no client-level DP (its replies are not an update the server sums); "
-            "use fedavg, fedprox, ivon-admm or ivon-pvi, or declare the method's MethodSpec.dp_update"
-        )
+        example_private(make(), dp, sigma, sizes)  # refuses a method whose solver cannot take private gradients
+        return functools.partial(_build_example, make, dp, sigma, dict(sizes))
     update = spec.dp_update(hparams)
     rate = sampling_rate(participation)
-    if update.every_round and rate < 1:
-        raise ValueError(
-            f"{name} with client-level DP needs participation=1: its server sums every client's last reply, which "
-            "would reuse a reply's share of an old round's noise; use fedavg or fedprox for partial participation"
-        )
-    sigma = dp.noise_multiplier
-    if sigma is None:
-        assert dp.epsilon is not None  # DPSettings requires one of the two
-        sigma = calibrated_noise(dp.epsilon, dp.delta, rate, rounds, dp.accountant)
     private(make(), update, dp, sigma, rate, seed, len(sizes))  # refuses a method without an empty round at q < 1
     return functools.partial(_build, make, update, dp, sigma, rate, seed, len(sizes))
 
