@@ -34,7 +34,7 @@ import torch
 
 from bayesadmm.clients import TensorClients
 from bayesadmm.engine.cohort import CohortClients
-from bayesadmm.engine.workers import LocalClients
+from bayesadmm.engine.runners import LocalClients
 from bayesadmm.federated import algorithm_factory
 from bayesadmm.models import mlp
 

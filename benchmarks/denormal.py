@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from bayesadmm.engine.workers import train_client
+from bayesadmm.engine.runners import train_client
 from bayesadmm.experiments.build import build
 from bayesadmm.experiments.config import resolve
 

@@ -92,9 +92,10 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
     import tempfile
     from pathlib import Path
 
-    from bayesadmm.engine.loop import participants
     from bayesadmm.engine.checkpoint import save_checkpoint
-    from bayesadmm.engine.workers import assign, client_runner
+    from bayesadmm.engine.federation import participants
+    from bayesadmm.engine.policy import assign
+    from bayesadmm.engine.pool import client_runner
     from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve
 
@@ -154,7 +155,7 @@ def one_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
 def client_cell(scenario: str, method: str, overrides: list[str], min_seconds: float = 2.0) -> dict:
     """Time the largest client's update alone in this process (after one untimed warm-up that compiles the kernels):
     repeated until `min_seconds` have passed (at least 3 times); returns the median."""
-    from bayesadmm.engine.workers import train_client
+    from bayesadmm.engine.runners import train_client
     from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve
 
@@ -206,8 +207,8 @@ def run_cell(scenario: str, method: str, workers: int, rounds: int, overrides: l
 
 def interleaved_cell(scenario: str, methods: list[str], workers: int, rounds: int, overrides: list[str]) -> dict:
     """The methods' rounds alternating in this process (A B, B A, A B, ...); returns each method's round times."""
-    from bayesadmm.engine.loop import participants
-    from bayesadmm.engine.workers import client_runner
+    from bayesadmm.engine.federation import participants
+    from bayesadmm.engine.pool import client_runner
     from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve
 
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(one_cell(scenario, method, int(workers), int(rounds), overrides)))
         return 0
 
-    from bayesadmm.engine.workers import default_workers
+    from bayesadmm.engine.policy import default_workers
     cores = default_workers()
     workers = [int(w) for w in (args.workers or f"1,{cores}").split(",")]
     gflops = matmul_gflops()

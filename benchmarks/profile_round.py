@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from bayesadmm.engine.loop import participants
-from bayesadmm.engine.workers import client_runner
+from bayesadmm.engine.federation import participants
+from bayesadmm.engine.pool import client_runner
 from bayesadmm.experiments.build import build
 from bayesadmm.experiments.config import resolve
 

@@ -5,7 +5,7 @@ of workers, timed alternately in one process (what decides `cohort`'s default).
                                  [--repeats 5] [KEY=VALUE ...]
 
 For each (workers, cohort) pair a runner is made as `bayesadmm run ... workers=W cohort=C` makes it
-(`engine.workers.client_runner`; cohort 1: one client at a time) and started from the same initial server state;
+(`engine.pool.client_runner`; cohort 1: one client at a time) and started from the same initial server state;
 round 1 is trained once by each (kernel compilation, worker start-up). Then each repetition trains one round of
 every runner from the same broadcast, in turn (the order rotates per repetition), so that neighbouring measurements
 see the same machine. Printed: each runner's median seconds per round, and its speed-up over the first runner.
@@ -21,8 +21,8 @@ import time
 import torch
 
 from bayesadmm.engine.cohort import CohortClients
-from bayesadmm.engine.loop import participants
-from bayesadmm.engine.workers import client_runner
+from bayesadmm.engine.federation import participants
+from bayesadmm.engine.pool import client_runner
 from bayesadmm.experiments.build import build
 from bayesadmm.experiments.config import resolve
 

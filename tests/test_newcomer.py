@@ -157,7 +157,7 @@ def test_cohort_training_equals_one_client_at_a_time(cohort_size):
     from tests.engine import test_cohort
 
     from bayesadmm.engine.cohort import CohortClients
-    from bayesadmm.engine.workers import LocalClients
+    from bayesadmm.engine.runners import LocalClients
 
     model, clients = test_cohort._clients(torch.float64)
     theta0 = model.initial_params(torch.Generator().manual_seed(1))

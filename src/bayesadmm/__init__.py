@@ -21,8 +21,10 @@ The public API:
 from bayesadmm import algorithms, trees, uncertainty
 from bayesadmm.algorithms import Algorithm, DivergenceError, PointEstimate
 from bayesadmm.clients import ClientData, SupervisedData, TensorClients
-from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.engine.federation import Federation, Result
+from bayesadmm.engine.loop import run_federation
 from bayesadmm.engine.personal import FineTune, evaluate_personal, personal
+from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.federated import algorithm_factory, assemble, run
 from bayesadmm.likelihoods import (

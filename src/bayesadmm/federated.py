@@ -28,9 +28,10 @@ from torch import Tensor, nn
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.algorithms.spec import Context, MethodSpec, get
 from bayesadmm.clients import ClientData, ClientObjects, TensorClients, client_ids
-from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.engine.federation import Federation, Result
+from bayesadmm.engine.loop import run_federation
 from bayesadmm.engine.personal import PERSONAL_SPLIT, FineTune, Personalisation, split_personal
-from bayesadmm.engine.settings import dtype_name
+from bayesadmm.engine.settings import Settings, dtype_name
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.metrics import check_ood

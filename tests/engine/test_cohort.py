@@ -14,7 +14,7 @@ from bayesadmm.algorithms import get, names, specs
 from bayesadmm.algorithms.base import batches, trains_in_cohorts
 from bayesadmm.clients import SupervisedData, TensorClients
 from bayesadmm.engine.cohort import CohortClients
-from bayesadmm.engine.workers import LocalClients
+from bayesadmm.engine.runners import LocalClients
 from bayesadmm.federated import algorithm_factory
 from bayesadmm.models import FlatModel
 from bayesadmm.solvers.adam import LocalAdam, LocalAdamProx
@@ -164,7 +164,7 @@ def test_methods_that_do_not_batch_keep_the_per_client_runner():
     with pytest.raises(ValueError, match="does not batch"):
         CohortClients(algorithm, clients, seed=0)
     source = TensorClients.from_parts(model, {k: (d.X, d.y) for k, d in clients.items()})
-    from bayesadmm.engine.workers import client_runner
+    from bayesadmm.engine.pool import client_runner
 
     assert type(client_runner(lambda: algorithm, source, 0, 1, algorithm, cohort_size=8)) is LocalClients
 
@@ -172,7 +172,7 @@ def test_methods_that_do_not_batch_keep_the_per_client_runner():
 def test_cohort_reads_a_tensor_source_in_place():
     model, clients = _clients(torch.float64)
     source = TensorClients.from_parts(model, {k: (d.X, d.y) for k, d in clients.items()})
-    from bayesadmm.engine.workers import client_runner
+    from bayesadmm.engine.pool import client_runner
 
     algorithm = _algorithm("fedavg", model)
     runner = client_runner(lambda: algorithm, source, 0, 1, algorithm, cohort_size=2)
@@ -190,7 +190,7 @@ def test_a_run_through_the_engine_with_cohorts_matches_the_per_client_run(tmp_pa
     import json
 
     from bayesadmm.engine import loop
-    from bayesadmm.engine.workers import client_runner
+    from bayesadmm.engine.pool import client_runner
     from bayesadmm.experiments.build import build
     from bayesadmm.experiments.config import resolve
 

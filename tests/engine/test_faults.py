@@ -16,7 +16,7 @@ from tests.engine.test_rundir import FEDAVG, _data, _run  # the same tiny federa
 from torch import nn
 
 import bayesadmm
-from bayesadmm.engine import loop, rundir
+from bayesadmm.engine import rundir, signals
 
 
 def test_a_sigterm_during_a_checkpoint_write_acts_after_the_file_is_whole(tmp_path, monkeypatch):
@@ -29,7 +29,7 @@ def test_a_sigterm_during_a_checkpoint_write_acts_after_the_file_is_whole(tmp_pa
 
     monkeypatch.setattr(rundir._Writes, "write", signalled)
     path = tmp_path / "checkpoint.pt"
-    with pytest.raises(loop.Interrupted) as raised, loop._sigterm_as_interrupt():
+    with pytest.raises(signals.Interrupted) as raised, signals.sigterm_as_interrupt():
         rundir.save_state(path, {"round": 3, "server": torch.arange(5.0), "clients": {}})
     assert raised.value.signum == signal.SIGTERM
     assert rundir.load_state(path)["round"] == 3 and not (tmp_path / "checkpoint.pt.tmp").exists()

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bayesadmm.engine import transport
+from bayesadmm.engine.pool import client_runner
 from bayesadmm.engine.transport import DONE, Reply, check_reply, layout_bytes, payload, receive_tensors
-from bayesadmm.engine.workers import client_runner
 from bayesadmm.experiments.build import build
 from bayesadmm.experiments.config import resolve
 

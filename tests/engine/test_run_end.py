@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from tests.engine.test_rundir import _run  # the same tiny federation (fedavg, 2 clients, a classifier)
 
 from bayesadmm import reports
-from bayesadmm.engine import loop, rundir
 from bayesadmm.engine import run as engine_run
+from bayesadmm.engine import rundir, signals
 from bayesadmm.engine.rundir import POSTERIOR, load_state
 
 ROUNDS = 2
@@ -112,7 +112,7 @@ def test_a_sigterm_in_the_last_rounds_tail_is_an_interruption_that_resume_comple
     tmp_path, monkeypatch, point, whole
 ):
     kill_at(monkeypatch.setattr, point, signal.SIGTERM)
-    with pytest.raises(loop.Interrupted) as raised:
+    with pytest.raises(signals.Interrupted) as raised:
         _run(tmp_path / "r", rounds=ROUNDS)
     assert raised.value.signum == signal.SIGTERM  # the CLI's exit code 128 + 15
     status = _status(tmp_path / "r")

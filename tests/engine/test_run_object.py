@@ -7,15 +7,17 @@ import json
 
 import pytest
 import torch
+from tests.engine.test_api import FEDAVG, _blobs, _net
 
 import bayesadmm
 from bayesadmm.clients import TensorClients
-from bayesadmm.engine.loop import Federation, Run, Settings
+from bayesadmm.engine.federation import Federation
+from bayesadmm.engine.run import Run
 from bayesadmm.engine.rundir import load_state
+from bayesadmm.engine.settings import Settings
 from bayesadmm.federated import algorithm_factory
 from bayesadmm.likelihoods import Classification
 from bayesadmm.models import FlatModel
-from tests.engine.test_api import FEDAVG, _blobs, _net
 
 
 def _federation() -> Federation:

@@ -15,7 +15,7 @@ from torch import nn
 
 import bayesadmm
 from bayesadmm import cli
-from bayesadmm.engine import loop, rundir
+from bayesadmm.engine import identity, rundir, signals
 
 FEDAVG = {"lr": 0.05, "epochs": 1, "batch_size": 8}
 
@@ -114,7 +114,7 @@ def test_a_full_disk_names_the_path_and_keeps_the_last_checkpoint(tmp_path, monk
 @pytest.mark.parametrize("signum, code", [(15, 143), (2, 130)])
 def test_the_cli_ends_an_interrupted_run_with_the_shells_code(monkeypatch, capsys, signum, code):
     def interrupted(*args, **kwargs):
-        raise loop.Interrupted(signum)
+        raise signals.Interrupted(signum)
 
     monkeypatch.setattr("bayesadmm.experiments.build.run", interrupted)
     assert cli.main(["run", "fmnist-heterog10", "rounds=2", "--quiet"]) == code
@@ -287,11 +287,11 @@ def test_a_resume_with_another_method_or_data_is_refused_naming_the_difference(t
         bayesadmm.run(nn.Linear(3, 2), other, test, algorithm="fedavg", hparams=FEDAVG, rounds=2, progress=False,
                       out=tmp_path / "r", resume=True)
     with pytest.raises(rundir.RunDirError, match=r'clients differ .*sizes \{"0": 16, "1": 16\} → \{"0": 16, "1": 8\}'):
-        loop._check_same_run(tmp_path / "r" / "checkpoint.pt", checkpoint,
+        identity.check_same_run(tmp_path / "r" / "checkpoint.pt", checkpoint,
                              {**run, "data": {"sizes": {"0": 16, "1": 8}}})
     edited = {**run["config"], "hparams": {**run["config"]["hparams"], "lr": 0.5}}   # an edited config.json
     with pytest.raises(rundir.RunDirError, match=r"configuration differs .*\(hparams.lr 0.05 → 0.5\); resume with the settings"):
-        loop._check_same_run(tmp_path / "r" / "checkpoint.pt", checkpoint, {**run, "config": edited})
+        identity.check_same_run(tmp_path / "r" / "checkpoint.pt", checkpoint, {**run, "config": edited})
     assert _files(tmp_path / "r") == before
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bayesadmm.cli import main
-from bayesadmm.engine import loop
+from bayesadmm.engine import federation, signals
 from bayesadmm.engine import run as engine_run
 from bayesadmm.engine.rundir import load_state
 from bayesadmm.experiments.build import build, run
@@ -111,7 +111,7 @@ def test_run_writes_its_files_and_resume_after_a_kill_is_exact(tmp_path, monkeyp
 def test_a_sigterm_interrupts_like_ctrl_c_and_the_handler_is_restored():
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
-        with loop._sigterm_as_interrupt():
+        with signals.sigterm_as_interrupt():
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)   # the handler runs at the next bytecode; never reached
     assert signal.getsignal(signal.SIGTERM) is before
@@ -154,7 +154,7 @@ def test_partial_participation_and_absent_clients(tmp_path):
     lines = _lines(out)
     assert [line["participants"] for line in lines] == [2, 2]
     config, _ = resolve("fmnist-heterog10", [*SMALL, "clients=4", "participation=0.5", "rounds=2"])
-    chosen = [loop.participants(list(range(config.clients)), config.participation, config.seed, r) for r in (1, 2)]
+    chosen = [federation.participants(list(range(config.clients)), config.participation, config.seed, r) for r in (1, 2)]
     assert all(len(c) == 2 for c in chosen)
     checkpoint = load_state(out / "checkpoint.pt")
     # the server remembers every client that has ever replied, not only this round's
@@ -188,7 +188,7 @@ def test_divergence_stops_with_the_state_saved(tmp_path, monkeypatch):
     out = tmp_path / "diverged"
     # cohort=1: the per-client path, whose batch_loss and batch_grad are poisoned (a cohort's breakdown: test_cohort.py)
     code = main(["run", "fmnist-heterog10", *SMALL, "rounds=3", "method=fedavg", "cohort=1", f"out={out}", "--quiet"])
-    assert code == loop.EXIT_DIVERGED
+    assert code == federation.EXIT_DIVERGED
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "diverged" and status["round"] == 1 and "round 2" in status["message"]
     assert load_state(out / "checkpoint.pt")["round"] == 1
@@ -315,7 +315,7 @@ def test_two_workers_give_exactly_the_numbers_of_one(tmp_path, method, cohort, p
     for workers in (1, 2):
         config, _ = resolve("fmnist-heterog10", SMALL + partial + [f"method={method}", "rounds=2", f"workers={workers}",
                                                                    f"cohort={cohort}", f"out={tmp_path / str(workers)}"])
-        assert run(config, progress=False).exit_code == loop.EXIT_OK
+        assert run(config, progress=False).exit_code == federation.EXIT_OK
         lines[workers] = _strip_times(_lines(tmp_path / str(workers)))
     assert len(lines[1]) == 2 and lines[1] == lines[2]
 
@@ -360,7 +360,7 @@ def test_validation_split_is_held_out_of_training_and_reported_as_val(tmp_path):
     full = build(resolve("fmnist-heterog10", SMALL + ["method=fedavg"])[0]).federation
     assert len(held.eval_y) == round(0.2 * len(full.clients.y))                # taken from training, not test
     assert len(held.clients.y) + len(held.eval_y) == len(full.clients.y)
-    assert run(config, progress=False).exit_code == loop.EXIT_OK
+    assert run(config, progress=False).exit_code == federation.EXIT_OK
     (line,) = _lines(out)
     assert "val_acc" in line and not any(key.startswith("test_") for key in line)
     table = main(["compare", str(out), "--rounds", "1", "--out", str(tmp_path / "cmp")])

@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from bayesadmm.cli import main
-from bayesadmm.engine import loop
+from bayesadmm.engine import federation
 from bayesadmm.engine import run as engine_run
+from bayesadmm.engine.policy import assign, cohort_blocks, fixed_cohorts, round_cohorts
+from bayesadmm.engine.pool import client_runner
 from bayesadmm.engine.rundir import load_state
-from bayesadmm.engine.policy import cohort_blocks, round_cohorts
-from bayesadmm.engine.workers import SHARDS, assign, client_runner, fixed_cohorts
+from bayesadmm.engine.runners import SHARDS
 from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import resolve
 from conftest import needs_fmnist
@@ -146,7 +147,7 @@ def test_states_fetched_from_two_workers_are_the_bits_of_one_process(tmp_path, c
         assert type(clients).__name__ == ["CohortClients", "ClientPool"][workers - 1] if cohort_size else True
         try:
             server, _ = _two_rounds(built, algorithm, clients,
-                                    lambda round_: loop.participants(ids, config.participation, config.seed, round_))
+                                    lambda round_: federation.participants(ids, config.participation, config.seed, round_))
             record = clients.save(tmp_path / str(workers), 2)
             results[workers] = server, clients.states(), record
         finally:
@@ -261,6 +262,6 @@ def test_a_client_that_breaks_down_in_a_worker_stops_the_run_as_diverged(tmp_pat
     out = tmp_path / "diverged"
     code = main(["run", "fmnist-heterog10", *SMALL, "method=ivon-admm", "lr=1e30", "rounds=2", "workers=2",
                  f"out={out}", "--quiet"])
-    assert code == loop.EXIT_DIVERGED                  # the worker's SubproblemError, raised again in the parent
+    assert code == federation.EXIT_DIVERGED                  # the worker's SubproblemError, raised again in the parent
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "diverged" and "IVON diverged on this client" in status["message"]

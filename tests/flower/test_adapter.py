@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("flwr")
 
-from conftest import needs_fmnist
-from helpers import EXTRA, SMALL, LoopbackGrid, assert_same_metrics, lines, fast_data  # noqa: F401 (fixture)
+from flwr.app import RecordDict
+from helpers import EXTRA, SMALL, LoopbackGrid, assert_same_metrics, fast_data, lines  # noqa: F401 (fixture)
 
 from bayesadmm import trees
 from bayesadmm.algorithms import names
@@ -20,7 +20,7 @@ from bayesadmm.experiments.config import resolve
 from bayesadmm.flower import records
 from bayesadmm.flower.client_app import app as client_app
 from bayesadmm.flower.server_app import Timeouts, config_from_run_config, run_server
-from flwr.app import RecordDict
+from conftest import needs_fmnist
 
 
 class Foreign(NamedTuple):

@@ -11,9 +11,8 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from conftest import needs_fmnist
-
 from bayesadmm.flower.demo import CONNECTION, Deployment, run_demo
+from conftest import needs_fmnist
 
 
 @pytest.mark.slow

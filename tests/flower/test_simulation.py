@@ -8,13 +8,13 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("ray")
 
-from conftest import needs_fmnist
 from helpers import SMALL, assert_same_metrics, lines
 
 from bayesadmm.experiments.build import run
 from bayesadmm.experiments.config import resolve
 from bayesadmm.flower.server_app import Timeouts
 from bayesadmm.flower.simulation import run_simulation
+from conftest import needs_fmnist
 
 
 @pytest.mark.slow

@@ -71,7 +71,7 @@ def add_resume_parser(commands) -> argparse.ArgumentParser:
 
 
 def command(args) -> int:
-    from bayesadmm.engine.loop import RunDirError
+    from bayesadmm.engine.rundir import RunDirError
     from bayesadmm.engine.settings import check_device
     from bayesadmm.experiments.build import build, run, settings_of
     from bayesadmm.experiments.config import ConfigError, load, resolve

@@ -32,7 +32,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def command(args) -> int:
-    from bayesadmm.engine.loop import Interrupted
+    from bayesadmm.engine.signals import Interrupted
     from bayesadmm.experiments.config import ConfigError
     from bayesadmm.experiments.grids import SHIPPED_PREFIX, shipped_sweep, with_axes
     from bayesadmm.experiments.sweep import Grid, Sweep, grid, is_sweep_file, points, read_sweep_file, run_dirs

@@ -28,46 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from bayesadmm.engine.federation import (
-    BREAKDOWNS,
-    EXIT_DIVERGED,
-    EXIT_FAILED,
-    EXIT_OK,
-    Federation,
-    Result,
-    participants,
-)
-from bayesadmm.engine.history import metrics_line
-from bayesadmm.engine.identity import RESUME_MAY_CHANGE
-from bayesadmm.engine.identity import check_same_run as _check_same_run
+from bayesadmm.engine.federation import Federation, Result
 from bayesadmm.engine.run import Run
-from bayesadmm.engine.rundir import RunDirError, locked, write_json
-from bayesadmm.engine.runners import ClientRunner, RunnerFactory
-from bayesadmm.engine.settings import Settings, check_device
-from bayesadmm.engine.signals import Interrupted
-from bayesadmm.engine.signals import sigterm_as_interrupt as _sigterm_as_interrupt
+from bayesadmm.engine.rundir import locked
+from bayesadmm.engine.runners import RunnerFactory
+from bayesadmm.engine.settings import Settings
+from bayesadmm.engine.signals import sigterm_as_interrupt
 
-__all__ = [
-    "Settings",
-    "Federation",
-    "Result",
-    "Run",
-    "run_federation",
-    "participants",
-    "metrics_line",
-    "check_device",
-    "EXIT_OK",
-    "EXIT_FAILED",
-    "EXIT_DIVERGED",
-    "BREAKDOWNS",
-    "Interrupted",
-    "RunDirError",
-    "RESUME_MAY_CHANGE",
-    "write_json",
-    "ClientRunner",
-    "RunnerFactory",
-    "_check_same_run",
-]
+__all__ = ["run_federation"]
 
 
 def run_federation(
@@ -103,7 +71,7 @@ def run_federation(
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with locked(run_dir), _sigterm_as_interrupt():  # a SIGTERM is an interruption from the start
+    with locked(run_dir), sigterm_as_interrupt():  # a SIGTERM is an interruption from the start
         run = Run(
             federation, settings, run_dir, config=config, progress=progress, title=title, on_round=on_round,
             runner=runner,

@@ -21,9 +21,10 @@ from torch import Tensor
 from bayesadmm import tracking
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.clients import TensorClients
-from bayesadmm.engine.loop import Federation, Result, Settings, run_federation
+from bayesadmm.engine.federation import Federation, Result
+from bayesadmm.engine.loop import run_federation
 from bayesadmm.engine.personal import PERSONAL_SPLIT, FineTune, Personalisation, split_personal
-from bayesadmm.engine.settings import DTYPES
+from bayesadmm.engine.settings import DTYPES, Settings
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import DATASETS, TARGETS, ConfigError, RunConfig
@@ -349,7 +350,7 @@ PLOTTED_CLIENTS = 200  # labels.png shows the first this many clients
 def _write_split(config: RunConfig, built: Built) -> None:
     """partition.json (each client's rows) and, for class labels, labels.png (the labels per client)."""
     from bayesadmm.data.partitions import plot_label_distribution
-    from bayesadmm.engine.loop import write_json
+    from bayesadmm.engine.rundir import write_json
 
     split = {"clients": [idx.tolist() for idx in built.parts]}
     if built.personal_tests:  # each client's personal test rows, only where there are

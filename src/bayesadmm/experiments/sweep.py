@@ -40,9 +40,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bayesadmm.engine.loop import Interrupted
+from bayesadmm.engine.policy import default_workers
 from bayesadmm.engine.rundir import RunDirError, locked, open_append
-from bayesadmm.engine.workers import default_workers
+from bayesadmm.engine.signals import Interrupted
 from bayesadmm.experiments.config import ConfigError, RunConfig, resolve
 from bayesadmm.experiments.grids import Grid, grid, is_sweep_file, read_sweep_file, values
 from bayesadmm.reports import setting_of

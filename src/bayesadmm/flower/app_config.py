@@ -28,8 +28,9 @@ import torch
 
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.algorithms.spec import get
-from bayesadmm.engine.loop import Federation, Settings
+from bayesadmm.engine.federation import Federation
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
+from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import RunConfig, resolve
 from bayesadmm.federated import assemble

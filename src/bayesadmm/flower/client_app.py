@@ -31,11 +31,10 @@ from flwr.clientapp import ClientApp
 
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.clients import ClientData, SupervisedData
-from bayesadmm.engine.federation import EVALUATION
-from bayesadmm.engine.loop import BREAKDOWNS
+from bayesadmm.engine.federation import BREAKDOWNS, EVALUATION
+from bayesadmm.engine.runners import train_client
 from bayesadmm.engine.settings import DTYPES
 from bayesadmm.engine.simulate import generator_of
-from bayesadmm.engine.workers import train_client
 from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records
 from bayesadmm.flower.app_config import algorithm_of, likelihood_of, model_of

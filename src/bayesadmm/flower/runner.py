@@ -35,7 +35,7 @@ from flwr.app import ArrayRecord, ConfigRecord, ConfigRecordValues, Message, Mes
 from flwr.serverapp import Grid
 
 from bayesadmm.algorithms.base import Algorithm, DivergenceError
-from bayesadmm.engine.workers import checkpointed_states
+from bayesadmm.engine.runners import checkpointed_states
 from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records, reply_checks
 from bayesadmm.flower.app_config import Timeouts

@@ -21,8 +21,7 @@ from flwr.app import Context
 from flwr.common.logger import log as flwr_log
 from flwr.serverapp import Grid, ServerApp
 
-from bayesadmm.engine.federation import Federation
-from bayesadmm.engine.loop import EXIT_OK, Result
+from bayesadmm.engine.federation import EXIT_OK, Federation, Result
 from bayesadmm.engine.rundir import write_json
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.flower.app_config import (
