@@ -8,7 +8,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["plot_reliability", "write_reliability", "UNCERTAINTY_COLUMNS", "with_uncertainty"]
+__all__ = ["plot_reliability", "write_reliability", "UNCERTAINTY_COLUMNS", "with_uncertainty", "pyplot"]
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files, no window), imported when a plot is drawn: matplotlib is
+    needed only then."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
 
 SIDES = {"mean": "at the mean", "predictive": "posterior predictive"}
 
@@ -16,9 +28,7 @@ SIDES = {"mean": "at the mean", "predictive": "posterior predictive"}
 def plot_reliability(report: dict, path: Path, title: str = "") -> None:
     """One panel per side of `report` (mean, predictive): each bin's accuracy as a bar at its confidence range, the
     bin's mean confidence as a dot and the diagonal of perfect calibration, with the ECE in the panel's title."""
-    from bayesadmm.reports import _matplotlib
-
-    plt = _matplotlib()
+    plt = pyplot()
     sides = [side for side in SIDES if side in report]
     fig, axes = plt.subplots(1, len(sides), figsize=(4.6 * len(sides), 4.4), squeeze=False)
     for ax, side in zip(axes[0], sides, strict=True):

@@ -16,7 +16,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bayesadmm.reports import _finished_runs, _matplotlib, setting_labels
+from bayesadmm.diagrams import pyplot
+from bayesadmm.reports import _finished_runs, setting_labels
 from bayesadmm.tables import markdown_table
 
 __all__ = ["personal_report", "personal_rows", "last_personal", "plot_personal", "COLUMNS"]
@@ -98,7 +99,7 @@ def plot_personal(runs: Sequence, path: Path) -> bool:
             found[label] = data["clients"]
     if not found:
         return False
-    plt = _matplotlib()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(found), figsize=(4.2 * len(found), 3.4), layout="constrained", squeeze=False)
     for ax, (label, (ids, global_acc, personal_acc)) in zip(axes[0], sorted(found.items()), strict=True):
         positions = range(len(ids))

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bayesadmm.diagrams import with_uncertainty
+from bayesadmm.diagrams import pyplot, with_uncertainty
 from bayesadmm.engine.identity import completed
 from bayesadmm.results import RUNS_FILE, gather, write_runs_file
 from bayesadmm.tables import latex, markdown_table, mean_std
@@ -56,15 +56,6 @@ def _last3(history: list[dict], key: str, round_: int) -> float | None:
     return statistics.fmean(values) if len(values) == 3 else None
 
 
-def _matplotlib():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def eval_set(history: list[dict]) -> str:
     """The split a run is evaluated on: "test", or "val" for a run evaluated on a held-out part of the training set
     (`validation` > 0)."""
@@ -74,7 +65,7 @@ def eval_set(history: list[dict]) -> str:
 def plot_run(history: list[dict], path: Path, title: str = "") -> None:
     """Accuracy and NLL (or what the run measured instead, `PLOTTABLE`) per round of one run, at the server mean and
     for the predictive where there is one."""
-    plt = _matplotlib()
+    plt = pyplot()
     rounds = [line["round"] for line in history]
     where = eval_set(history)
     shown = [m for m in PLOTTABLE if f"{where}_{m[0]}" in history[0]][:2]
@@ -338,7 +329,7 @@ def _seconds_per_round(histories: list[list[dict]]) -> str:
 
 
 def _plot_overlay(groups, path: Path, title: str, split: str = "test", metrics=METRICS) -> None:
-    plt = _matplotlib()
+    plt = pyplot()
     rows = len(groups)
     # the legend goes under both panels: inside one it hides the curves once there are more than a few rows
     fig, axes = plt.subplots(

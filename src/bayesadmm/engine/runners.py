@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bayesadmm.algorithms.base import Algorithm, Message, info_scalars
-from bayesadmm.engine.rundir import SHARD_NAME, SHARDS, RunDirError, load_state, real_folder, save_state, shard_path
+from bayesadmm.engine.rundir import SHARD_NAME, SHARDS, RunDirError, real_folder, save_state, shard_path
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.engine.store import DiskStore, MemoryStore, StoreSpec, check_block_list, make_store, read_block
+from bayesadmm.engine.store import DiskStore, MemoryStore, StoreSpec, check_block_list, make_store, read_shard
 from bayesadmm.threads import one_thread
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "checkpointed_states",
     "check_states",
     "remove_stale_shards",
-    "read_shard",
     "SHARDS",
 ]
 
@@ -205,15 +204,6 @@ def check_states(checkpoint: Mapping, run_dir: Path, wanted: Iterable[int]) -> N
             f"{path} has no state for clients {missing[:10]}{' ...' if len(missing) > 10 else ''}; "
             "resume with the run's own clients, or start a new run"
         )
-
-
-def read_shard(run_dir: Path, shard: Mapping) -> dict[int, Any]:
-    """The states in the shard file a checkpoint lists (`shard`: its entry): a worker's shard, or a disk store's
-    block (checked against the sha256 the entry records); a RunDirError naming the file where it is not whole."""
-    path = shard_path(run_dir, shard["file"])
-    if path.suffix == ".safetensors":
-        return read_block(path, shard.get("sha256"))
-    return load_state(path)
 
 
 def remove_stale_shards(run_dir: Path, record: Mapping) -> None:

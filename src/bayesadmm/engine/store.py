@@ -35,7 +35,15 @@ from typing import Any
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from bayesadmm.engine.rundir import SHARDS, RunDirError, _sync_directory, read_bytes, real_folder, shard_path
+from bayesadmm.engine.rundir import (
+    SHARDS,
+    RunDirError,
+    _sync_directory,
+    load_state,
+    read_bytes,
+    real_folder,
+    shard_path,
+)
 from bayesadmm.engine.settings import CLIENT_STORES
 from bayesadmm.trees import flatten, hash_tensors, unflatten
 
@@ -47,6 +55,7 @@ __all__ = [
     "store_kind",
     "read_block",
     "check_block_list",
+    "read_shard",
     "STORES",
     "AUTO_DISK_CLIENTS",
     "CACHE_BYTES",
@@ -262,7 +271,6 @@ class DiskStore:
         self.initial = initial
         if "shards" in checkpoint and self._adopt(checkpoint["shards"]):
             return
-        from bayesadmm.engine.runners import read_shard  # (runners imports this module)
 
         wanted, done = set(self.ids), set[int]()
         sources: list[Any] = [checkpoint["clients"]] if "clients" in checkpoint else checkpoint["shards"]
@@ -412,3 +420,12 @@ def _block_size(state: Any) -> int:
 def block_files(folder: Path) -> list[str]:
     """The block files in `folder` (for tests and tools)."""
     return sorted(name for name in os.listdir(folder) if BLOCK_NAME.fullmatch(name))
+
+
+def read_shard(run_dir: Path, shard: Mapping) -> dict[int, Any]:
+    """The states in the shard file a checkpoint lists (`shard`: its entry): a worker's shard, or a disk store's
+    block (checked against the sha256 the entry records); a RunDirError naming the file where it is not whole."""
+    path = shard_path(run_dir, shard["file"])
+    if path.suffix == ".safetensors":
+        return read_block(path, shard.get("sha256"))
+    return load_state(path)
