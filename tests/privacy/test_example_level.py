@@ -210,3 +210,41 @@ def test_a_budgeted_run_records_its_noise_so_load_does_not_calibrate_it_again(tm
     monkeypatch.setattr("bayesadmm.privacy.example_level.calibrated_noise", refused)
     loaded = bayesadmm.load(tmp_path / "eps", model=nn.Linear(4, 3))
     assert torch.equal(loaded.posterior.mean, result.posterior.mean)
+
+
+def test_dp_ivon_tells_ivon_the_private_gradients_noise_variance_alone_and_in_a_cohort(tmp_path, monkeypatch):
+    """The privatised gradient's noise has variance (σC/B)² per coordinate, B the expected minibatch size (a public
+    number): `PrivateGradients` and `PrivateCohortGradients` report it, IVON's solve takes it into its update terms
+    (optim/ivon.py, "Gradients with known noise"), and a noised run's numbers are the same alone and in a cohort up to
+    rounding, and differ from those of IVON's uncorrected update."""
+    from bayesadmm.privacy.gradients import PrivateCohortGradients
+    from bayesadmm.solvers.ivon import IVONSolver
+    from bayesadmm.solvers.von import VariationalProblem
+
+    data, theta = _data()
+    noisy = PrivateGradients(data, 0.5, 2.0, torch.Generator().manual_seed(4), expected=3)
+    assert noisy.gradient_noise == (2.0 * 0.5 / 3) ** 2
+    assert PrivateGradients(data, 0.5, 0.0, None, expected=3).gradient_noise is None
+    cohort = PrivateCohortGradients(0.5, 2.0, [torch.Generator(), None], batch_size=8)
+    assert cohort.gradient_noise(0, 5) == (2.0 * 0.5 / 5) ** 2 and cohort.gradient_noise(0, 50) == (1.0 / 8) ** 2
+    assert cohort.gradient_noise(1, 50) is None
+
+    from bayesadmm.families import DiagonalGaussian
+
+    family = DiagonalGaussian(theta.numel())
+    lam = family.from_moments(theta, torch.full_like(theta, 4.0))
+    eta = (torch.zeros_like(theta), torch.zeros_like(theta))
+    problem = VariationalProblem(family, lam, eta, 1.0, 1)
+    solver = IVONSolver(lr=0.1, batch_size=3)
+    setup = solver.setup(problem, noisy, torch.Generator().manual_seed(0))
+    assert float(setup.terms.grad_noise) == pytest.approx((2.0 * 0.5 / 3) ** 2, rel=1e-15)
+    assert solver.setup(problem, data, torch.Generator().manual_seed(0)).terms.grad_noise is None
+
+    dp = DPSettings(level="example", clip=1.0, noise_multiplier=1.0)
+    alone = _run(tmp_path / "alone", "ivon-admm", IVON, cohort=1, dp=dp)
+    together = _run(tmp_path / "cohort", "ivon-admm", IVON, cohort=3, dp=dp)
+    assert torch.allclose(together.posterior.mean, alone.posterior.mean, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(together.posterior.precision, alone.posterior.precision, rtol=1e-4)
+    monkeypatch.setattr(PrivateGradients, "gradient_noise", property(lambda self: None))
+    uncorrected = _run(tmp_path / "uncorrected", "ivon-admm", IVON, cohort=1, dp=dp)
+    assert float(uncorrected.posterior.precision.sum()) > float(alone.posterior.precision.sum())

@@ -26,6 +26,25 @@ The −u in ĥ is the exact Stein term of −½θᵀdiag(u)θ; the matching term
 rather than added as pure noise. Step 4 is IVON's Riemannian update: writing x = h + δ > 0 and r = (x − ĥ − δ)/x,
 the new h + δ is x (½ (1 − (1 − β₂) r)² + ½) > 0, so σ stays finite even when ĥ < 0 (non-convex ℓ, large u).
 
+Gradients with known noise (example-level DP, `privacy.example_level`): where each sample's gradient carries
+independent zero-mean noise n_i of known variance s² per coordinate (s = σC/B), ĥ carries n̄ = mean_i n_i ∘ ε_i ·
+sqrt(λ(h + δ)), of mean zero and, given the ε_i, variance V = λ(h + δ) s² Σ_i ε_i²/S². Steps 2, 3 and the linear term
+of 4 are unbiased as they are, but the squared term of step 4 has E[(h − ĥ)²] = (h − ĥ₀)² + V (ĥ₀ the noise-free
+estimate): each step adds ½(1 − β₂)² V/(h + δ) = ½(1 − β₂)² λ s² Σ_i ε_i²/S² to h on average. With `grad_noise` = s²
+step 4 becomes
+
+    4'. h ← max(β₂ h + (1 − β₂) ĥ + ½ (1 − β₂)² [(h − ĥ)² − V] / (h + δ),  ½(h − δ),  0),
+
+whose first argument A has the noise-free update's expectation over the noise: it is step 4's h less
+c = ½(1 − β₂)² λ s² Σ_i ε_i²/S² (= ½(1 − β₂)² V/(h + δ), which does not depend on h). A alone can be ≤ −δ: where V is
+large against (h + δ)², the subtraction can outweigh everything else. The floor keeps h ≥ 0 (the posterior's precision
+λ(h + δ) at least the prior's s_p; from h₀ ≥ 0, as `init` requires, it holds at every step) and h + δ ≥ ½(old h + δ)
+(the bound step 4 keeps: ½(1 − (1 − β₂)r)² + ½ ≥ ½), so h + δ > 0 and σ stays finite. A coordinate whose noise
+dwarfs its curvature would otherwise random-walk towards h + δ = 0, where σ and the step α/(h + δ) blow up. The price
+is bias: since A ≥ ½(h − δ) − c, the floor raises h by at most c where h ≥ δ (what the uncorrected step adds on
+average) and by at most c + ½δ elsewhere, only on the steps where it binds, and a coordinate whose curvature is
+negative (h* < 0) is held at 0 rather than estimated.
+
 What we learnt testing the duals: the fixed point is right for any u with diag(u) < E[diag ∇²ℓ] + δ and a positive
 definite E[∇²ℓ] − diag(u) + diag(δ), but the mean can overshoot wildly on the way when u is comparable to δ (in one
 test problem |m| reached ~100× the solution before settling): the loss gradient enters through the momentum g, which
@@ -193,12 +212,15 @@ def update(
     clip_radius: float = math.inf,
     debias: bool = True,
     check: bool = True,
+    grad_noise: float | Tensor | None = None,
 ) -> IVONState:
     """Steps 2–6 of the module docstring from the gradients ∇ℓ(θ_i) (S, d) at the samples drawn with noise eps (S, d).
 
     lr is the step size α_t itself (a scalar, or per coordinate); `IVON` applies ivon-opt's lr rescaling before
     calling this. σ is recomputed from `state`, which must be the state the samples were drawn from.
     prior_mean=None means m_p = 0; v=None, u=None mean zero dual terms. check=False: see `noise_scale`.
+    grad_noise: the known variance of the noise in `grads` (module docstring, "Gradients with known noise"); None:
+    none.
     """
     terms = _checked_terms(
         state,
@@ -213,6 +235,7 @@ def update(
         u=u,
         clip_radius=clip_radius,
         debias=debias,
+        grad_noise=grad_noise,
     )
     return update_with(state, grads, eps, terms)
 
@@ -229,7 +252,7 @@ def update_with(
     `update_and_sample_with`): for the last step of a loop, whose next samples would go unused.
     inplace=True and `kernels`: see `update_and_sample_with`."""
     state, args = _writable(state, grads, eps, terms, inplace)
-    kernels.update_step_(*args)
+    kernels.update_step_(*args, terms.grad_noise)
     return state._replace(step=state.step + 1)
 
 
@@ -251,6 +274,7 @@ def update_and_sample(
     clip_radius: float = math.inf,
     debias: bool = True,
     check: bool = True,
+    grad_noise: float | Tensor | None = None,
 ) -> tuple[IVONState, Tensor, Tensor]:
     """`update`, then `sample` from the new state with the counter-based stream `key`, in one fused kernel:
     (new state, thetas (S, d), eps (S, d)) for the next step. The same numbers as the two calls (up to rounding);
@@ -269,6 +293,7 @@ def update_and_sample(
         u=u,
         clip_radius=clip_radius,
         debias=debias,
+        grad_noise=grad_noise,
     )
     return update_and_sample_with(state, grads, eps, key, mc_samples, terms)
 
@@ -293,7 +318,7 @@ def update_and_sample_with(
     """
     step = state.step + 1
     state, args = _writable(state, grads, eps, terms, inplace)
-    thetas, new_eps = kernels.update_and_sample_step_(*args, rng.block_key(key, step), mc_samples)
+    thetas, new_eps = kernels.update_and_sample_step_(*args, rng.block_key(key, step), mc_samples, terms.grad_noise)
     return state._replace(step=step), thetas, new_eps
 
 

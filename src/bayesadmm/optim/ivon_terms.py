@@ -66,6 +66,7 @@ class UpdateTerms(NamedTuple):
     clip_radius: Tensor
     beta1_value: float
     debias: bool
+    grad_noise: Tensor | None = None  # the gradients' known noise variance s² (0-d or (d,)); None: none
 
 
 def update_terms(
@@ -83,6 +84,7 @@ def update_terms(
     debias: bool = True,
     check: bool = True,
     full_vectors: bool = True,
+    grad_noise: float | Tensor | None = None,
 ) -> UpdateTerms:
     """Validate `update`'s fixed inputs for a mean shaped like `like` and convert them once (`UpdateTerms`).
     check=False skips the elementwise check δ ≥ 0 (see `noise_scale`); the cheap checks always run.
@@ -90,7 +92,11 @@ def update_terms(
     full_vectors=True makes δ, prior_mean, v and u vectors (zeros where absent): one compiled kernel for every
     combination, what the federated solver wants. False keeps prior_mean, v, u None where absent and δ 0-d where it
     is a number: the kernels skip what is absent (`kernels.update_step`), each combination in a compiled variant
-    of its own, for the nn.Module optimizer whose users mostly set only a weight decay."""
+    of its own, for the nn.Module optimizer whose users mostly set only a weight decay.
+
+    grad_noise: the variance s² (a number, or per coordinate) of zero-mean noise of known scale in the gradients the
+    steps will be given, independent of everything else (example-level DP's Gaussian noise, s = σC/B), whose share
+    of the Hessian update the kernels then remove (`kernels.update_step`); None (default): IVON's update as it is."""
     d = like.numel()
     _check_positive("lr", lr)
     _check_positive("ess", ess)
@@ -102,6 +108,13 @@ def update_terms(
         _check_delta(delta, d)
     for name, x in (("prior_mean", prior_mean), ("v", v), ("u", u)):
         _check_vector(name, x, d)
+    noise = None
+    if grad_noise is not None:
+        noise = torch.as_tensor(grad_noise, dtype=like.dtype, device=like.device)
+        if tuple(noise.shape) not in ((), (d,)):
+            raise ValueError(f"grad_noise must be a scalar or have shape ({d},), got {tuple(noise.shape)}")
+        if not bool(((noise >= 0) & (noise < math.inf)).all()):
+            raise ValueError("grad_noise (the gradients' noise variance) must be finite and >= 0")
     vec, sca = (lambda x: _vector(x, like)), (lambda x: _scalar(x, like))  # noqa: E731
     if full_vectors:
         delta_term, prior_mean, v, u = vec(delta), vec(prior_mean), vec(v), vec(u)
@@ -120,4 +133,5 @@ def update_terms(
         sca(clip_radius),
         float(beta1),
         bool(debias),
+        noise,
     )

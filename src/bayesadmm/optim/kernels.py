@@ -234,6 +234,7 @@ def update_step(
     beta2: Tensor,
     debias: Tensor,
     clip_radius: Tensor,
+    grad_noise: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Steps 2–6 of IVON (optim/ivon.py's docstring): the new (m, h, g). Vectors (d,): mean, hess, momentum,
     prior_mean, v, u; samples (S, d): grads, eps; 0-d: ess, beta1, beta2, debias (the divisor 1 − β₁ᵗ, 1: off) and
@@ -241,7 +242,12 @@ def update_step(
 
     prior_mean, v or u None: m_p = 0, v = 0 or u = 0, with their terms left out rather than computed on zeros (the
     same numbers: x − 0, x + 0 and x − 0·m are x), so a compiled variant for them reads no vector for them. The
-    federated solver passes all three as vectors; the nn.Module optimizer passes what its user set."""
+    federated solver passes all three as vectors; the nn.Module optimizer passes what its user set.
+
+    grad_noise (0-d or (d,); None: none): the known variance s² per coordinate of independent zero-mean noise in
+    each sample's gradient (example-level DP's privatised gradient, s = σC/B). Step 4 then subtracts the noise's
+    expected share of its squared term, ½(1 − β₂)²·ess·s²·mean_i(ε_i²)/S, and keeps h ≥ max(0, ½(old h − δ))
+    (optim/ivon.py's docstring, "Gradients with known noise"); None leaves step 4 as it is, bit for bit."""
     curvature = hess + delta
     g_hat = grads.mean(dim=0)
     # (θ − m)/σ² = ε/σ = ε·sqrt(ess (h + δ)): no division by the rounded σ, no re-derivation of θ − m
@@ -250,6 +256,14 @@ def update_step(
         h_hat = h_hat - u
     new_momentum = beta1 * momentum + (1.0 - beta1) * g_hat
     new_hess = beta2 * hess + (1.0 - beta2) * h_hat + 0.5 * (1.0 - beta2) ** 2 * (hess - h_hat) ** 2 / curvature
+    if grad_noise is not None:
+        # E[(h − ĥ)²] over the gradient's noise exceeds its noise-free value by Var(ĥ | ε) = ess·(h + δ)·s²·Σε_i²/S²;
+        # its share of the squared term, divided by h + δ, no longer depends on h. The floor: h ≥ 0 (the precision
+        # at least the prior's) and h + δ ≥ ½(old h + δ) (the bound IVON's own step 4 keeps), so h + δ stays > 0
+        # and cannot collapse where the noise dwarfs the curvature (σ_q and the step α/(h + δ) would blow up)
+        samples = eps.shape[0]
+        excess = 0.5 * (1.0 - beta2) ** 2 * ess * grad_noise * eps.square().mean(dim=0) / samples
+        new_hess = torch.maximum(new_hess - excess, (0.5 * (hess - delta)).clamp(min=0.0))
     # (ḡ + δ∘(m − m_p)) + v − u∘m, summed in this order whichever terms are present
     direction = new_momentum / debias + delta * (mean if prior_mean is None else mean - prior_mean)
     if v is not None:
@@ -279,10 +293,26 @@ def update_and_sample_step(
     clip_radius: Tensor,
     key: Tensor,
     mc_samples: int,
+    grad_noise: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """`update_step`, then `sample_step` from its result: (m, h, g, θ, ε). One loop once compiled."""
     new_mean, new_hess, new_momentum = update_step(
-        mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias, clip_radius
+        mean,
+        hess,
+        momentum,
+        grads,
+        eps,
+        delta,
+        prior_mean,
+        v,
+        u,
+        lr,
+        ess,
+        beta1,
+        beta2,
+        debias,
+        clip_radius,
+        grad_noise,
     )
     thetas, new_eps = sample_step.eager(new_mean, new_hess, delta, ess, key, mc_samples)  # type: ignore[attr-defined]
     return new_mean, new_hess, new_momentum, thetas, new_eps
@@ -315,10 +345,26 @@ def update_step_(
     beta2: Tensor,
     debias: Tensor,
     clip_radius: Tensor,
+    grad_noise: Tensor | None = None,
 ) -> None:
     """`update_step` with the new (m, h, g) written into mean, hess and momentum (None terms: as there)."""
     new = update_step(
-        mean, hess, momentum, grads, eps, delta, prior_mean, v, u, lr, ess, beta1, beta2, debias, clip_radius
+        mean,
+        hess,
+        momentum,
+        grads,
+        eps,
+        delta,
+        prior_mean,
+        v,
+        u,
+        lr,
+        ess,
+        beta1,
+        beta2,
+        debias,
+        clip_radius,
+        grad_noise,
     )
     for state, value in zip((mean, hess, momentum), new, strict=True):
         state.copy_(value)
@@ -343,6 +389,7 @@ def update_and_sample_step_(
     clip_radius: Tensor,
     key: Tensor,
     mc_samples: int,
+    grad_noise: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """`update_and_sample_step` with the new (m, h, g) written into mean, hess and momentum: returns (θ, ε)."""
     *new, thetas, new_eps = update_and_sample_step(
@@ -363,6 +410,7 @@ def update_and_sample_step_(
         clip_radius,
         key,
         mc_samples,
+        grad_noise,
     )
     for state, value in zip((mean, hess, momentum), new, strict=True):
         state.copy_(value)

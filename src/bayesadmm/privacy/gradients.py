@@ -88,6 +88,15 @@ class PrivateGradients:
     def num_examples(self) -> int:
         return self.data.num_examples
 
+    @property
+    def gradient_noise(self) -> float | None:
+        """The variance (σC/B)² of each coordinate of `batch_grad`'s noise, a public number (DP-IVON removes its
+        share of the Hessian update: `optim.ivon`, "Gradients with known noise"); None without noise, or where the
+        divisor is each minibatch's own size."""
+        if self.generator is None or self.expected is None:
+            return None
+        return (self.noise_multiplier * self.clip / self.expected) ** 2
+
     def batch_loss(self, theta: Tensor, idx: Tensor) -> Tensor:
         return self.data.batch_loss(theta, idx)
 
@@ -110,6 +119,13 @@ class PrivateCohortGradients:
     noise_multiplier: float
     generators: Sequence[torch.Generator | None]
     batch_size: int | None = None
+
+    def gradient_noise(self, client: int, size: int) -> float | None:
+        """`PrivateGradients.gradient_noise` of the cohort's client `client` (its index in the cohort), of `size`
+        examples."""
+        if self.generators[client] is None or self.batch_size is None:
+            return None
+        return (self.noise_multiplier * self.clip / min(self.batch_size, size)) ** 2
 
     def __call__(self, data: Any, plan: Any, t: int, thetas: Tensor) -> Tensor:
         """(A, 1, d): the private gradients of the A = plan.active[t] first clients of `plan` at thetas (A, 1, d)."""

@@ -54,6 +54,13 @@ def ivon_cohort(
     mean, hess, momentum = (rows(f, "state") for f in ("mean", "hess", "momentum"))
     fixed = {f: rows(f, "terms") for f in ("delta", "prior_mean", "v", "u", "lr")}
     ess = rows("ess", "terms")
+    # example-level DP's private gradients: each client's known noise variance, per coordinate (`IVONSolver.setup`
+    # reads it off a single client's private data; a cohort's clients see their data through `gradients`)
+    known = getattr(gradients, "gradient_noise", None)
+    noises = [] if known is None else [known(i, data.sizes[i]) for i in plan.order]
+    grad_noise = None
+    if noises and all(n is not None for n in noises):
+        grad_noise = scratch.stack("grad_noise", [torch.as_tensor(n, dtype=like.dtype) for n in noises], like)
     keys = [s.noise_key for s in ordered]
     k, d, samples, base = len(ordered), like.numel(), solver.mc_samples, first.state.step
 
@@ -83,6 +90,7 @@ def ivon_cohort(
                 first.terms.beta2,
                 torch.as_tensor(debias, dtype=like.dtype, device=like.device),
                 first.terms.clip_radius,
+                None if grad_noise is None else flat(grad_noise, active),
             )
             following = plan.active[t + 1] if t + 1 < len(plan.active) else 0
             if following:  # the next step's samples of the clients that take it

@@ -214,6 +214,9 @@ class IVONSolver(VariationalSolver):
             u=u,
             clip_radius=self.clip_radius,
             check=False,
+            # example-level DP's gradients carry noise of a known variance, whose share of the Hessian update the
+            # kernels remove (optim.ivon, "Gradients with known noise"); other data have none
+            grad_noise=getattr(data, "gradient_noise", None),
         )
         return Setup(state, terms, ess, delta, noise_key)
 
