@@ -277,6 +277,7 @@ def test_a_run_config_names_its_likelihood_as_the_command_line_does_and_the_node
     ({"ivon-admm.lrr": 0.1}, "ivon-admm.lrr (ivon-admm has no hyperparameter lrr (did you mean ivon-admm.lr?))"),
     ({"client-store": "disk"}, "client-store (a setting of local runs: on Flower each SuperNode holds its client's"),
     ({"workers": 4}, "workers (a setting of local runs: on Flower each SuperNode trains its own client)"),
+    ({"cohort": 8}, "cohort (a setting of local runs: on Flower each SuperNode trains its own client)"),
 ])
 def test_a_run_config_key_the_app_does_not_read_is_refused_naming_where_it_goes(tmp_path, entries, said):
     with pytest.raises(ValueError) as refused:

@@ -95,7 +95,7 @@ def strategy(
     num-partitions says). `eval_data`: an (X, y) evaluation set on the server (each round's metrics line then
     scores the posterior on it; None: only the nodes evaluate). The run directory `out` (default
     runs/flower-<time>) gets what a local run writes; `resume=True` continues it. `likelihood`: Classification by
-    default, or GaussianRegression; the nodes rebuild it from its name (a likelihood of your own: pass it to the
+    default, GaussianRegression or Poisson; the nodes rebuild it from its name (a likelihood of your own: pass it to the
     nodes' `bayesadmm.flower.client` calls too). `dp`: differential privacy as `bayesadmm.run`'s (docs/guides/
     privacy.md): client level on the server's sum (the replies clipped and the sum noised here, ε per round in the
     metrics line, the run stopping with status "budget" before it would exceed `dp.epsilon`), or example level
