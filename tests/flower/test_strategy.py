@@ -131,6 +131,8 @@ def test_a_local_runs_client_store_is_refused_by_a_strategy_by_name():
         strategy("fedavg", model=user_app.make_model(), client_store="disk", **FEDAVG)
     with pytest.raises(ValueError, match=r"fedavg has no hyperparameters lrr \(did you mean lr\?\)"):
         strategy("fedavg", model=user_app.make_model(), lrr=0.1)
+    with pytest.raises(ValueError, match=r"fraction_evalute \(did you mean fraction_evaluate\?\), nor is it an arg"):
+        strategy("fedavg", model=user_app.make_model(), fraction_evalute=0.5, **FEDAVG)
 
 
 def test_a_poisson_strategy_runs_on_the_nodes_with_bayesadmm_runs_numbers(tmp_path):

@@ -19,6 +19,7 @@ to, unless your app names it as its own (``app_keys=``: a batch size, a data pat
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import replace
@@ -32,6 +33,7 @@ from torch import Tensor, nn
 from bayesadmm.algorithms.spec import get
 from bayesadmm.engine.federation import Federation
 from bayesadmm.engine.settings import Settings
+from bayesadmm.experiments.values import suggestion
 from bayesadmm.federated import algorithm_factory, checked_dp, flat_model
 from bayesadmm.flower.app_config import (
     LIKELIHOOD_SETTING,
@@ -106,6 +108,13 @@ def strategy(
     local = sorted(set(hparams) & set(LOCAL_ONLY))  # not a hyperparameter, and not a setting of a Flower run
     if local:
         raise ValueError(f"{local[0]} is {LOCAL_ONLY[local[0]]}; leave it out of strategy()")
+    fields = [f.name for f in spec.fields()]
+    extra = sorted(set(hparams) - set(fields))
+    if extra:  # a misspelt argument of strategy() lands among the hyperparameters: the nearest of either is named
+        near = [*fields, *(name for name in inspect.signature(strategy).parameters if name != "hparams")]
+        shown = ", ".join(name + suggestion(name, near) for name in extra)
+        raise ValueError(f"{method} has no hyperparameters {shown}, nor is it an argument of strategy(); valid: "
+                         f"{', '.join(fields)}")  # fmt: skip
     record = spec.make_hparams(**hparams)  # unknown, missing or invalid hyperparameters: an error now, not on nodes
     if clients is not None and (isinstance(clients, bool) or not isinstance(clients, int) or clients < 1):
         raise ValueError(f"clients must be the number of SuperNodes to wait for (>= 1) or None, got {clients!r}")
