@@ -41,7 +41,9 @@ def _run(capsys, *args: str) -> tuple[int, str]:
         ("likelihood=bogus", "unknown likelihood 'bogus'; valid: classification, gaussian"),
         ("likelihood=gaussian", "likelihood gaussian needs noise: set it as likelihood.noise=VALUE"),
         ("likelihood.bins=0", "likelihood classification: bins must be a positive integer, got 0"),
-        ("noise=0.5", "unknown key 'noise'; valid keys:"),
+        ("noise=0.5", "unknown key 'noise': a setting of likelihood gaussian, not of this run's classification; "
+                      "set it as likelihood=gaussian likelihood.noise=VALUE"),
+        ("lrr=0.1", "unknown key 'lrr' (did you mean lr?); valid keys:"),
     ],
 )
 def test_a_bad_setting_is_exit_2_before_the_run_directory(tmp_path, capsys, data_dir, override, message):

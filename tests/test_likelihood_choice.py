@@ -42,7 +42,7 @@ def test_likelihood_settings_are_typed_from_the_class():
         ("diabetes-iid5", ["likelihood=bogus"], "unknown likelihood 'bogus'; valid: classification, gaussian"),
         ("diabetes-iid5", ["likelihood.noise=-1"], "likelihood gaussian: noise must be a finite positive float"),
         ("diabetes-iid5", ["likelihood.noise=abc"], "likelihood.noise must be float, got 'abc'"),
-        ("diabetes-iid5", ["likelihood.bins=3"], "likelihood gaussian has no setting bins; valid: likelihood.noise"),
+        ("diabetes-iid5", ["likelihood.bins=3"], "likelihood gaussian has no setting likelihood.bins; valid: likelihood.noise"),
         ("diabetes-iid5", ["noise=0.5"], "a setting of likelihood gaussian is set as likelihood.noise="),
         ("fmnist-heterog10", ["likelihood=gaussian"], "likelihood gaussian needs noise: set it as likelihood.noise="),
         ("fmnist-heterog10", ["likelihood=gaussian", "likelihood.noise=1"], "dataset fashion-mnist does not have"),

@@ -33,6 +33,7 @@ from bayesadmm.engine.loop import run_federation
 from bayesadmm.engine.personal import PERSONAL_SPLIT, FineTune, Personalisation, split_personal
 from bayesadmm.engine.settings import Settings, dtype_name
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.experiments.values import unknown
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.metrics import check_ood
 from bayesadmm.models import FlatModel
@@ -85,10 +86,10 @@ def algorithm_factory(
     if likelihood is not None:
         supplied["likelihood"] = likelihood
     kwargs = {k: v for k, v in supplied.items() if k in parameters and k not in hparams}
-    unknown = sorted(k for k in hparams if k not in parameters and not takes_any)
-    if unknown:
+    extra = sorted(k for k in hparams if k not in parameters and not takes_any)
+    if extra:
         valid = sorted(k for k, p in parameters.items() if k not in ENGINE_SUPPLIED and p.kind is not p.VAR_KEYWORD)
-        raise ValueError(f"{_name(algorithm)} has no hyperparameters {', '.join(unknown)}; valid: {', '.join(valid)}")
+        raise ValueError(unknown(f"{_name(algorithm)} has no hyperparameters", extra, valid))
     return functools.partial(algorithm, **kwargs, **hparams)
 
 

@@ -41,7 +41,7 @@ from bayesadmm.algorithms import Algorithm
 from bayesadmm.engine.federation import EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, Result
 from bayesadmm.engine.history import read_metrics
 from bayesadmm.engine.rundir import RUN_FILES, RunDirError, load_state, read_bytes
-from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
+from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior import layout_of
 
@@ -437,8 +437,9 @@ def _run_likelihood(run_dir: Path, recorded: str, given: Likelihood | None) -> L
 
 def _spelt_likelihood(run_dir: Path, path: Path, key: str, spelt: Any, given: Likelihood | None) -> Likelihood:
     """A Flower run's likelihood from its spelling (`app_config.likelihood_spelling`): "classification",
-    "regression:NOISE" (rebuilt; `given`, if any, must be spelt alike), or "own:Name" (the caller's, of that class)."""
-    from bayesadmm.flower.app_config import likelihood_spelling
+    "regression:NOISE", "poisson" (rebuilt by `app_config.likelihood_of`; `given`, if any, must be spelt alike), or
+    "own:Name" (the caller's, of that class)."""
+    from bayesadmm.flower.app_config import likelihood_of, likelihood_spelling
 
     _expect(path, key, spelt, str, "a likelihood's name")
     if spelt.startswith("own:"):
@@ -448,13 +449,8 @@ def _spelt_likelihood(run_dir: Path, path: Path, key: str, spelt: Any, given: Li
                 "bayesadmm.load(run_dir, model=..., likelihood=...)"
             )
         return given
-    if spelt == "classification":
-        own: Likelihood = Classification()
-    elif spelt.startswith("regression:"):
-        with _refused(path, f"{key} is not regression:NOISE"):
-            own = GaussianRegression(float(spelt.split(":", 1)[1]))
-    else:
-        raise RunDirError(f"{path}: {key} is {_shown(spelt)}, not classification, regression:NOISE or own:NAME")
+    with _refused(path, f"{key} is not classification, regression:NOISE, poisson or own:NAME"):
+        own = likelihood_of({"likelihood": spelt})
     if given is None:
         return own
     if likelihood_spelling(given) != spelt:

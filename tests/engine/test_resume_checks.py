@@ -158,6 +158,8 @@ def test_the_cli_resume_changes_what_a_resume_may_change_with_the_uninterrupted_
     code = main(["resume", str(cut), "method=fedprox", "--quiet"])
     assert code == 2 and "may not change 'method'" in capsys.readouterr().err
     assert main(["resume", str(cut), "workers=two"]) == 2 and "workers" in capsys.readouterr().err
+    assert main(["resume", str(cut), "worker=2"]) == 2
+    assert "unknown key 'worker' (did you mean workers?); a resume may change: workers" in capsys.readouterr().err
     assert (cut / "status.json").read_bytes() == status  # refused before anything was written
     changes = ["workers=2", "checkpoint_every=2", "device=cpu", "client_store=memory"]
     assert main(["resume", str(cut), "--quiet", *changes]) == 0, capsys.readouterr().err

@@ -134,6 +134,27 @@ def test_flowers_run_config_conventions_are_read_beside_the_librarys_own(tmp_pat
         flower_run({"scenario": "diabetes-iid5", "num-server-rounds": 4, "rounds": 3})
 
 
+def test_a_preset_run_config_takes_the_likelihood_and_refuses_what_a_flower_run_does_not_use(tmp_path):
+    """likelihood and likelihood-KEY as the command line's likelihood= and likelihood.KEY=; a preset's setting at the
+    top level is pointed to overrides; client_store=disk (the server keeps its copy of the states in memory) is
+    refused by name, in a run config and in a RunConfig given to the ServerApp (a simulation's)."""
+    from bayesadmm.flower.app_config import preset_run
+
+    base = {"scenario": "diabetes-iid5", "overrides": "clients=2", "out": str(tmp_path)}
+    config, _ = config_from_run_config({**base, "likelihood": "poisson"})
+    assert (config.likelihood, config.likelihood_params) == ("poisson", {})
+    config, _ = config_from_run_config({**base, "likelihood": "gaussian", "likelihood-noise": 0.3})
+    assert (config.likelihood, config.likelihood_params) == ("gaussian", {"noise": 0.3})
+    with pytest.raises(ValueError, match=r'validation \(a setting of the preset: put it in overrides, overrides = '
+                                         r'"validation=VALUE"\)'):
+        config_from_run_config({**base, "validation": 0.1})
+    with pytest.raises(ValueError, match="client_store=disk is a setting of local runs: on Flower each SuperNode"):
+        config_from_run_config({**base, "overrides": "clients=2 client_store=disk"})
+    disk, _ = resolve("diabetes-iid5", ["clients=2", "client_store=disk"])
+    with pytest.raises(ValueError, match="client_store=disk is a setting of local runs"):
+        preset_run(disk)
+
+
 def _local_and_flower(tmp_path, method, extra=(), grid_options=None, timeouts=Timeouts(discovery=5, round=60)):
     overrides = SMALL + ["rounds=2", f"method={method}", *EXTRA.get(method, []), *extra]
     local, _ = resolve("fmnist-heterog10", overrides + [f"out={tmp_path / 'local'}"])

@@ -230,7 +230,7 @@ def test_flower_resume_builds_the_flwr_run_command_and_checks_the_run_directory(
 
 
 def test_a_run_config_with_a_mistake_is_a_clear_error(tmp_path):
-    with pytest.raises(ValueError, match="unknown run config key.*round; valid: .*rounds"):
+    with pytest.raises(ValueError, match=r"unknown run config key\(s\) round \(did you mean rounds\?\); valid: .*rounds"):
         flower_run({"model": "user_app:make_model", "round": 3})
     with pytest.raises(ValueError, match="clients= must be"):
         flower_run({"model": "user_app:make_model", "clients": -1})
@@ -239,3 +239,47 @@ def test_a_run_config_with_a_mistake_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="model=nomodule:f: cannot import nomodule"):
         from bayesadmm.flower.app_config import model_of
         model_of({"model": "nomodule:f", "seed": 0})
+
+
+def test_a_run_config_names_its_likelihood_as_the_command_line_does_and_the_nodes_rebuild_it(deployment, tmp_path):
+    """likelihood = "gaussian" and likelihood-noise: the nodes train with it (bayesadmm.run's numbers), flower.json
+    records it as the setup spells it, which a resume and `bayesadmm.load` read back."""
+    parts, test, _, _ = deployment
+    g = torch.Generator().manual_seed(5)
+    real = [(X, X[:, :3] + 0.1 * torch.randn(X.shape[0], 3, generator=g)) for X, _ in parts]
+    test = (test[0], test[0][:, :3])
+    files = {k: save_tensors(tmp_path / f"real-{k}.npz", X, y) for k, (X, y) in enumerate(real)}
+    eval_file = save_tensors(tmp_path / "real-test.pt", *test)
+    out = tmp_path / "flower"
+    config = _app_config(tmp_path, eval_file, out, rounds=2, likelihood="gaussian", **{"likelihood-noise": 0.5})
+    run = flower_run(config)
+    assert run.setup["likelihood"] == "regression:0.5"
+    assert run.app_config["likelihood"] == "regression:0.5" and "likelihood-noise" not in run.app_config
+    result = run_server(_grid(files, eval_file), run)
+    assert result.exit_code == 0
+    torch.manual_seed(7)
+    local = bayesadmm.run(user_app.make_model(), clients=real, test=test, algorithm="ivon-admm",
+                          hparams=parse_hparams(IVON), rounds=2, seed=7, eval_samples=4, out=tmp_path / "local",
+                          progress=False, likelihood=bayesadmm.GaussianRegression(0.5))
+    assert_same_metrics(local.history, lines(out), tol=1e-9)
+    resumed = flower_run({"out": str(out), "resume": True})  # flower.json's spelling read back
+    assert resumed.setup["likelihood"] == "regression:0.5"
+    loaded = bayesadmm.load(out, model=user_app.make_model())
+    assert loaded.history == lines(out)
+
+
+@pytest.mark.parametrize("entries, said", [
+    ({"likelihood": "regression:0.5"}, 'likelihood = "regression:0.5": the Gaussian likelihood is named gaussian, its '
+                                       'noise likelihood-noise: likelihood = "gaussian" and likelihood-noise = 0.5'),
+    ({"likelihood": "poison"}, "unknown likelihood 'poison' (did you mean poisson?)"),
+    ({"lr": 0.1}, "lr (a hyperparameter of ivon-admm: set it as ivon-admm.lr, in a [tool.flwr.app.config.ivon-admm] "
+                  "table)"),
+    ({"ivon-admm.lrr": 0.1}, "ivon-admm.lrr (ivon-admm has no hyperparameter lrr (did you mean ivon-admm.lr?))"),
+    ({"client-store": "disk"}, "client-store (a setting of local runs: on Flower each SuperNode holds its client's"),
+    ({"workers": 4}, "workers (a setting of local runs: on Flower each SuperNode trains its own client)"),
+    ({"cohort": 8}, "cohort (a setting of local runs: on Flower each SuperNode trains its own client)"),
+])
+def test_a_run_config_key_the_app_does_not_read_is_refused_naming_where_it_goes(tmp_path, entries, said):
+    with pytest.raises(ValueError) as refused:
+        flower_run({"model": "user_app:make_model", "algorithm": "ivon-admm", "out": str(tmp_path / "r"), **entries})
+    assert said in str(refused.value) and "\n" not in str(refused.value)

@@ -29,3 +29,25 @@ def test_resuming_a_preset_run_names_the_shipped_app(tmp_path):
     (tmp_path / "flower.json").write_text(json.dumps({"scenario": "fmnist-heterog10"}))
     (tmp_path / "checkpoint.pt").write_bytes(b"")
     assert resume_argv(tmp_path, "mylink")[1:3] == ["run", str(preset_app())]
+
+
+@pytest.mark.parametrize("app", ["src/bayesadmm/flower/app", "examples/flower", "examples/flower-app"])
+def test_every_key_a_shipped_app_declares_is_one_its_server_reads(app):
+    """Each shipped app's run config, flattened as Flower flattens it (``[...config.fedavg] lr`` is ``fedavg.lr``),
+    passes the check a ServerApp makes of it: bayesadmm's ServerApp (`app_config`) or, for the app of one's own
+    (examples/flower-app), `strategy_from_config`'s."""
+    from flwr.common.config import flatten_dict
+
+    from bayesadmm.flower.app_config import KEYS, refusal
+    from bayesadmm.flower.strategies import READ_KEYS
+
+    project = tomllib.loads((ROOT / app / "pyproject.toml").read_text())
+    run_config = flatten_dict(project["tool"]["flwr"]["app"]["config"])
+    own = "bayesadmm.flower" not in project["tool"]["flwr"]["app"]["components"]["serverapp"]
+    if own:
+        assert refusal(run_config, READ_KEYS, str(run_config["method"])) == ""
+    else:
+        preset = not run_config.get("model")
+        method = str(run_config.get("method" if preset else "algorithm") or "")
+        assert refusal(run_config, KEYS, method, preset=preset) == ""
+    assert not str(run_config.get("likelihood", "")).startswith("regression:")

@@ -73,12 +73,89 @@ def test_strategy_from_a_run_config_reads_flowers_conventions(data, tmp_path):
     run_config = {"method": "fedavg", "num-server-rounds": 2, "fraction-train": 1.0, "fraction-evaluate": 0.0,
                   "seed": 7, "dtype": "float64", "eval-samples": 4, "out": str(tmp_path / "flower"),
                   "fedavg.lr": 0.01, "fedavg.epochs": 1, "fedavg.batch-size": 8, "batch-size-of-my-loader": 32}
-    s = strategy_from_config(run_config, model=model, eval_data=test)
+    s = strategy_from_config(run_config, model=model, eval_data=test, app_keys=["batch-size-of-my-loader"])
     _start(s, parts, test, model)
     local = _local(parts, test, tmp_path / "local", "fedavg", {"lr": 0.01, "epochs": 1, "batch_size": 8}, rounds=2)
     assert_same_metrics(local.history, lines(tmp_path / "flower"), tol=1e-9)
     with pytest.raises(ValueError, match="fedavg has no hyperparameter rho"):
-        strategy_from_config({**run_config, "fedavg.rho": 1.0}, model=model)
+        strategy_from_config({**run_config, "fedavg.rho": 1.0}, model=model, app_keys=["batch-size-of-my-loader"])
+
+
+@pytest.mark.parametrize("entries, said", [
+    # a user's own top-level lr and local-epochs beside method = "fedavg" (once left alone: the run took the defaults)
+    ({"lr": 0.05, "local-epochs": 3},
+     "unknown run config key(s) local-epochs (did you mean fedavg.epochs?), lr (a hyperparameter of fedavg: set it as "
+     "fedavg.lr, in a [tool.flwr.app.config.fedavg] table); valid: "),
+    ({"batch-size-of-my-loader": 32}, "a key your app reads itself: name it in strategy_from_config(..., app_keys=[...])"),
+    ({"fedavg.lrr": 0.1}, "fedavg.lrr (fedavg has no hyperparameter lrr (did you mean fedavg.lr?))"),
+    ({"fedavgg.lr": 0.1}, "fedavgg.lr (no method fedavgg (did you mean fedavg?))"),
+    ({"ivon-admm.lrr": 0.1}, "ivon-admm.lrr (ivon-admm has no hyperparameter lrr (did you mean ivon-admm.lr?))"),
+    ({"num-server-round": 3}, "num-server-round (did you mean num-server-rounds?)"),
+    ({"client-store": "disk"}, "client-store (a setting of local runs: on Flower each SuperNode holds its client's "
+                               "state, the server its copy in memory)"),
+    ({"likelihood": "gausian"}, "unknown likelihood 'gausian' (did you mean gaussian?); valid: classification, "
+                                "gaussian, poisson"),
+    ({"likelihood": "gaussian"}, "likelihood gaussian needs noise: set it as likelihood-noise=VALUE"),
+    ({"likelihood-noise": 0.5}, "likelihood classification has no setting likelihood-noise; valid: likelihood-bins"),
+])
+def test_a_run_config_key_the_strategy_does_not_read_is_refused_naming_where_it_goes(tmp_path, entries, said):
+    run_config = {"method": "fedavg", **{f"fedavg.{k}": v for k, v in FEDAVG.items()}, "out": str(tmp_path / "r"),
+                  **entries}
+    with pytest.raises(ValueError) as refused:
+        strategy_from_config(run_config, model=user_app.make_model())
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_likelihood_is_named_in_a_run_config_as_on_the_command_line(tmp_path):
+    """likelihood = "gaussian" with likelihood-noise, or "poisson", reach the nodes' setup; `likelihood=` wins."""
+    run_config = {"method": "fedavg", **{f"fedavg.{k}": v for k, v in FEDAVG.items()}, "out": str(tmp_path / "r")}
+    spelt = {}
+    for name, extra in (("gaussian", {"likelihood-noise": 0.25}), ("poisson", {}), ("classification", {})):
+        s = strategy_from_config({**run_config, "likelihood": name, **extra}, model=user_app.make_model())
+        spelt[name] = s.setup["likelihood"]
+        s.close()
+    assert spelt == {"gaussian": "regression:0.25", "poisson": "poisson", "classification": "classification"}
+    from bayesadmm.flower.app_config import likelihood_of
+
+    assert likelihood_of({"likelihood": "poisson"}) == bayesadmm.Poisson()
+    assert likelihood_of({"likelihood": "regression:0.25"}) == bayesadmm.GaussianRegression(0.25)
+    s = strategy_from_config({**run_config, "likelihood": "poisson"}, model=user_app.make_model(),
+                             likelihood=bayesadmm.GaussianRegression(0.5))
+    assert s.setup["likelihood"] == "regression:0.5"
+    s.close()
+
+
+def test_a_local_runs_client_store_is_refused_by_a_strategy_by_name():
+    with pytest.raises(ValueError, match="client_store is a setting of local runs: on Flower each SuperNode holds"):
+        strategy("fedavg", model=user_app.make_model(), client_store="disk", **FEDAVG)
+    with pytest.raises(ValueError, match=r"fedavg has no hyperparameters lrr \(did you mean lr\?\)"):
+        strategy("fedavg", model=user_app.make_model(), lrr=0.1)
+    with pytest.raises(ValueError, match=r"fraction_evalute \(did you mean fraction_evaluate\?\), nor is it an arg"):
+        strategy("fedavg", model=user_app.make_model(), fraction_evalute=0.5, **FEDAVG)
+
+
+def test_a_poisson_strategy_runs_on_the_nodes_with_bayesadmm_runs_numbers(tmp_path):
+    """`poisson` reaches the nodes: they rebuild it from the setup's name, without being given it."""
+    torch.set_default_dtype(torch.float64)  # restored by tests/conftest.py
+    parts, test = user_app.tensors(seed=3)
+    g = torch.Generator().manual_seed(5)
+    counts = [(X, torch.poisson(torch.exp(0.3 * X[:, :3]), generator=g)) for X, _ in parts]
+    test = (test[0], torch.poisson(torch.exp(0.3 * test[0][:, :3]), generator=g))
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    local = bayesadmm.run(model, clients=counts, test=test, algorithm="fedavg", hparams=FEDAVG, rounds=2, seed=7,
+                          eval_samples=4, out=tmp_path / "local", progress=False, cohort=1,
+                          likelihood=bayesadmm.Poisson())
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    s = strategy("fedavg", model=model, rounds=2, seed=7, eval_samples=4, dtype="float64", eval_data=test,
+                 likelihood=bayesadmm.Poisson(), fraction_evaluate=0.0, out=tmp_path / "flower", **FEDAVG)
+    assert s.setup["likelihood"] == "poisson"
+    _start(s, counts, test, model)
+    assert_same_metrics(local.history, lines(tmp_path / "flower"), tol=1e-9)
+    loaded = bayesadmm.load(tmp_path / "flower", model=user_app.make_model())  # the likelihood read back by name
+    assert torch.equal(loaded.posterior.mean, s.result.posterior.mean)
 
 
 @pytest.mark.parametrize("method", [s.name for s in spec.specs() if s.build.__module__.startswith("bayesadmm.")])

@@ -38,6 +38,7 @@ from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from bayesadmm.algorithms.base import Algorithm
+from bayesadmm.experiments.values import unknown
 
 if TYPE_CHECKING:
     from bayesadmm.likelihoods import Likelihood
@@ -131,9 +132,9 @@ class MethodSpec:
         """The hyperparameters record from keyword values; an unknown or missing key is a ValueError naming the
         valid ones, a bad value the record's own ValueError."""
         valid = [f.name for f in self.fields()]
-        unknown = sorted(set(values) - set(valid))
-        if unknown:
-            raise ValueError(f"{self.name} has no hyperparameters {', '.join(unknown)}; valid: {', '.join(valid)}")
+        extra = sorted(set(values) - set(valid))
+        if extra:
+            raise ValueError(unknown(f"{self.name} has no hyperparameters", extra, valid))
         missing = [f.name for f in self.fields() if _required(f) and f.name not in values]
         if missing:
             raise ValueError(f"{self.name} needs {', '.join(missing)}")
@@ -196,7 +197,7 @@ def get(name: str) -> MethodSpec:
     try:
         return _SPECS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown method {name!r}; valid: {', '.join(names())}") from None
+        raise ValueError(unknown("unknown method", [name], names(), quote=True)) from None
 
 
 def names() -> list[str]:

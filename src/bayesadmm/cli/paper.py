@@ -82,6 +82,8 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
     its default; unknown keys and values of the wrong type are errors that name the valid keys."""
     import inspect
 
+    from bayesadmm.experiments.values import unknown
+
     defaults = {
         name: p.default
         for name, p in inspect.signature(run).parameters.items()
@@ -91,7 +93,8 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or key not in defaults:
-            raise ValueError(f"unknown setting {pair!r}; valid keys: {', '.join(sorted(defaults)) or '(none)'}")
+            shown = [key if sep else pair]
+            raise ValueError(unknown("unknown setting", shown, sorted(defaults), listed="valid keys", quote=True))
         kind = type(defaults[key])
         try:
             result[key] = kind(value)

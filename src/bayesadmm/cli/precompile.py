@@ -36,10 +36,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
 def command(args) -> int:
     from bayesadmm.experiments.config import ConfigError, presets
     from bayesadmm.experiments.precompile import precompile
+    from bayesadmm.experiments.values import unknown
 
     if args.scenario not in presets():
-        scenarios = ", ".join(sorted(presets()))
-        print(f"bayesadmm: unknown scenario {args.scenario!r}; choose one of {scenarios}", file=sys.stderr)
+        refusal = unknown("unknown scenario", [args.scenario], sorted(presets()), listed="choose one of", quote=True)
+        print(f"bayesadmm: {refusal}", file=sys.stderr)
         return 2
     try:
         cohorts = [int(value) for value in args.cohorts.split(",")]

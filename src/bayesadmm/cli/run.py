@@ -141,8 +141,8 @@ def command(args) -> int:
 def resume_overrides(config, overrides: list[str]):
     """`config` with the KEY=VALUE pairs of `bayesadmm resume` applied: only settings a resume may change
     (`RESUMABLE`), each typed and validated as `bayesadmm run`'s are; anything else is a `ConfigError`."""
-    from bayesadmm.experiments.config import ConfigError, validate
-    from bayesadmm.experiments.values import convert
+    from bayesadmm.experiments.config import GENERAL_KEYS, ConfigError, validate
+    from bayesadmm.experiments.values import convert, unknown
 
     changes = {}
     for pair in overrides:
@@ -150,6 +150,8 @@ def resume_overrides(config, overrides: list[str]):
         key = key.strip().replace("-", "_")
         if not sep:
             raise ConfigError(f"{pair!r} is not KEY=VALUE; a resume may change {', '.join(RESUMABLE)}")
+        if key not in RESUMABLE and key not in GENERAL_KEYS:
+            raise ConfigError(unknown("unknown key", [key], RESUMABLE, listed="a resume may change", quote=True))
         if key not in RESUMABLE:
             raise ConfigError(
                 f"a resume may not change {key!r}: it would be another run (start one with `bayesadmm run`); "

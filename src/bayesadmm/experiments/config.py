@@ -24,7 +24,7 @@ from bayesadmm.engine.identity import completed
 from bayesadmm.experiments import scenario_data
 from bayesadmm.experiments.methods import method_parameters, method_spec, preset_for
 from bayesadmm.experiments.privacy import DP_DEFAULTS, dp_problems
-from bayesadmm.experiments.values import ConfigError, convert, kinds
+from bayesadmm.experiments.values import ConfigError, convert, kinds, suggestion, unknown
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.tracking import TRACKERS, available
 
@@ -133,25 +133,34 @@ def presets() -> dict:
 def likelihood_parameters(name: str) -> dict[str, inspect.Parameter]:
     """The settings of a likelihood: its dataclass's fields (e.g. GaussianRegression's `noise`)."""
     if name not in LIKELIHOODS:
-        raise ConfigError(f"unknown likelihood {name!r}; valid: {', '.join(LIKELIHOODS)}")
+        raise ConfigError(unknown("unknown likelihood", [name], LIKELIHOODS, quote=True))
     return dict(inspect.signature(LIKELIHOODS[name]).parameters)
 
 
-def make_likelihood(name: str, params: typing.Mapping[str, object]) -> Likelihood:
-    """The likelihood `name` with the settings `params` (already typed); a bad value is a `ConfigError`."""
+def make_likelihood(name: str, params: typing.Mapping[str, object], spelt: str = "likelihood.{}") -> Likelihood:
+    """The likelihood `name` with the settings `params` (already typed); a bad value is a `ConfigError`. `spelt`:
+    how the caller's door spells a setting's key (`bayesadmm run`: likelihood.noise; a Flower run config:
+    likelihood-noise), for the messages."""
     valid = likelihood_parameters(name)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        keys = ", ".join(f"likelihood.{k}" for k in valid) or "(none)"
-        raise ConfigError(f"likelihood {name} has no setting {', '.join(unknown)}; valid: {keys}")
+    extra = sorted(set(params) - set(valid))
+    if extra:
+        raise ConfigError(unknown(f"likelihood {name} has no setting", extra, valid, spelt=spelt))
     missing = [k for k, p in valid.items() if p.default is inspect.Parameter.empty and k not in params]
     if missing:
-        example = " ".join(f"likelihood.{k}=VALUE" for k in missing)
+        example = " ".join(f"{spelt.format(k)}=VALUE" for k in missing)
         raise ConfigError(f"likelihood {name} needs {', '.join(missing)}: set it as {example}")
     try:
         return LIKELIHOODS[name](**params)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"likelihood {name}: {exc}") from None
+
+
+def typed_likelihood(name: str, given: typing.Mapping[str, object], spelt: str = "likelihood.{}") -> Likelihood:
+    """`make_likelihood` of settings not yet typed (strings of a command line, numbers of a TOML file), each converted
+    to the type its field declares."""
+    valid = likelihood_parameters(name)
+    typed = {k: convert(spelt.format(k), v, kinds(valid[k], v)) if k in valid else v for k, v in given.items()}
+    return make_likelihood(name, typed, spelt)
 
 
 def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfig, list[str]]:
@@ -174,7 +183,7 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
     general = {}
     for key, value in base.items():
         if key not in GENERAL_KEYS:
-            raise ConfigError(f"unknown key {key!r} in {source}; valid: {', '.join(GENERAL_KEYS)}")
+            raise ConfigError(unknown("unknown key", [key], GENERAL_KEYS, quote=True, where=f" in {source}"))
         general[key] = value
     hparams = {**method_table.get(method, {}), **file_hparams}
     sorted_into = {"general": general, "hparams": hparams, "likelihood": likelihood_params}
@@ -197,7 +206,10 @@ def _read_source(source: str, table: dict) -> dict:
     if source in table:
         return {**table[source], "scenario": source}
     if not Path(source).is_file():
-        raise ConfigError(f"{source!r} is neither a scenario ({', '.join(sorted(table))}) nor a config file")
+        raise ConfigError(
+            f"{source!r} is neither a scenario{suggestion(source, table)} nor a config file; "
+            f"the scenarios: {', '.join(sorted(table))}"
+        )
     try:
         base = json.loads(Path(source).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -257,11 +269,18 @@ def _sort_overrides(
             into["likelihood"][key.removeprefix("likelihood.")] = value
         elif key in likelihood_specs:
             raise ConfigError(f"unknown key {key!r}: a setting of likelihood {likelihood} is set as likelihood.{key}=")
-        else:
+        elif owners := [name for name in LIKELIHOODS if key in likelihood_parameters(name)]:
             raise ConfigError(
-                f"unknown key {key!r}; valid keys: {', '.join(GENERAL_KEYS)}; "
+                f"unknown key {key!r}: a setting of likelihood {' and '.join(owners)}, not of this run's "
+                f"{likelihood}; set it as likelihood={owners[0]} likelihood.{key}=VALUE"
+            )
+        else:
+            settings = [f"likelihood.{k}" for k in likelihood_specs]
+            hint = suggestion(key, [*GENERAL_KEYS, *hparam_specs, *settings])
+            raise ConfigError(
+                f"unknown key {key!r}{hint}; valid keys: {', '.join(GENERAL_KEYS)}; "
                 f"{method} hyperparameters: {', '.join(sorted(hparam_specs)) or '(none)'}; "
-                f"likelihood settings: {', '.join(f'likelihood.{k}' for k in likelihood_specs) or '(none)'}"
+                f"likelihood settings: {', '.join(settings) or '(none)'}"
             )
         changed.append(f"{key}={value}")
     return changed
@@ -273,10 +292,9 @@ def _type_hparams(method: str, hparams: dict, hparam_specs: typing.Mapping[str, 
     for key, spec in hparam_specs.items():
         if key in hparams:
             hparams[key] = convert(key, hparams[key], kinds(spec, hparams[key]))
-    unknown = sorted(set(hparams) - set(hparam_specs))
-    if unknown:
-        valid = ", ".join(sorted(hparam_specs))
-        raise ConfigError(f"{method} has no hyperparameters {', '.join(unknown)}; valid: {valid}")
+    extra = sorted(set(hparams) - set(hparam_specs))
+    if extra:
+        raise ConfigError(unknown(f"{method} has no hyperparameters", extra, sorted(hparam_specs)))
     missing = sorted(k for k, p in hparam_specs.items() if p.default is inspect.Parameter.empty and k not in hparams)
     if missing:
         raise ConfigError(f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE)")
@@ -297,7 +315,7 @@ def validate(config: RunConfig) -> None:
     problems = ood_problems(config.ood, config.dataset, config.likelihood)
     for key, valid in (("dataset", tuple(DATASETS)), ("partition", tuple(PARTITIONS)), ("model", tuple(MODELS))):
         if getattr(config, key) not in valid:
-            problems.append(f"unknown {key} {getattr(config, key)!r}; valid: {', '.join(valid)}")
+            problems.append(unknown(f"unknown {key}", [getattr(config, key)], valid, quote=True))
     targets = TARGETS[config.likelihood]
     if config.dataset in DATASETS and targets not in DATASETS[config.dataset]:
         fitting = [name for name in LIKELIHOODS if TARGETS[name] in DATASETS[config.dataset]]
@@ -324,7 +342,7 @@ def validate(config: RunConfig) -> None:
         problems.append(f"personal_every must be >= 0 (0: after the last round only), got {config.personal_every}")
     for name in config.trackers():
         if name not in TRACKERS:
-            problems.append(f"unknown tracker {name!r} in log; valid: {', '.join(TRACKERS)}")
+            problems.append(unknown("unknown tracker", [name], TRACKERS, quote=True, where=" in log"))
         elif available(name):
             problems.append(str(available(name)))
     # the run's schedule and execution (rounds, seed, participation, device, workers, dtype, ...): the engine's

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bayesadmm.experiments.config import TUNING_METRIC, ConfigError, RunConfig, method_parameters, method_spec, resolve
+from bayesadmm.experiments.values import unknown
 
 STUDY = "tune"
 
@@ -105,9 +106,9 @@ def space_for(method: str, extra: Sequence[str] = ()) -> dict[str, Param]:
     if not space:
         raise ConfigError(f"{method} has no declared search space; give one with --space NAME=log:LOW:HIGH")
     valid = method_parameters(method)
-    unknown = sorted(set(space) - set(valid))
-    if unknown:
-        raise ConfigError(f"{method} has no hyperparameters {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+    extra = sorted(set(space) - set(valid))
+    if extra:
+        raise ConfigError(unknown(f"{method} has no hyperparameters", extra, sorted(valid)))
     return space
 
 

@@ -1,10 +1,13 @@
 """Typed values of a run's configuration: a KEY=VALUE string or a JSON value converted to the type its setting
-declares (`convert`), and the error a value the run cannot start from raises (`ConfigError`)."""
+declares (`convert`), the error a value the run cannot start from raises (`ConfigError`), and the one wording of
+every refusal of an unknown name or key, with the nearest valid one (`unknown`)."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
+from collections.abc import Iterable
 
 
 class ConfigError(ValueError):
@@ -66,3 +69,30 @@ def convert(key: str, value, kinds: tuple[type, ...]):
         except ConfigError as exc:
             errors.append(str(exc))
     raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: " + "; or ".join(errors))
+
+
+def suggestion(name: str, valid: Iterable[str], spelt: str = "{}") -> str:
+    """``" (did you mean X?)"`` for the valid name closest to `name` (difflib's ratio ≥ 0.6), else ``""``; `spelt`
+    formats the name shown (e.g. "likelihood.{}": the names are compared without the prefix they share)."""
+    close = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1)
+    return f" (did you mean {spelt.format(close[0])}?)" if close else ""
+
+
+def unknown(
+    what: str,
+    names: Iterable[str],
+    valid: Iterable[str],
+    *,
+    listed: str = "valid",
+    quote: bool = False,
+    where: str = "",
+    spelt: str = "{}",
+) -> str:
+    """The one-line refusal of unknown names: ``"{what} lrr (did you mean lr?){where}; valid: lr, epochs"``, each
+    name with the nearest valid one where one is near; every name shown as `spelt` formats it (`quote`: the unknown
+    ones as their repr); `listed` heads the list of valid names ("(none)" where there are none)."""
+    valid = [str(v) for v in valid]
+    shown = ", ".join(
+        (repr(spelt.format(name)) if quote else spelt.format(name)) + suggestion(name, valid, spelt) for name in names
+    )
+    return f"{what} {shown}{where}; {listed}: {', '.join(spelt.format(v) for v in valid) or '(none)'}"

@@ -6,19 +6,25 @@ Two kinds of run, told apart by the run config:
 * your own model (``model = "module:function"``): the server holds only the evaluation set (``eval-data``, a
   .npz/.pt file of X and y), each SuperNode only its own examples (`loaders`); ``algorithm`` is a registry name or
   a factory ``module:function`` (your own method), ``hparams`` its keyword arguments as ``"key=value ..."``;
+  ``likelihood`` one of `bayesadmm run`'s names (classification, gaussian, poisson) with its settings as
+  ``likelihood-KEY`` (``likelihood-noise = 0.5``);
 * a preset (``scenario`` and ``overrides``, as `bayesadmm run`): the server builds the preset as a local run does
   (its evaluation set, and the client sizes that partition.json records); a node reads its own file if its node
   config names one, else takes its slice of the preset (simulations and tests).
 
 The setup (a JSON dict sent with every message) holds what a node needs and nothing of anyone's data: the model and
 likelihood, the algorithm and its hyperparameters, the seed, dtype and device; the clients' sizes travel beside it.
+
+Every key of a run config is read or refused (`refusal`): a key the run does not read is named with where it goes
+(a hyperparameter in its method's table, ``METHOD.KEY``; a preset's setting in ``overrides``), or the key it is
+nearest to.
 """
 
 from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,15 +33,16 @@ from typing import Any
 import torch
 
 from bayesadmm.algorithms import Algorithm
-from bayesadmm.algorithms.spec import get
+from bayesadmm.algorithms.spec import get, names
 from bayesadmm.engine.federation import Federation
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.experiments.config import RunConfig, resolve
+from bayesadmm.experiments.config import GENERAL_KEYS, RunConfig, make_likelihood, resolve, typed_likelihood
+from bayesadmm.experiments.values import suggestion
 from bayesadmm.federated import assemble
 from bayesadmm.flower.loaders import entry_point, load_tensors
-from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood
+from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood, Poisson
 from bayesadmm.models import FlatModel
 from bayesadmm.userdata import as_tensors, check_data
 
@@ -52,6 +59,18 @@ KEYS = {
 }
 # Flower's spelling of a run config's keys → this module's (either is accepted; Flower's apps declare Flower's)
 FLOWER_SPELLING = {"num-server-rounds": "rounds", "fraction-train": "participation"}
+# a likelihood's settings in a run config: likelihood-KEY (TOML cannot hold both likelihood = "gaussian" and a
+# likelihood.noise); its name is `likelihood`, one of `bayesadmm run`'s (experiments.config.LIKELIHOODS)
+LIKELIHOOD_SETTING = "likelihood-"
+# the settings of a local run that mean nothing on Flower, refused by name where a run config or `strategy` gives
+# them: the nodes train their clients (one each), and the server keeps its copy of every client's state (what a
+# checkpoint and a resume need) in memory (`runner.FlowerClients`), not in the local engine's client store
+LOCAL_ONLY = {
+    "client_store": "a setting of local runs: on Flower each SuperNode holds its client's state, the server its copy "
+    "in memory",
+    "workers": "a setting of local runs: on Flower each SuperNode trains its own client",
+    "cohort": "a setting of local runs: on Flower each SuperNode trains its own client",
+}
 INIT = 10**9 + 2  # the initial weights' stream, generator_for(seed, 0, INIT), as experiments.build's INIT
 
 
@@ -100,8 +119,12 @@ class FlowerRun:
 
 
 def preset_run(config: RunConfig, timeouts: Timeouts | None = None, resume: bool = False) -> FlowerRun:
-    """The Flower run of a preset RunConfig, in its precision (`dtype=`, float32 by default)."""
+    """The Flower run of a preset RunConfig, in its precision (`dtype=`, float32 by default). A setting that means
+    nothing on Flower (`LOCAL_ONLY`) is refused by name."""
     from bayesadmm.experiments.build import settings_of
+
+    if config.client_store == "disk":
+        raise ValueError(f"client_store=disk is {LOCAL_ONLY['client_store']}; leave it auto (or memory)")
 
     setup = {
         "preset": config.to_json(),
@@ -120,9 +143,13 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
     it was started with (only out, stop-at, the timeouts and the device may change). Errors name the key and the
     fix."""
     run_config = dict(run_config)
-    unknown = sorted(k for k in set(run_config) - KEYS if "." not in k)  # METHOD.NAME: a hyperparameter
-    if unknown:
-        raise ValueError(f"unknown run config key(s) {', '.join(unknown)}; valid: {', '.join(sorted(KEYS))}")
+    preset = not run_config.get("model")
+    method = str(run_config.get("method" if preset else "algorithm") or ("" if preset else "ivon-admm"))
+    problem = refusal(run_config, KEYS, method, preset=preset)
+    if problem:
+        raise ValueError(problem)
+    if str(run_config.get("likelihood") or "").startswith("regression:"):
+        raise ValueError(_old_spelling(str(run_config["likelihood"])))
     run_config = _our_spelling(run_config)
     if run_config.get("resume"):
         run_config = _resumed(run_config)
@@ -133,6 +160,72 @@ def flower_run(run_config: Mapping[str, Any]) -> FlowerRun:
     if not run_config.get("model"):
         return _preset_flower_run(run_config, timeouts)
     return _user_flower_run(run_config, timeouts)
+
+
+def refusal(
+    run_config: Mapping[str, Any], valid: Collection[str], method: str, preset: bool = False, own: Collection[str] = ()
+) -> str:
+    """The one-line refusal of the keys of `run_config` that the run does not read ("" where it reads them all), each
+    named with where it goes: `valid` keys, ``likelihood-KEY``, ``METHOD.KEY`` of a registered method's
+    hyperparameter (a table ``[tool.flwr.app.config.METHOD]``, kept for when that method is chosen), and `own` keys
+    (an app's own, which it reads itself) are read. `method`: the run's ("" where a preset chooses it)."""
+    wrong = []
+    for key in sorted(run_config):
+        if key in valid or key in own or key.startswith(LIKELIHOOD_SETTING):  # a likelihood's: checked where built
+            continue
+        table, dot, name = key.partition(".")
+        if dot:
+            if table not in names():
+                wrong.append(f"{key} (no method {table}{suggestion(table, names())})")
+                continue
+            fields = [f.name for f in get(table).fields()]
+            if name.replace("-", "_") not in fields:
+                near = suggestion(name.replace("-", "_"), fields, f"{table}.{{}}")
+                wrong.append(f"{key} ({table} has no hyperparameter {name}{near})")
+            continue
+        where = _where(key, valid, method, preset)
+        wrong.append(f"{key} ({where})" if where else key)
+    if not wrong:
+        return ""
+    valid = [*sorted(valid), "likelihood-KEY", "METHOD.KEY", *sorted(own)]
+    return f"unknown run config key(s) {', '.join(wrong)}; valid: {', '.join(valid)}"
+
+
+def _where(key: str, valid: Collection[str], method: str, preset: bool) -> str:
+    """Where a top-level key the run does not read goes, or the key it is nearest to ("" where none is near)."""
+    name = key.replace("-", "_")
+    if name in LOCAL_ONLY:
+        return LOCAL_ONLY[name]
+    if method in names() and name in {f.name for f in get(method).fields()}:
+        return f"a hyperparameter of {method}: set it as {method}.{key}, in a [tool.flwr.app.config.{method}] table"
+    hyperparameters = {f.name for spec in map(get, names()) for f in spec.fields()}
+    if preset and (name in GENERAL_KEYS or name in hyperparameters or name.startswith("likelihood.")):
+        return f'a setting of the preset: put it in overrides, overrides = "{name}=VALUE"'
+    fields = {f.name for f in get(method).fields()} if method in names() else set()
+    hint = suggestion(name, fields, f"{method}.{{}}") or suggestion(key, valid)
+    return hint.strip().removeprefix("(").removesuffix(")")
+
+
+def _old_spelling(spelt: str) -> str:
+    noise = spelt.split(":", 1)[1]
+    return (
+        f'likelihood = "{spelt}": the Gaussian likelihood is named gaussian, its noise likelihood-noise: '
+        f'likelihood = "gaussian" and likelihood-noise = {noise}'
+    )
+
+
+def run_likelihood(run_config: Mapping[str, Any]) -> Likelihood:
+    """The likelihood a run config names (``likelihood``, default classification) with its settings
+    (``likelihood-KEY``); errors name the run config's keys."""
+    name = str(run_config.get("likelihood") or "classification")
+    if name.startswith("regression:"):
+        raise ValueError(_old_spelling(name))
+    given = {
+        key.removeprefix(LIKELIHOOD_SETTING).replace("-", "_"): value
+        for key, value in run_config.items()
+        if key.startswith(LIKELIHOOD_SETTING)
+    }
+    return typed_likelihood(name, given, LIKELIHOOD_SETTING + "{}")
 
 
 def _our_spelling(run_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,15 +269,22 @@ def _resumed(run_config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(saved, dict):
         raise ValueError(f"{path} is not a Flower run's configuration (a JSON table); restore it")
     tuned = {k: run_config[k] for k in _TUNABLE if run_config.get(k) not in (None, "")}
+    spelt = str(saved.get("likelihood") or "")
+    if spelt.startswith("regression:") and saved.get("model"):  # as `_app_config` records a Gaussian likelihood
+        saved = {**saved, "likelihood": "gaussian", LIKELIHOOD_SETTING + "noise": float(spelt.split(":", 1)[1])}
     return {**saved, "stop-at": 0, **tuned, "out": out, "resume": True}  # as `bayesadmm resume`: to the end unless told
 
 
 def _preset_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> FlowerRun:
     """A preset's run: its RunConfig from ``scenario`` and ``overrides`` (with out, stop-at and dtype), as locally."""
     overrides = shlex.split(str(run_config.get("overrides", "")))
-    for key in ("method", "rounds", "participation", "device"):
+    for key in ("method", "rounds", "participation", "device", "likelihood"):
         if run_config.get(key):
             overrides.append(f"{key}={run_config[key]}")
+    for key, value in run_config.items():  # likelihood-KEY: as `bayesadmm run`'s likelihood.KEY
+        if key.startswith(LIKELIHOOD_SETTING):
+            setting = key.removeprefix(LIKELIHOOD_SETTING).replace("-", "_")
+            overrides.append(f"likelihood.{setting}={value if isinstance(value, str) else json.dumps(value)}")
     for key, value in dict(run_config.get("hparams") or {}).items():  # as `bayesadmm run`'s KEY=VALUE
         overrides.append(f"{key}={value if isinstance(value, str) else json.dumps(value)}")
     if run_config.get("out"):
@@ -214,11 +314,12 @@ def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> Flowe
     if int(run_config.get("clients") or 0) < 0:
         raise ValueError("clients= must be the number of SuperNodes (clients) of the run, or 0: their num-partitions")
     settings = _settings(run_config)
+    spelt = likelihood_spelling(run_likelihood(run_config))
     setup: dict[str, Any] = {
         "model": str(run_config["model"]),
         "algorithm": str(run_config.get("algorithm") or "ivon-admm"),
         "hparams": _recorded(str(run_config.get("algorithm") or "ivon-admm"), _hparams(run_config.get("hparams"))),
-        "likelihood": str(run_config.get("likelihood") or "classification"),
+        "likelihood": spelt,
         "seed": settings.seed,
         "rounds": settings.rounds,  # for a registered method's schedules over the run (e.g. cosine=true)
         "device": settings.device,
@@ -238,7 +339,7 @@ def _user_flower_run(run_config: Mapping[str, Any], timeouts: Timeouts) -> Flowe
         bool(run_config.get("resume")),
         bool(run_config.get("overwrite")),
         eval_data=str(run_config.get("eval-data") or ""),
-        app_config=_app_config(run_config),
+        app_config=_app_config(run_config, spelt),
     )
 
 
@@ -273,8 +374,13 @@ def _typed(key: str, value: Any) -> Any:
         return value  # Settings names the key and the value
 
 
-def _app_config(run_config: Mapping[str, Any]) -> dict:
-    return {k: v for k, v in run_config.items() if k not in ("resume", "overwrite")}
+def _app_config(run_config: Mapping[str, Any], likelihood: str | None = None) -> dict:
+    """The run config as flower.json (and config.json's "flower") record it; a run of your own model's likelihood
+    in the setup's spelling (`likelihood_spelling`), which `bayesadmm.load` reads and `_resumed` reads back."""
+    kept = {k: v for k, v in run_config.items() if k not in ("resume", "overwrite")}
+    if likelihood is None:
+        return kept
+    return {**{k: v for k, v in kept.items() if not k.startswith(LIKELIHOOD_SETTING)}, "likelihood": likelihood}
 
 
 def _recorded(algorithm: str, hparams: dict[str, Any]) -> dict[str, Any]:
@@ -326,12 +432,10 @@ def model_of(setup: Mapping[str, Any]) -> tuple[FlatModel, Callable[[], torch.Te
 
 def likelihood_of(setup: Mapping[str, Any]) -> Likelihood:
     """A preset run's likelihood is its RunConfig's (``likelihood=``, ``likelihood.KEY=`` in its overrides); a run of
-    your own model names ``classification`` or ``regression:NOISE`` (a Gaussian likelihood with that noise scale)."""
+    your own model's is spelt as `likelihood_spelling` spells it."""
     if "preset" in setup:
         return RunConfig(**setup["preset"]).make_likelihood()
     name = str(setup.get("likelihood", "classification"))
-    if name == "classification":
-        return Classification()
     if name.startswith("regression:"):
         return GaussianRegression(float(name.split(":", 1)[1]))
     if name.startswith("own:"):
@@ -339,17 +443,19 @@ def likelihood_of(setup: Mapping[str, Any]) -> Likelihood:
             f"the run's likelihood is your own {name[4:]}, which a message cannot carry: pass it to the node's "
             "bayesadmm.flower.client calls (likelihood=...)"
         )
-    raise ValueError(f"likelihood={name!r}: use classification or regression:NOISE (e.g. regression:0.1)")
+    return make_likelihood(name, {})  # classification, poisson; another name: refused, naming the valid ones
 
 
 def likelihood_spelling(likelihood: Likelihood) -> str:
-    """The likelihood's name in a setup, which `likelihood_of` reads back: ``classification``,
-    ``regression:NOISE``, or ``own:ClassName`` for one of your own (the nodes must be given it: `bayesadmm.flower.
-    client`'s likelihood=)."""
+    """The likelihood's name in a setup and in the run directory's records, which `likelihood_of` (and
+    `bayesadmm.load`) read back: ``classification``, ``regression:NOISE`` (gaussian with that noise), ``poisson``, or
+    ``own:ClassName`` for one of your own (the nodes must be given it: `bayesadmm.flower.client`'s likelihood=)."""
     if isinstance(likelihood, Classification):
         return "classification"
     if isinstance(likelihood, GaussianRegression):
         return f"regression:{likelihood.noise!r}"
+    if isinstance(likelihood, Poisson):
+        return "poisson"
     return f"own:{type(likelihood).__name__}"
 
 

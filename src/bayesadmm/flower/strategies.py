@@ -8,16 +8,20 @@ run-config conventions:
                         so ``flwr run . --run-config 'ivon-admm.lr=0.05'`` overrides one of them
     seed, out, resume, overwrite, stop-at, eval-samples, dtype, device, clients, checkpoint-every, compile
                         as in `strategy`
+    likelihood          classification (default), gaussian or poisson, as `bayesadmm run` names them; a setting of
+                        it as likelihood-KEY (``likelihood-noise = 0.5``)
     dp, dp-clip, dp-noise, dp-epsilon, dp-delta   differential privacy (`bayesadmm.DPSettings`: dp = "client" or
                         "example", "" for none; dp-noise 0 with a dp-epsilon: calibrated to spend it)
 
-Any other key of the run config is your app's own (a batch size, a data path) and is left alone.
+Any other key is refused, named with where it goes (``lr`` of method fedavg: ``fedavg.lr``) or the key it is nearest
+to, unless your app names it as its own (``app_keys=``: a batch size, a data path, which your app reads itself).
 """
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,8 +32,17 @@ from torch import Tensor, nn
 from bayesadmm.algorithms.spec import get
 from bayesadmm.engine.federation import Federation
 from bayesadmm.engine.settings import Settings
+from bayesadmm.experiments.values import suggestion
 from bayesadmm.federated import assemble, checked_dp, flat_model
-from bayesadmm.flower.app_config import NodeClients, Timeouts, likelihood_spelling
+from bayesadmm.flower.app_config import (
+    LIKELIHOOD_SETTING,
+    LOCAL_ONLY,
+    NodeClients,
+    Timeouts,
+    likelihood_spelling,
+    refusal,
+    run_likelihood,
+)
 from bayesadmm.flower.bayes_strategy import BayesStrategy
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
@@ -45,6 +58,9 @@ CONFIG_KEYS = {
     "eval-samples": "eval_samples", "dtype": "dtype", "device": "device", "clients": "clients",
     "checkpoint-every": "checkpoint_every", "compile": "compile",
 }  # fmt: skip
+DP_KEYS = ("dp", "dp-clip", "dp-noise", "dp-epsilon", "dp-delta")
+# every top-level key `strategy_from_config` reads (besides likelihood-KEY and METHOD.KEY)
+READ_KEYS = frozenset({*CONFIG_KEYS, *DP_KEYS, "method", "likelihood"})
 
 
 def strategy(
@@ -79,7 +95,7 @@ def strategy(
     num-partitions says). `eval_data`: an (X, y) evaluation set on the server (each round's metrics line then
     scores the posterior on it; None: only the nodes evaluate). The run directory `out` (default
     runs/flower-<time>) gets what a local run writes; `resume=True` continues it. `likelihood`: Classification by
-    default, or GaussianRegression; the nodes rebuild it from its name (a likelihood of your own: pass it to the
+    default, GaussianRegression or Poisson; the nodes rebuild it from its name (a likelihood of your own: pass it to the
     nodes' `bayesadmm.flower.client` calls too). `dp`: differential privacy as `bayesadmm.run`'s (docs/guides/
     privacy.md): client level on the server's sum (the replies clipped and the sum noised here, ε per round in the
     metrics line, the run stopping with status "budget" before it would exceed `dp.epsilon`), or example level
@@ -87,6 +103,16 @@ def strategy(
     compiled ("on"), eager ("off") or where the run's local steps make it pay ("auto"), decided alike on every node."""
     spec = get(method)
     checked_dp(dp)
+    local = sorted(set(hparams) & set(LOCAL_ONLY))  # not a hyperparameter, and not a setting of a Flower run
+    if local:
+        raise ValueError(f"{local[0]} is {LOCAL_ONLY[local[0]]}; leave it out of strategy()")
+    fields = [f.name for f in spec.fields()]
+    extra = sorted(set(hparams) - set(fields))
+    if extra:  # a misspelt argument of strategy() lands among the hyperparameters: the nearest of either is named
+        near = [*fields, *(name for name in inspect.signature(strategy).parameters if name != "hparams")]
+        shown = ", ".join(name + suggestion(name, near) for name in extra)
+        raise ValueError(f"{method} has no hyperparameters {shown}, nor is it an argument of strategy(); valid: "
+                         f"{', '.join(fields)}")  # fmt: skip
     if clients is not None and (isinstance(clients, bool) or not isinstance(clients, int) or clients < 1):
         raise ValueError(f"clients must be the number of SuperNodes to wait for (>= 1) or None, got {clients!r}")
     likelihood = likelihood if likelihood is not None else Classification()
@@ -131,20 +157,30 @@ def strategy(
 
 
 def strategy_from_config(
-    run_config: Mapping[str, Any], *, model: nn.Module | FlatModel, **arguments: Any
+    run_config: Mapping[str, Any],
+    *,
+    model: nn.Module | FlatModel,
+    app_keys: Collection[str] = (),
+    **arguments: Any,
 ) -> BayesStrategy:
     """`strategy` from a Flower run config (`context.run_config`; the module's doc lists its keys); `arguments`
-    (model aside: likelihood, eval_data, timeouts, or any of `strategy`'s) are passed on and win over the config."""
+    (model aside: likelihood, eval_data, timeouts, or any of `strategy`'s) are passed on and win over the config.
+    `app_keys`: the run config's keys your app reads itself (left alone); any other key it does not read is
+    refused, naming where it goes."""
     method = str(run_config.get("method") or arguments.pop("method", "ivon-admm"))
-    spec = get(method)
-    names = {f.name for f in spec.fields()}
-    hparams: dict[str, Any] = {}
-    for key, value in run_config.items():
-        if key.startswith(f"{method}."):
-            name = key[len(method) + 1 :].replace("-", "_")
-            if name not in names:
-                raise ValueError(f"run config key {key}: {method} has no hyperparameter {name}; valid: {sorted(names)}")
-            hparams[name] = value
+    get(method)  # an unknown method: refused, naming the registered ones
+    problem = refusal(run_config, READ_KEYS, method, own=app_keys)
+    if problem:
+        raise ValueError(
+            f"{problem}; a key your app reads itself: name it in strategy_from_config(..., app_keys=[...])"
+        )
+    hparams: dict[str, Any] = {
+        key[len(method) + 1 :].replace("-", "_"): value
+        for key, value in run_config.items()
+        if key.startswith(f"{method}.") and key not in app_keys
+    }
+    if "likelihood" not in arguments and any(k == "likelihood" or k.startswith(LIKELIHOOD_SETTING) for k in run_config):
+        arguments["likelihood"] = run_likelihood(run_config)
     found = {CONFIG_KEYS[k]: v for k, v in run_config.items() if k in CONFIG_KEYS and v != ""}
     if "clients" in found:
         clients = found.pop("clients")
@@ -154,8 +190,7 @@ def strategy_from_config(
         if clients:
             found["clients"] = clients
     if run_config.get("dp"):
-        keys = ("dp-clip", "dp-noise", "dp-epsilon", "dp-delta")
-        clip, noise, epsilon, delta = (_number(run_config, key) for key in keys)
+        clip, noise, epsilon, delta = (_number(run_config, key) for key in DP_KEYS[1:])
         found["dp"] = DPSettings(
             level=str(run_config["dp"]),
             clip=1.0 if clip is None else clip,
