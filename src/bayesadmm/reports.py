@@ -51,9 +51,40 @@ def table_metrics(history: list[dict]) -> tuple[tuple[str, str, float], ...]:
     raise ValueError(f"the run measured none of {', '.join(m[0][0] for m in TABLES)} on its {where} set")
 
 
+WINDOW = 3  # a table's cell at round R averages a run's evaluations at rounds R − 2, R − 1 and R (the papers' rule)
+
+
 def _last3(history: list[dict], key: str, round_: int) -> float | None:
     values = [line[key] for line in history if round_ - 2 <= line["round"] <= round_ and key in line]
-    return statistics.fmean(values) if len(values) == 3 else None
+    return statistics.fmean(values) if len(values) == WINDOW else None
+
+
+def _why_empty(histories: list[list[dict]], key: str, round_: int) -> str:
+    """Why a group's cell at `round_` is "—": the window starts before round 1, the runs end before `round_`, or they
+    did not measure `key` at all three rounds of the window."""
+    if round_ < WINDOW:
+        return f"@{round_} needs rounds {round_ - 2}–{round_}, from before round 1: @{WINDOW} is the first with values"
+    last = max(h[-1]["round"] for h in histories)
+    if last < round_:
+        return f"@{round_}: the runs end at round {last} (`--at {last}` shows their last rounds)"
+    return f"@{round_}: the runs did not measure {key} at each of rounds {round_ - 2}–{round_}"
+
+
+def footnote(rounds: Sequence[int], empty: Sequence[str] = (), paper: bool = False) -> str:
+    """What a comparison table's cells are (the window, the rows, seconds per round) and why a cell is "—"."""
+    r = max(rounds)
+    lines = [
+        f"@R: a run's mean over rounds R−2, R−1 and R (@{r}: rounds {r - 2}–{r}), then mean ± std over the row's runs "
+        "(seeds). (m_g) rows: the posterior's mean m_g as a point estimate; (predictive): the posterior predictive."
+    ]
+    if paper:
+        lines.append("paper: the published number (mean over 3 seeds, the same window); in brackets ours − paper.")
+    else:
+        lines.append(
+            "s/round: the median seconds of a round's training (client updates and server update) after the first."
+        )
+    lines += [why if why.startswith("/ —") else f"—: {why}." for why in dict.fromkeys(empty)]
+    return "\n".join(lines)
 
 
 def eval_set(history: list[dict]) -> str:
@@ -180,7 +211,7 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
     paper = paper_numbers(scenario)
     header = [_method_header(split), "runs"]
     header += [f"{label} @{r}: ours / paper" for _, label, _ in METRICS for r in rounds]
-    rows = []
+    rows, empty = [], []
     for (method, where), histories in sorted(groups.items()):
         base = method.split(" [")[0]  # a row of non-default settings is set beside the method's published numbers
         published = paper.get(base if where == "m_g" else f"{base}+predictive")
@@ -195,6 +226,10 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
                 values = [v for h in histories if (v := _last3(h, prefix + metric, r)) is not None]
                 theirs = published.get(metric, {}).get(str(r))
                 ours = scale * statistics.fmean(values) if values else None
+                if ours is None:
+                    empty.append(_why_empty(histories, prefix + metric, r))
+                if theirs is None:
+                    empty.append("/ —: the papers publish no number for that cell.")
                 shown = (
                     "—" if ours is None else f"{ours:.{digits}f}",
                     "—" if theirs is None else f"{theirs:.{published_digits}f}",
@@ -204,7 +239,7 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
         rows.append(cells)
     if not rows:
         return f"(none of these methods has published numbers for {scenario})"
-    return markdown_table(header, rows)
+    return f"{markdown_table(header, rows)}\n\n{footnote(rounds, empty, paper=True)}"
 
 
 def compare(
@@ -222,14 +257,15 @@ def compare(
     setting of each key is one of the values given (as `setting_labels` shows it) are compared."""
     runs, notes = _finished_runs(sources, only)
     groups, scenarios, split, metrics = _group(runs)
-    header, rows = _table_rows(groups, rounds, split, metrics)
-    markdown = markdown_table(header, rows)
+    header, rows, empty = _table_rows(groups, rounds, split, metrics)
+    note = footnote(rounds, empty)
+    markdown = f"{markdown_table(header, rows)}\n\n{note}"
     beside = _paper_table(groups, rounds, split, paper) if paper else None
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "table.md").write_text(markdown + "\n")
-        (out_dir / "table.tex").write_text(latex(header, rows))
+        (out_dir / "table.tex").write_text(latex(header, rows) + "".join(f"% {line}\n" for line in note.splitlines()))
         write_runs_file(out_dir / RUNS_FILE, runs)
         if beside is not None:
             (out_dir / "paper.md").write_text(beside + "\n")
@@ -283,13 +319,13 @@ def _group(runs: Sequence) -> tuple[dict[tuple[str, str], list[list[dict]]], set
 
 def _table_rows(
     groups: Mapping[tuple[str, str], list[list[dict]]], rounds: list[int], split: str, metrics: tuple
-) -> tuple[list[str], list[list[str]]]:
-    """The table's header and one row per group: mean ± std over its runs of each metric at each round r (a run's
+) -> tuple[list[str], list[list[str]], list[str]]:
+    """The table's header, one row per group: mean ± std over its runs of each metric at each round r (a run's
     value is the mean of its evaluations at rounds r − 2, r − 1 and r; a run without all three is left out), and
-    seconds per round."""
+    seconds per round; and why each "—" is empty (`_why_empty`)."""
     header = [_method_header(split), "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in metrics]
     header.append("s/round")
-    rows = []
+    rows, empty = [], []
     for (method, where), histories in sorted(groups.items()):
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
         cells = [f"{method} ({where})", str(len(histories))]
@@ -298,11 +334,12 @@ def _table_rows(
                 values = [v for h in histories if (v := _last3(h, prefix + metric, r)) is not None]
                 if not values:
                     cells.append("—")
+                    empty.append(_why_empty(histories, prefix + metric, r))
                     continue
                 cells.append(mean_std(values, scale, 1 if metric in PERCENT else 3))
         cells.append(_seconds_per_round(histories))
         rows.append(cells)
-    return header, rows
+    return header, rows, empty
 
 
 def _method_header(split: str) -> str:

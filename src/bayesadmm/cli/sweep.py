@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from bayesadmm.cli import methods
-from bayesadmm.cli.compare import table_rounds
+from bayesadmm.cli.compare import add_table_rounds, table_rounds
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     sweep.add_argument("axes", nargs="*", metavar="KEY=VALUES")
     sweep.add_argument("--out", type=Path, required=True, help="the sweep's folder (one subfolder per run)")
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time; each gets cores/jobs workers (default 1)")
-    sweep.add_argument("--rounds", default="10,25,50", help="rounds of the final table (default 10,25,50)")
+    add_table_rounds(sweep)
     sweep.add_argument("--quiet", action="store_true", help="no progress (a bar on a terminal, log lines elsewhere)")
     methods.add_option(sweep)
     return sweep
@@ -41,7 +41,7 @@ def command(args) -> int:
     try:
         if args.jobs < 1:
             raise ConfigError("--jobs must be at least 1")
-        rounds = table_rounds(args.rounds)
+        rounds = table_rounds(args.at)
         given = grid(args.axes)  # added to (or replacing) every grid's axes
         source = shipped_sweep(args.source) if args.source.startswith(SHIPPED_PREFIX) else Path(args.source)
         if is_sweep_file(source):
