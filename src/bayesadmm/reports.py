@@ -94,14 +94,25 @@ def eval_set(history: list[dict]) -> str:
 
 
 def plot_run(history: list[dict], path: Path, title: str = "") -> None:
+    """`run_figure` of `history`, written to `path` (nothing where the run measured none of `PLOTTABLE`)."""
+    plt = pyplot()
+    fig = run_figure(history, title)
+    if fig is None:
+        return
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_figure(history: list[dict], title: str = ""):
     """Accuracy and NLL (or what the run measured instead, `PLOTTABLE`) per round of one run, at the server mean and
-    for the predictive where there is one."""
+    for the predictive where there is one, on whole-round ticks; None where it measured none of them (a Flower run
+    without a server-side evaluation set)."""
     plt = pyplot()
     rounds = [line["round"] for line in history]
     where = eval_set(history)
     shown = [m for m in PLOTTABLE if f"{where}_{m[0]}" in history[0]][:2]
     if not shown:
-        return
+        return None
     fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.8), squeeze=False)
     for ax, (metric, label, scale) in zip(axes[0], shown, strict=True):
         ax.plot(rounds, [scale * line[f"{where}_{metric}"] for line in history], marker=".", label="at mean")
@@ -113,13 +124,20 @@ def plot_run(history: list[dict], path: Path, title: str = "") -> None:
                 label="posterior predictive",
             )
         ax.set_xlabel("round")
+        round_ticks(ax)
         ax.set_ylabel(f"{'validation' if where == 'val' else 'test'} {label}")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def round_ticks(ax) -> None:
+    """Whole rounds on `ax`'s x axis: a run of a few rounds gets 1, 2, 3, never 1.25 or 2.5."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def try_plot_run(history: list[dict], path: Path, title: str = "") -> None:
@@ -396,6 +414,7 @@ def _plot_overlay(groups, path: Path, title: str, split: str = "test", metrics=M
                     alpha=0.15,
                 )
             ax.set_xlabel("round")
+            round_ticks(ax)
             ax.set_ylabel(f"{'validation' if split == 'val' else 'test'} {label}")
             ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
