@@ -12,5 +12,5 @@ BIN=${VENV:-.venv}/bin/bayesadmm
 STOP=()
 if [ "$ROUNDS" -lt 50 ]; then STOP=("stop_at=$ROUNDS"); fi
 "$BIN" sweep fmnist-heterog10 method=ivon-admm,feddyn,fedavg seed=0 "${STOP[@]}" --out "$OUT" \
-  --rounds "$((ROUNDS / 5)),$((ROUNDS / 2)),$ROUNDS"
+  --at "$((ROUNDS / 5)),$((ROUNDS / 2)),$ROUNDS"
 echo "table: $OUT/table.md; plot: $OUT/curves.png"

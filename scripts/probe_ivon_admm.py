@@ -19,7 +19,7 @@ open or states differently from what we do. They probe Alg. 2 as written (h <- h
 The carry-over variants are the library's IVON solver with a round-start object of the probe's own (`CarryOver`, a
 `solvers.ivon.RoundStart`); rescale-lr is its step-size schedule wrapped in `solvers.ivon.RescaledLR`.
 
-OUT becomes a normal run directory (plus probe.json, naming the variant): `bayesadmm compare OUT --rounds 5,10`
+OUT becomes a normal run directory (plus probe.json, naming the variant): `bayesadmm compare OUT --at 5,10`
 tabulates it. These are probes, not library features: the run is the config's (`bayesadmm.experiments.build`) with
 the federation's initial weights or algorithm factory replaced, run by the engine's loop. The replacements are
 module-level, so they pickle to worker processes (`workers=N` among the overrides; one worker by default). The

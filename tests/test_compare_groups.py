@@ -145,7 +145,7 @@ def test_table_rounds_that_are_not_round_numbers_are_one_line(tmp_path, capsys, 
 
     _run(tmp_path / "a", 0.5)
     assert cli.main(["compare", str(tmp_path / "a"), "--rounds", rounds]) == 2
-    assert f"--rounds takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {rounds!r}" in (
+    assert f"--at (the table's rounds) takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {rounds!r}" in (
         capsys.readouterr().err
     )
 
@@ -155,7 +155,8 @@ def test_a_single_run_shows_its_value_and_a_validation_table_says_so(tmp_path):
     split (val_* metrics) get a table whose header says so, in Markdown and LaTeX."""
     _run(tmp_path / "test", 0.8, seed=0)
     table = compare([tmp_path / "test"], [3])
-    assert table.splitlines()[0].startswith("| method | runs |") and "±" not in table
+    cells = [line for line in table.splitlines() if line.startswith("|")]  # the footnote says "mean ± std"
+    assert cells[0].startswith("| method | runs |") and "±" not in "".join(cells)
     val = tmp_path / "val"
     val.mkdir()
     (val / "config.json").write_text(json.dumps({"method": "fedavg", "scenario": "toy", "seed": 0}))
@@ -165,3 +166,31 @@ def test_a_single_run_shows_its_value_and_a_validation_table_says_so(tmp_path):
     assert table.splitlines()[0].startswith("| method (validation split) | runs |")
     assert "| fedavg (m_g) | 1 | 50.0 | 1.000 | 0.100 |" in table
     assert (tmp_path / "out" / "table.tex").read_text().splitlines()[2].startswith("method (validation split) &")
+
+
+def test_the_table_says_what_its_cells_are_and_why_a_cell_is_a_dash(tmp_path):
+    _run(tmp_path / "a", 0.5)  # rounds 1-3
+    table = compare([tmp_path / "a"], [2, 3, 5])
+    assert "@R: a run's mean over rounds R−2, R−1 and R (@5: rounds 3–5), then mean ± std over the row's runs" in table
+    assert "(m_g) rows: the posterior's mean m_g as a point estimate; (predictive): the posterior predictive." in table
+    assert "s/round: the median seconds of a round's training" in table
+    row = _rows(table)["fedavg (m_g)"]
+    assert row[1:4] == ["—", "—", "—"] and row[4] == "50.0" and row[7:10] == ["—", "—", "—"]
+    assert "—: @2 needs rounds 0–2, from before round 1: @3 is the first with values." in table
+    assert "—: @5: the runs end at round 3 (`--at 3` shows their last rounds)." in table
+    assert "—:" not in compare([tmp_path / "a"], [3])  # no dash, no reason
+
+
+def test_the_tables_rounds_are_at_and_the_old_rounds_option_still_works(tmp_path, capsys):
+    from bayesadmm import cli
+
+    _run(tmp_path / "a", 0.5)
+    for option in ("--at", "--rounds"):
+        assert cli.main(["compare", str(tmp_path / "a"), option, "3"]) == 0
+        assert _rows(capsys.readouterr().out)["fedavg (m_g)"][1] == "50.0"
+    for command in ("compare", "sweep"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert "--at R,R,..., --rounds R,R,..." in help_text
+        assert "Not the rounds the runs train (rounds=N); --rounds is an older name of this option" in help_text

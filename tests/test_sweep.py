@@ -223,3 +223,32 @@ def test_methods_given_on_the_command_line_leave_out_a_sweep_files_grids_written
     assert len(kept) == 3 and not notes and all(g.axes["seed"] == ["5"] for g in kept)
     with pytest.raises(ConfigError, match="every grid of the sweep file sets a hyperparameter"):
         with_axes(grids[1:], {"method": ["fedavg"]})
+
+
+def test_a_sweeps_progress_off_a_terminal_is_a_line_per_finished_run_and_at_most_50_round_lines():
+    import io
+    from types import SimpleNamespace
+
+    from bayesadmm.cli.sweep import SweepBar, SweepLog, progress_display
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert isinstance(progress_display(2, Terminal()), SweepBar)
+    stream = io.StringIO()
+    log = progress_display(2, stream)
+    assert isinstance(log, SweepLog)
+    a, b = SimpleNamespace(name="method=a"), SimpleNamespace(name="method=b")
+    finished: list = []
+    for done in range(0, 1001):  # two runs of 500 rounds, one after the other, reported about twice a second
+        if done == 500:
+            finished.append(SimpleNamespace(point=a, state="completed", message=""))
+        log.show(done, 1000, finished, [a] if done < 500 else [b])
+    finished.append(SimpleNamespace(point=b, state="diverged", message="round 7: ..."))
+    log.show(1000, 1000, finished, [])
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue()
+    assert "sweep: method=a completed (runs 1/2 done)" in lines and lines[-1] == "sweep: method=b diverged (runs 2/2 done)"
+    rounds = [line for line in lines if line.startswith("sweep: round ")]
+    assert len(rounds) <= 50 and rounds[0].startswith("sweep: round 21/1000 of the grid; now: method=a")

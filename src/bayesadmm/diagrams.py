@@ -8,7 +8,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["plot_reliability", "write_reliability", "UNCERTAINTY_COLUMNS", "with_uncertainty", "pyplot"]
+__all__ = [
+    "plot_reliability",
+    "reliability_figure",
+    "write_reliability",
+    "UNCERTAINTY_COLUMNS",
+    "with_uncertainty",
+    "pyplot",
+]
 
 
 def pyplot():
@@ -26,27 +33,38 @@ SIDES = {"mean": "at the mean", "predictive": "posterior predictive"}
 
 
 def plot_reliability(report: dict, path: Path, title: str = "") -> None:
-    """One panel per side of `report` (mean, predictive): each bin's accuracy as a bar at its confidence range, the
-    bin's mean confidence as a dot and the diagonal of perfect calibration, with the ECE in the panel's title."""
+    """`reliability_figure` of `report`, written to `path`."""
+    plt = pyplot()
+    fig = reliability_figure(report, title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def reliability_figure(report: dict, title: str = ""):
+    """One panel per side of `report` (mean, predictive): each bin's accuracy as a bar at its confidence range with
+    its number of examples written at its foot, the bin's mean confidence as a dot and the diagonal of perfect
+    calibration, with the ECE in the panel's title; one legend under the panels, where it hides no bar."""
     plt = pyplot()
     sides = [side for side in SIDES if side in report]
-    fig, axes = plt.subplots(1, len(sides), figsize=(4.6 * len(sides), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(sides), figsize=(4.6 * len(sides), 4.9), squeeze=False, layout="constrained")
     for ax, side in zip(axes[0], sides, strict=True):
         diagram = report[side]["reliability"]
         edges, width = diagram["edges"], 1.0 / diagram["bins"]
         filled = [b for b, count in enumerate(diagram["count"]) if count]
         ax.bar([edges[b] for b in filled], [diagram["accuracy"][b] for b in filled], width=width, align="edge",
-               edgecolor="black", alpha=0.7, label="accuracy")  # fmt: skip
+               edgecolor="black", alpha=0.7, label="accuracy of the bin (its examples at its foot)")  # fmt: skip
+        for b in filled:  # how many examples a bar stands for: a tall bar of 3 examples says little
+            ax.text(edges[b] + width / 2, 0.015, f"{diagram['count'][b]:,}", rotation=90, ha="center", va="bottom",
+                    fontsize=6.5, color="black", gid="bin-count")  # fmt: skip
         ax.plot([diagram["confidence"][b] for b in filled], [diagram["accuracy"][b] for b in filled], "o",
                 color="C1", markersize=3, label="(mean confidence, accuracy)")  # fmt: skip
         ax.plot([0, 1], [0, 1], "--", color="gray", label="perfectly calibrated")
         ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
         ax.set_title(f"{SIDES[side]}: ECE {diagram['ece']:.3f}")
-        ax.legend(loc="upper left", fontsize="small")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, fontsize="small", frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def write_reliability(run_dir: Path, report: dict, title: str = "") -> None:

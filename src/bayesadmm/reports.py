@@ -51,9 +51,40 @@ def table_metrics(history: list[dict]) -> tuple[tuple[str, str, float], ...]:
     raise ValueError(f"the run measured none of {', '.join(m[0][0] for m in TABLES)} on its {where} set")
 
 
+WINDOW = 3  # a table's cell at round R averages a run's evaluations at rounds R − 2, R − 1 and R (the papers' rule)
+
+
 def _last3(history: list[dict], key: str, round_: int) -> float | None:
     values = [line[key] for line in history if round_ - 2 <= line["round"] <= round_ and key in line]
-    return statistics.fmean(values) if len(values) == 3 else None
+    return statistics.fmean(values) if len(values) == WINDOW else None
+
+
+def _why_empty(histories: list[list[dict]], key: str, round_: int) -> str:
+    """Why a group's cell at `round_` is "—": the window starts before round 1, the runs end before `round_`, or they
+    did not measure `key` at all three rounds of the window."""
+    if round_ < WINDOW:
+        return f"@{round_} needs rounds {round_ - 2}–{round_}, from before round 1: @{WINDOW} is the first with values"
+    last = max(h[-1]["round"] for h in histories)
+    if last < round_:
+        return f"@{round_}: the runs end at round {last} (`--at {last}` shows their last rounds)"
+    return f"@{round_}: the runs did not measure {key} at each of rounds {round_ - 2}–{round_}"
+
+
+def footnote(rounds: Sequence[int], empty: Sequence[str] = (), paper: bool = False) -> str:
+    """What a comparison table's cells are (the window, the rows, seconds per round) and why a cell is "—"."""
+    r = max(rounds)
+    lines = [
+        f"@R: a run's mean over rounds R−2, R−1 and R (@{r}: rounds {r - 2}–{r}), then mean ± std over the row's runs "
+        "(seeds). (m_g) rows: the posterior's mean m_g as a point estimate; (predictive): the posterior predictive."
+    ]
+    if paper:
+        lines.append("paper: the published number (mean over 3 seeds, the same window); in brackets ours − paper.")
+    else:
+        lines.append(
+            "s/round: the median seconds of a round's training (client updates and server update) after the first."
+        )
+    lines += [why if why.startswith("/ —") else f"—: {why}." for why in dict.fromkeys(empty)]
+    return "\n".join(lines)
 
 
 def eval_set(history: list[dict]) -> str:
@@ -63,14 +94,25 @@ def eval_set(history: list[dict]) -> str:
 
 
 def plot_run(history: list[dict], path: Path, title: str = "") -> None:
+    """`run_figure` of `history`, written to `path` (nothing where the run measured none of `PLOTTABLE`)."""
+    plt = pyplot()
+    fig = run_figure(history, title)
+    if fig is None:
+        return
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_figure(history: list[dict], title: str = ""):
     """Accuracy and NLL (or what the run measured instead, `PLOTTABLE`) per round of one run, at the server mean and
-    for the predictive where there is one."""
+    for the predictive where there is one, on whole-round ticks; None where it measured none of them (a Flower run
+    without a server-side evaluation set)."""
     plt = pyplot()
     rounds = [line["round"] for line in history]
     where = eval_set(history)
     shown = [m for m in PLOTTABLE if f"{where}_{m[0]}" in history[0]][:2]
     if not shown:
-        return
+        return None
     fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.8), squeeze=False)
     for ax, (metric, label, scale) in zip(axes[0], shown, strict=True):
         ax.plot(rounds, [scale * line[f"{where}_{metric}"] for line in history], marker=".", label="at mean")
@@ -82,13 +124,20 @@ def plot_run(history: list[dict], path: Path, title: str = "") -> None:
                 label="posterior predictive",
             )
         ax.set_xlabel("round")
+        round_ticks(ax)
         ax.set_ylabel(f"{'validation' if where == 'val' else 'test'} {label}")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def round_ticks(ax) -> None:
+    """Whole rounds on `ax`'s x axis: a run of a few rounds gets 1, 2, 3, never 1.25 or 2.5."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def try_plot_run(history: list[dict], path: Path, title: str = "") -> None:
@@ -180,7 +229,7 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
     paper = paper_numbers(scenario)
     header = [_method_header(split), "runs"]
     header += [f"{label} @{r}: ours / paper" for _, label, _ in METRICS for r in rounds]
-    rows = []
+    rows, empty = [], []
     for (method, where), histories in sorted(groups.items()):
         base = method.split(" [")[0]  # a row of non-default settings is set beside the method's published numbers
         published = paper.get(base if where == "m_g" else f"{base}+predictive")
@@ -195,6 +244,10 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
                 values = [v for h in histories if (v := _last3(h, prefix + metric, r)) is not None]
                 theirs = published.get(metric, {}).get(str(r))
                 ours = scale * statistics.fmean(values) if values else None
+                if ours is None:
+                    empty.append(_why_empty(histories, prefix + metric, r))
+                if theirs is None:
+                    empty.append("/ —: the papers publish no number for that cell.")
                 shown = (
                     "—" if ours is None else f"{ours:.{digits}f}",
                     "—" if theirs is None else f"{theirs:.{published_digits}f}",
@@ -204,7 +257,7 @@ def _paper_table(groups: dict, rounds: list[int], split: str, scenario: str) -> 
         rows.append(cells)
     if not rows:
         return f"(none of these methods has published numbers for {scenario})"
-    return markdown_table(header, rows)
+    return f"{markdown_table(header, rows)}\n\n{footnote(rounds, empty, paper=True)}"
 
 
 def compare(
@@ -222,14 +275,15 @@ def compare(
     setting of each key is one of the values given (as `setting_labels` shows it) are compared."""
     runs, notes = _finished_runs(sources, only)
     groups, scenarios, split, metrics = _group(runs)
-    header, rows = _table_rows(groups, rounds, split, metrics)
-    markdown = markdown_table(header, rows)
+    header, rows, empty = _table_rows(groups, rounds, split, metrics)
+    note = footnote(rounds, empty)
+    markdown = f"{markdown_table(header, rows)}\n\n{note}"
     beside = _paper_table(groups, rounds, split, paper) if paper else None
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "table.md").write_text(markdown + "\n")
-        (out_dir / "table.tex").write_text(latex(header, rows))
+        (out_dir / "table.tex").write_text(latex(header, rows) + "".join(f"% {line}\n" for line in note.splitlines()))
         write_runs_file(out_dir / RUNS_FILE, runs)
         if beside is not None:
             (out_dir / "paper.md").write_text(beside + "\n")
@@ -283,13 +337,13 @@ def _group(runs: Sequence) -> tuple[dict[tuple[str, str], list[list[dict]]], set
 
 def _table_rows(
     groups: Mapping[tuple[str, str], list[list[dict]]], rounds: list[int], split: str, metrics: tuple
-) -> tuple[list[str], list[list[str]]]:
-    """The table's header and one row per group: mean ± std over its runs of each metric at each round r (a run's
+) -> tuple[list[str], list[list[str]], list[str]]:
+    """The table's header, one row per group: mean ± std over its runs of each metric at each round r (a run's
     value is the mean of its evaluations at rounds r − 2, r − 1 and r; a run without all three is left out), and
-    seconds per round."""
+    seconds per round; and why each "—" is empty (`_why_empty`)."""
     header = [_method_header(split), "runs"] + [f"{label} @{r}" for r in rounds for _, label, _ in metrics]
     header.append("s/round")
-    rows = []
+    rows, empty = [], []
     for (method, where), histories in sorted(groups.items()):
         prefix = f"ens_{split}_" if where == "predictive" else f"{split}_"
         cells = [f"{method} ({where})", str(len(histories))]
@@ -298,11 +352,12 @@ def _table_rows(
                 values = [v for h in histories if (v := _last3(h, prefix + metric, r)) is not None]
                 if not values:
                     cells.append("—")
+                    empty.append(_why_empty(histories, prefix + metric, r))
                     continue
                 cells.append(mean_std(values, scale, 1 if metric in PERCENT else 3))
         cells.append(_seconds_per_round(histories))
         rows.append(cells)
-    return header, rows
+    return header, rows, empty
 
 
 def _method_header(split: str) -> str:
@@ -359,6 +414,7 @@ def _plot_overlay(groups, path: Path, title: str, split: str = "test", metrics=M
                     alpha=0.15,
                 )
             ax.set_xlabel("round")
+            round_ticks(ax)
             ax.set_ylabel(f"{'validation' if split == 'val' else 'test'} {label}")
             ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()

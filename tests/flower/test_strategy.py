@@ -64,6 +64,8 @@ def test_a_strategy_in_a_users_own_apps_gives_the_local_engines_numbers(data, tm
     assert {"acc", "ens_acc", "personal_acc", "personal_ens_acc"} <= set(evaluated[-1])
     assert sorted(result.evaluate_metrics_clientapp) == [1, 2, 3]
     assert (tmp_path / "flower" / "posterior.safetensors").exists()
+    # with eval_data, the plots of a local run too (docs/deploy.md, "What a run leaves")
+    assert all((tmp_path / "flower" / name).exists() for name in ("curves.png", "reliability.json", "reliability.png"))
 
 
 def test_strategy_from_a_run_config_reads_flowers_conventions(data, tmp_path):
@@ -326,3 +328,23 @@ def test_a_strategy_resumes_with_what_a_resume_may_change_changed(data, tmp_path
     assert not (tmp_path / "before").exists()
     local = _local(parts, test, tmp_path / "local", "ivon-admm", IVON)
     assert_same_metrics(local.history, lines(moved), tol=1e-9)
+
+
+def test_a_run_without_a_server_side_evaluation_set_says_so_and_leaves_what_docs_deploy_lists(data, tmp_path):
+    parts, test = data
+    torch.manual_seed(7)
+    model = user_app.make_model()
+    s = strategy("fedavg", model=model, rounds=2, seed=7, eval_samples=4, dtype="float64", out=tmp_path / "run",
+                 lr=0.05, epochs=1, batch_size=8)  # fmt: skip
+    _start(s, parts, test, model)
+    log = (tmp_path / "run" / "flower.log").read_text().splitlines()
+    said = [line for line in log if "no server-side evaluation set" in line]
+    assert len(said) == 1 and "writes no curves.png and no reliability diagram" in said[0]
+    assert "the nodes' own scores are in client-evaluation.jsonl" in said[0]
+    files = {p.name for p in (tmp_path / "run").iterdir()}
+    # docs/deploy.md, "What a run leaves": with no eval_data, these and no curves.png or reliability diagram
+    leaves = {"config.json", "metrics.jsonl", "checkpoint.pt", "status.json", "posterior.safetensors", "flower.log",
+              "client-evaluation.jsonl", "environment.json"}  # fmt: skip
+    assert leaves <= files
+    assert not files & {"curves.png", "reliability.png", "reliability.json"}
+    assert not any("acc" in key or "nll" in key for key in lines(tmp_path / "run")[-1])

@@ -19,7 +19,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     compare.add_argument(
         "sources", nargs="+", type=Path, metavar="RUNS", help="run folders, sweep folders or runs.jsonl files"
     )
-    compare.add_argument("--rounds", default="10,25,50", help="comma-separated rounds (default 10,25,50)")
+    add_table_rounds(compare)
     methods.add_option(compare)
     compare.add_argument(
         "--out",
@@ -44,14 +44,30 @@ def add_parser(commands) -> argparse.ArgumentParser:
     return compare
 
 
+def add_table_rounds(parser: argparse.ArgumentParser) -> None:
+    """The table's rounds, `--at` (`--rounds`, its former name, is still accepted): named apart from a run's
+    `rounds=`, the rounds it trains, which it is not."""
+    parser.add_argument(
+        "--at",
+        "--rounds",
+        dest="at",
+        default="10,25,50",
+        metavar="R,R,...",
+        help="the rounds the table shows, comma-separated (default 10,25,50); each cell at R is the mean of rounds "
+        "R-2..R. Not the rounds the runs train (rounds=N); --rounds is an older name of this option",
+    )
+
+
 def table_rounds(text: str) -> list[int]:
-    """--rounds of a table: round numbers >= 1, comma-separated."""
+    """--at of a table: round numbers >= 1, comma-separated."""
     try:
         rounds = [int(r) for r in text.split(",") if r.strip()]
     except ValueError:
         rounds = []
     if not rounds or min(rounds) < 1:
-        raise ValueError(f"--rounds takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {text!r}")
+        raise ValueError(
+            f"--at (the table's rounds) takes round numbers >= 1 separated by commas (e.g. 10,25,50), got {text!r}"
+        )
     return rounds
 
 
@@ -60,7 +76,7 @@ def command(args) -> int:
     from bayesadmm.reports import compare
 
     try:
-        rounds = table_rounds(args.rounds)
+        rounds = table_rounds(args.at)
         only = {}
         for pair in args.only:
             key, sep, values = pair.partition("=")

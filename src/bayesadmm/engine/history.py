@@ -13,7 +13,19 @@ from typing import Any
 
 from bayesadmm.engine.rundir import RunDirError, open_append, read_bytes
 
-__all__ = ["metrics_line", "append_line", "read_metrics", "mean_client_info", "headline", "progress_bar", "on_done"]
+__all__ = [
+    "metrics_line",
+    "append_line",
+    "read_metrics",
+    "mean_client_info",
+    "headline",
+    "progress_bar",
+    "RoundLog",
+    "log_every",
+    "close_progress",
+    "note",
+    "on_done",
+]
 
 
 def metrics_line(
@@ -80,18 +92,29 @@ def mean_client_info(infos: Mapping[int, Mapping[str, float]]) -> dict[str, floa
 
 
 def headline(line: Mapping[str, Any], eval_set: str) -> str:
-    """The metric the progress bar shows: accuracy, else RMSE, else NLL, of the predictive where there is one."""
+    """The metric the progress shows: accuracy, else RMSE, else NLL, of the posterior predictive where there is one,
+    else at the posterior's mean (a point estimate's only value), and which of the two it is."""
     for key, label, scale in (("acc", "acc", 100), ("rmse", "rmse", 1), ("nll", "nll", 1)):
-        for name in (f"ens_{eval_set}_{key}", f"{eval_set}_{key}"):
+        for name, of in ((f"ens_{eval_set}_{key}", "predictive"), (f"{eval_set}_{key}", "at mean")):
             if name in line:
-                return f"{label} {scale * line[name]:.1f}%" if scale == 100 else f"{label} {line[name]:.4g}"
+                value = f"{scale * line[name]:.1f}%" if scale == 100 else f"{line[name]:.4g}"
+                return f"{label} ({of}) {value}"
     return ""
 
 
-def progress_bar(last_round: int, start: int, enabled: bool, title: str):
-    """The rounds' progress bar on stderr (a disabled one where not `enabled`)."""
+# A log prints at most this many round lines a run (every round of a short run; every N-th and the last of a long one)
+LOG_LINES = 50
+
+
+def progress_bar(last_round: int, start: int, enabled: bool, title: str, stream: Any = None):
+    """The rounds' progress on `stream` (default stderr): a tqdm bar where it is a terminal; where it is not (a file,
+    a pipe, CI), a `RoundLog` of lines, since a bar's hundreds of carriage-return updates would fill the log; a
+    disabled bar where not `enabled`."""
     from tqdm import tqdm
 
+    stream = sys.stderr if stream is None else stream
+    if enabled and not is_terminal(stream):
+        return RoundLog(last_round, start, title or "rounds", stream)
     return tqdm(
         total=last_round,
         initial=start,
@@ -99,8 +122,78 @@ def progress_bar(last_round: int, start: int, enabled: bool, title: str):
         unit="round",
         disable=not enabled,
         dynamic_ncols=True,
-        file=sys.stderr,
+        file=stream,
     )
+
+
+def is_terminal(stream: Any) -> bool:
+    """Whether `stream` is a terminal (a stream without `isatty`, or a closed one, is not)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def log_every(last_round: int) -> int:
+    """Every how many rounds a `RoundLog` prints a line: 1 up to `LOG_LINES` − 1 rounds, more for longer runs, so
+    that a run prints at most `LOG_LINES` round lines (the multiples of it, and the last round)."""
+    return max(1, -(-last_round // (LOG_LINES - 1)))
+
+
+class RoundLog:
+    """The progress of a run's rounds as lines of a log, where the output is not a terminal: one line per round (per
+    `log_every` rounds for long runs, the last round always), then one when the run ends (`close`). It takes the
+    calls `Run` makes of a tqdm bar (`set_postfix_str`, `update`, `write`, `close`).
+
+        ivon-admm: round 3/10  acc (predictive) 93.1%  (4 s elapsed)
+        ivon-admm: completed after round 10/10 in 12 s"""
+
+    def __init__(self, last_round: int, start: int, title: str, stream: Any):
+        self.total, self.n, self.title, self.stream = last_round, start, title, stream
+        self.every = log_every(last_round)
+        self.postfix = ""
+        self.began = time.perf_counter()
+        self.closed = False
+
+    def set_postfix_str(self, text: str = "", refresh: bool = True) -> None:
+        self.postfix = text
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.n % self.every == 0 or self.n >= self.total:
+            shown = f"  {self.postfix}" if self.postfix else ""
+            self.write(f"{self.title}: round {self.n}/{self.total}{shown}  ({self._elapsed()} elapsed)")
+
+    def write(self, text: str) -> None:
+        """A line of its own on the log's stream."""
+        print(text, file=self.stream, flush=True)
+
+    def close(self, outcome: str = "") -> None:
+        """The run's last line: how it ended (`outcome`, e.g. "completed"), after which round, in how long; once."""
+        if self.closed:
+            return
+        self.closed = True
+        self.write(f"{self.title}: {outcome or 'ended'} after round {self.n}/{self.total} in {self._elapsed()}")
+
+    def _elapsed(self) -> str:
+        return f"{time.perf_counter() - self.began:.0f} s"
+
+
+def close_progress(bar: Any, outcome: str) -> None:
+    """Close a run's progress (`progress_bar`'s): a log's last line says `outcome`; a tqdm bar just closes."""
+    if isinstance(bar, RoundLog):
+        bar.close(outcome)
+    else:
+        bar.close()
+
+
+def note(bar: Any, text: str) -> None:
+    """`text` as a line of its own in a run's progress (above a terminal's bar, which goes on below it); nothing where
+    the progress is switched off."""
+    if isinstance(bar, RoundLog):
+        bar.write(text)
+    elif not getattr(bar, "disable", True):
+        bar.write(text, file=bar.fp)
 
 
 def on_done(bar: Any, total: int, began: float) -> Callable[[int], None]:

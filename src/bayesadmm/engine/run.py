@@ -26,7 +26,16 @@ from bayesadmm.engine.federation import (
     Result,
     participants,
 )
-from bayesadmm.engine.history import append_line, headline, mean_client_info, metrics_line, on_done, progress_bar
+from bayesadmm.engine.history import (
+    append_line,
+    close_progress,
+    headline,
+    mean_client_info,
+    metrics_line,
+    note,
+    on_done,
+    progress_bar,
+)
 from bayesadmm.engine.history import read_metrics as _read_metrics
 from bayesadmm.engine.identity import check_same_run, evaluation_fingerprint
 from bayesadmm.engine.leavings import save_posterior, write_reliability
@@ -45,6 +54,7 @@ from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.store import StoreSpec, store_kind
 from bayesadmm.metrics import evaluate
+from bayesadmm.optim.compilation import compiled_here, compiling_note
 from bayesadmm.privacy.client_level import BudgetExhausted, PrivateServer
 from bayesadmm.privacy.example_level import ExampleServer
 
@@ -229,6 +239,8 @@ class Run:
             # those of a checkpoint the kill did not let finish, before a disk store writes blocks of its own
             remove_stale_shards(self.run_dir, checkpoint)
             self.clients.restore(checkpoint, self.run_dir)
+        if compiled_kernels(self.algorithm) and not compiled_here():  # the first round waits for the compiler
+            note(self._bar, compiling_note(self.round + 1))
 
     def _make_clients(self) -> ClientRunner:
         if self.runner is not None:
@@ -389,7 +401,7 @@ class Run:
         try:
             yield
         except (KeyboardInterrupt, SystemExit) as exc:  # say so, so that a watcher does not wait for a dead run
-            self._close_bar()
+            self._close_bar("interrupted")
             then = (
                 f"resume goes on from the checkpoint of round {self.checkpointed}"
                 if self.checkpoint_path.exists()
@@ -399,7 +411,7 @@ class Run:
             final_status(self.status_path, "interrupted", self.checkpointed, f"{why}; {then}")
             raise
         except BaseException as exc:  # anything else: the run failed, and status.json says why
-            self._close_bar()
+            self._close_bar("failed")
             final_status(self.status_path, "failed", self.checkpointed, f"{type(exc).__name__}: {exc}")
             raise
         finally:
@@ -408,7 +420,6 @@ class Run:
     def finish(self) -> Result:
         """The final status (completed, stopped as asked, or diverged), written after the plot of the metrics (the
         status tells a watcher the run directory is complete); the run's `Result`."""
-        self._close_bar()
         code, status = self.outcome or (EXIT_OK, {})
         if self.outcome is None and self.settings.last_round == self.settings.rounds:
             status = {"status": "completed", "round": self.settings.rounds}
@@ -418,6 +429,7 @@ class Run:
                 "round": self.settings.last_round,
                 "message": f"stopped after round {self.settings.stop_at} as asked (stop_at); resume goes on",
             }
+        self._close_bar(status["status"])
         if self.history:
             reports.try_plot_run(self.history, self.run_dir / "curves.png", title=self.title)
             posterior = self.algorithm.posterior(self.server)
@@ -447,9 +459,10 @@ class Run:
             clients, self.clients = self.clients, None
             clients.close()
 
-    def _close_bar(self) -> None:
+    def _close_bar(self, outcome: str) -> None:
+        """Close the progress; a log's last line says how the run ended (`outcome`)."""
         if self._bar is not None:
-            self._bar.close()
+            close_progress(self._bar, outcome)
 
     def __enter__(self) -> Run:
         return self

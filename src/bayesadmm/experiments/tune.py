@@ -319,6 +319,8 @@ def _plot(curves: Mapping[int, list[tuple[int, float]]], best: int | None, tunin
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from bayesadmm.reports import round_ticks
+
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for number, points in sorted(curves.items()):
         if points:
@@ -333,6 +335,7 @@ def _plot(curves: Mapping[int, list[tuple[int, float]]], best: int | None, tunin
                 label=f"trial {number} (chosen)" if chosen else None,
             )
     axes.set_xlabel("round")
+    round_ticks(axes)
     axes.set_ylabel(tuning.metric)
     axes.set_title(f"{tuning.base.method} on {tuning.scenario}: each trial's validation curve")
     if best is not None:

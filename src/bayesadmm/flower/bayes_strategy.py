@@ -267,6 +267,8 @@ class BayesStrategy(Strategy):
             raise RuntimeError(f"after {self.timeouts.discovery:g} s no SuperNode answered; start them and try again")
         self.log("clients -> nodes: " + ", ".join(f"{k} -> {n}" for k, n in nodes.items()))
         federation = self.federation_of(sizes, _named(arrays))
+        if federation.eval_X is None:
+            self.log(without_evaluation(self.fraction_evaluate))
         self._text = json.dumps(self.setup, sort_keys=True)  # as `federation_of` completed it (a DP noise)
         ids = federation.clients.sizes
         clients = self.clients = FlowerClients(
@@ -336,6 +338,20 @@ def _named(arrays: ArrayRecord) -> dict[str, Tensor] | None:
     if not arrays:
         return None
     return {name: torch.from_numpy(np.array(a.numpy(), copy=True)) for name, a in arrays.items()}
+
+
+def without_evaluation(fraction_evaluate: float) -> str:
+    """What the log says of a run without a server-side evaluation set: which of a local run's files it leaves out,
+    and where the nodes' scores are, if anywhere."""
+    nodes = (
+        f"the nodes' own scores are in {CLIENT_EVALUATION} (fraction-evaluate)"
+        if fraction_evaluate > 0
+        else f"set fraction-evaluate > 0 for the nodes' own scores ({CLIENT_EVALUATION})"
+    )
+    return (
+        "no server-side evaluation set (eval_data, eval-data): metrics.jsonl holds no accuracy or NLL, and the run "
+        f"writes no curves.png and no reliability diagram; {nodes}"
+    )
 
 
 def _same_arrays(a: ArrayRecord, b: ArrayRecord) -> bool:

@@ -93,7 +93,7 @@ def strategy_of(run: FlowerRun) -> BayesStrategy:
             f"{kind}{where}_{metric}" for metric in ("acc", "nll") for where in ("test", "val") for kind in ("ens_", "")
         ]
         scores = [f"{key} {line[key]:.4g}" for key in keys if key in line]
-        log(f"round {line['round']}: {line['participants']} clients, " + ", ".join(scores[:1]))
+        log(f"round {line['round']}: {line['participants']} clients" + "".join(f", {score}" for score in scores[:1]))
 
     return BayesStrategy(
         federation_of, setup, run.settings, run.run_dir, config=run.config_record, clients=run.clients or None,

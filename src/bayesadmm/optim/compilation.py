@@ -37,6 +37,8 @@ __all__ = [
     "check_mode",
     "compile_pays",
     "decide",
+    "compiled_here",
+    "compiling_note",
 ]
 
 MODES = ("auto", "on", "off")
@@ -86,3 +88,17 @@ def decide(mode: str, dim: int, steps: float) -> bool:
     if problem:
         raise ValueError(problem)
     return mode == "on" or (mode == "auto" and compile_pays(dim, steps))
+
+
+def compiled_here() -> bool:
+    """Whether this process has compiled IVON's kernels already (a later run in it does not wait for the compiler;
+    worker processes compile their own)."""
+    return any(fn.compiled_here() for fn in COMPILED)  # type: ignore[attr-defined]
+
+
+def compiling_note(round_: int) -> str:
+    """What a run's progress says before round `round_` when that round compiles the kernels first."""
+    return (
+        f"round {round_} compiles IVON's kernels first (torch.compile, once per process: about {COLD_COMPILE_S:.0f} s "
+        "on an empty cache); compile=off runs them eagerly instead"
+    )

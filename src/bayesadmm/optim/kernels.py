@@ -102,6 +102,8 @@ def fused(fn: Callable, *, inductor_config: dict[str, Any] | None = None) -> Cal
             return fn(*args)
 
     run.eager = fn  # type: ignore[attr-defined]   # the uncompiled function, for tests and debugging
+    # whether this process has run it compiled already (a run's first round then does not wait for the compiler)
+    run.compiled_here = lambda: "compiled" in state and state["compiled"] is not fn  # type: ignore[attr-defined]
     return run
 
 
