@@ -12,6 +12,7 @@ It is registered as "newcomer-fedavgm" (examples/my_methods.py, loaded by tests/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -148,7 +149,9 @@ def test_the_command_line_with_methods(tmp_path):
     out = tmp_path / "cli"
     args = ["run", "diabetes-iid5", f"method={NAME}", "rounds=2", "momentum=0.5", "workers=1", f"out={out}"]
     assert main([*args, "--quiet", "--methods", __file__]) == 0
-    assert json.loads((out / "config.json").read_text())["hparams"] == {"momentum": 0.5}
+    recorded = json.loads((out / "config.json").read_text())["hparams"]
+    assert recorded["momentum"] == 0.5 and recorded["server_lr"] == 1.0  # every hyperparameter, defaults included
+    assert set(recorded) == {f.name for f in dataclasses.fields(Hparams)}
     assert json.loads((out / "status.json").read_text())["status"] == "completed"
 
 

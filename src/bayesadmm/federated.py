@@ -251,7 +251,8 @@ def run(
             uninterrupted run would have.
         overwrite: replace a run already in `out`; without it a run directory that holds a run raises
             `RunDirError`, as does a second process writing the same directory.
-        progress: show a progress bar.
+        progress: show the progress: a bar on a terminal, one line per round (at most 50 a run) and one at the end
+            where stderr is not a terminal (a file, a pipe, CI).
         on_round: called with each round's metrics line (a dict).
         personal_split: hold out this fraction of every client's data as its own test split (seeded, stream
             `engine.personal.PERSONAL_SPLIT`; 0: none, the run as without it) and evaluate on it, after the last
