@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,10 @@ def test_every_declared_search_space_fits_its_method():
 def test_trials_see_only_the_validation_split_and_a_tune_goes_on(tmp_path, data_dir):
     out = tmp_path / "tune"
     tuning = Tuning("fmnist-heterog10", _fixed(data_dir, 2), space_for("fedavg"), out, trials=2, heartbeat=1)
-    study = tuning.run()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        study = tuning.run()
+    assert not [w for w in caught if issubclass(w.category, optuna.exceptions.ExperimentalWarning)]
     assert len(study.trials) == 2 and (out / "study.db").exists()
     for folder in out.glob("trial-*"):
         lines = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]

@@ -201,7 +201,7 @@ def _targets(who: str, X: Tensor, y: Tensor, likelihood: Likelihood) -> Tensor:
         if y.is_floating_point() or y.is_complex():
             raise DataError(
                 f"{who}: labels are {str(y.dtype).removeprefix('torch.')}, but Classification takes integer class "
-                "indices; pass y.long()"
+                "indices; pass integer labels (y.astype(int) for a numpy array, y.long() for a tensor)"
             )
         return y.long()  # any integer dtype: F.cross_entropy and nll_grad's scatter index with int64
     if isinstance(likelihood, GaussianRegression) and (y.is_complex() or y.dtype == torch.bool):

@@ -74,7 +74,7 @@ def test_register_refuses_a_second_spec_under_a_taken_name_unless_replace():
         ("fedlap", {"delta": 1.0, "lr": 0.1, "rho": "half"}, "rho must be 'size' or a number in"),
         ("fedlap-cov", {"delta": 1.0, "lr": 0.1, "curvature": "kfac"}, "curvature must be one of ggn, mc-fisher"),
         ("fedep", {"inference": "gibbs"}, "inference must be one of identity, laplace, mcmc, ngvi"),
-        ("fedprox", {}, "fedprox needs mu"),
+        ("fedprox", {}, "fedprox needs mu; starting values: the presets, `bayesadmm methods show fedprox`"),
         ("fedavg", {"momentum": 0.9}, "fedavg has no hyperparameters momentum; valid: lr, epochs"),
     ],
 )

@@ -143,7 +143,7 @@ BAD = [
     ("negative label", "client 2: label -1 is negative", "map the labels to the class indices 0..2"),
     ("fewer outputs than classes", "label 2 is out of range for the model's 2 outputs", "give the model 3 outputs"),
     ("test label out of range", "the test set: label 5 is out of range", "give the model 6 outputs"),
-    ("float labels", "client 1: labels are float32", "pass y.long()"),
+    ("float labels", "client 1: labels are float32", "y.astype(int) for a numpy array, y.long() for a tensor"),
     ("one-hot float labels", "client 1: labels have shape (10, 3)", "pass y.argmax(1)"),
     ("one-hot integer labels", "client 1: labels have shape (10, 3)", "pass y.argmax(1)"),
     ("labels of shape (N, 1)", "client 1: labels have shape (10, 1)", "pass y.reshape(-1)"),

@@ -137,7 +137,10 @@ class MethodSpec:
             raise ValueError(unknown(f"{self.name} has no hyperparameters", extra, valid))
         missing = [f.name for f in self.fields() if _required(f) and f.name not in values]
         if missing:
-            raise ValueError(f"{self.name} needs {', '.join(missing)}")
+            raise ValueError(
+                f"{self.name} needs {', '.join(missing)}; starting values: the presets, "
+                f"`bayesadmm methods show {self.name}`"
+            )
         return self.hparams(**values)
 
     def resolved(self, **values: Any) -> dict[str, Any]:

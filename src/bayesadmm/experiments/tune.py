@@ -24,9 +24,11 @@ setting on the test set with several seeds) and curves.png (each trial's validat
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,6 +139,15 @@ def reported_metrics(config: RunConfig) -> list[str]:
     return sorted(f"val_{name}" for name in names)
 
 
+@contextlib.contextmanager
+def _stable(optuna: Any) -> Iterator[None]:
+    """Optuna's ExperimentalWarning silenced within: the heartbeat that retries a trial a kill cut off is "experimental"
+    there (since v2.9), which a user of `tune` cannot act on. Only within, not for the process."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
+
+
 def _optuna():
     try:
         import optuna
@@ -187,12 +198,13 @@ class Tuning:
     def study(self):
         optuna = _optuna()
         self.out.mkdir(parents=True, exist_ok=True)
-        storage = optuna.storages.RDBStorage(
-            f"sqlite:///{(self.out / 'study.db').resolve()}",
-            heartbeat_interval=self.heartbeat,
-            grace_period=3 * self.heartbeat,
-            heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
-        )
+        with _stable(optuna):
+            storage = optuna.storages.RDBStorage(
+                f"sqlite:///{(self.out / 'study.db').resolve()}",
+                heartbeat_interval=self.heartbeat,
+                grace_period=3 * self.heartbeat,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2),
+            )
         return optuna.create_study(
             study_name=STUDY,
             storage=storage,
@@ -205,7 +217,8 @@ class Tuning:
     def run(self):
         """Run trials until the budget is spent; returns the Optuna study."""
         study = self.study()
-        _optuna().storages.fail_stale_trials(study)  # a trial cut off by a kill is retried before the budget counts
+        with _stable(_optuna()):
+            _optuna().storages.fail_stale_trials(study)  # a trial cut off by a kill is retried before the budget counts
         while not self._spent(study):
             study.optimize(self._objective, n_trials=1, catch=())
             if self.on_trial is not None:
