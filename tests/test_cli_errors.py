@@ -44,6 +44,7 @@ def _run(capsys, *args: str) -> tuple[int, str]:
         ("noise=0.5", "unknown key 'noise': a setting of likelihood gaussian, not of this run's classification; "
                       "set it as likelihood=gaussian likelihood.noise=VALUE"),
         ("lrr=0.1", "unknown key 'lrr' (did you mean lr?); valid keys:"),
+        ("method=ama", "ama needs rho (not in the preset; set them as KEY=VALUE; `bayesadmm methods show ama` lists"),
     ],
 )
 def test_a_bad_setting_is_exit_2_before_the_run_directory(tmp_path, capsys, data_dir, override, message):

@@ -205,7 +205,10 @@ def _targets(who: str, X: Tensor, y: Tensor, likelihood: Likelihood) -> Tensor:
             )
         return y.long()  # any integer dtype: F.cross_entropy and nll_grad's scatter index with int64
     if isinstance(likelihood, GaussianRegression) and (y.is_complex() or y.dtype == torch.bool):
-        raise DataError(f"{who}: targets are {y.dtype}; GaussianRegression takes real targets, pass y.float()")
+        raise DataError(
+            f"{who}: targets are {y.dtype}; GaussianRegression takes real targets, pass "
+            "y.astype(float) for a numpy array, y.float() for a tensor"
+        )
     return y
 
 

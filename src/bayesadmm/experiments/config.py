@@ -297,7 +297,10 @@ def _type_hparams(method: str, hparams: dict, hparam_specs: typing.Mapping[str, 
         raise ConfigError(unknown(f"{method} has no hyperparameters", extra, sorted(hparam_specs)))
     missing = sorted(k for k, p in hparam_specs.items() if p.default is inspect.Parameter.empty and k not in hparams)
     if missing:
-        raise ConfigError(f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE)")
+        raise ConfigError(
+            f"{method} needs {', '.join(missing)} (not in the preset; set them as KEY=VALUE; "
+            f"`bayesadmm methods show {method}` lists the presets of the built-in scenarios)"
+        )
     try:
         hparams.update(method_spec(method).resolved(**hparams))
     except (TypeError, ValueError) as exc:
