@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from bayesadmm.engine.rundir import write_json
+
 __all__ = [
     "plot_reliability",
     "reliability_figure",
@@ -70,8 +72,6 @@ def reliability_figure(report: dict, title: str = ""):
 def write_reliability(run_dir: Path, report: dict, title: str = "") -> None:
     """`reliability.json` (the report: each side's metrics and diagram) and `reliability.png` in `run_dir`; a
     failure is reported on stderr, not raised: a plot is never worth losing a run's status."""
-    from bayesadmm.engine.rundir import write_json
-
     try:
         write_json(run_dir / "reliability.json", report)
         plot_reliability(report, run_dir / "reliability.png", title)

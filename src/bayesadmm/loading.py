@@ -38,12 +38,21 @@ from typing import Any, NamedTuple
 from torch import nn
 
 from bayesadmm.algorithms import Algorithm
+from bayesadmm.algorithms.spec import get, names
 from bayesadmm.engine.federation import EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, Result
 from bayesadmm.engine.history import read_metrics
 from bayesadmm.engine.rundir import RUN_FILES, RunDirError, load_state, read_bytes
+from bayesadmm.engine.settings import KEYS, problems
+from bayesadmm.experiments.build import make_algorithm_factory, scenario_model
+from bayesadmm.experiments.config import ConfigError
+from bayesadmm.experiments.config import load as load_config
+from bayesadmm.federated import assemble
+from bayesadmm.flower.app_config import _settings as app_settings
+from bayesadmm.flower.app_config import likelihood_of, likelihood_spelling, parse_hparams
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior import layout_of
+from bayesadmm.privacy import DPSettings
 
 __all__ = ["load"]
 
@@ -130,10 +139,6 @@ def _scenario_run(
     run_dir: Path, model: Any, likelihood: Likelihood | None
 ) -> tuple[Callable[[], Algorithm], FlatModel, dict]:
     """The algorithm factory, model and scenario record of a `bayesadmm run` directory."""
-    from bayesadmm.experiments.build import make_algorithm_factory, scenario_model
-    from bayesadmm.experiments.config import ConfigError
-    from bayesadmm.experiments.config import load as load_config
-
     try:
         config = load_config(run_dir)
     except ConfigError as exc:  # also a method that no module registered here (it names --methods)
@@ -219,9 +224,6 @@ def _flower_app_run(
     """The algorithm factory and model of a run of the Flower run-config app with a model of your own (config.json:
     the run config, under "flower", and the clients' sizes). The run config names the model as an entry point, which
     is never imported here: `model` is the caller's (its size checked against the checkpoint's posterior)."""
-    from bayesadmm.flower.app_config import _settings as app_settings
-    from bayesadmm.flower.app_config import parse_hparams
-
     path = run_dir / "config.json"
     run_config = _expect(path, "flower", config["flower"], Mapping, "the Flower run config (a table)")
     name = run_config.get("model")
@@ -282,9 +284,6 @@ def _factory(
     """The factory of registered method `method` as the run built it (`federated.assemble`), made private as the
     run's `dp` record says (None: not private; the noise the record holds, or calibrated from the same budget, sizes
     and rounds); a value no check above refused but the method does is a RunDirError naming the file."""
-    from bayesadmm.federated import assemble
-    from bayesadmm.privacy import DPSettings
-
     rounds, participation, compile_, seed = schedule
 
     def assembled(settings: DPSettings | None) -> Callable[[], Algorithm]:
@@ -363,8 +362,6 @@ def _own_model(path: Path, model: Any, parameters: Any, recorded: str | None) ->
 
 def _method(run_dir: Path, path: Path, key: str, method: Any) -> str:
     """The run's registered method's name."""
-    from bayesadmm.algorithms.spec import names
-
     _expect(path, key, method, str, "a method's name")
     if method not in names():
         raise RunDirError(_unregistered(run_dir, repr(method)))
@@ -380,8 +377,6 @@ _JSON_KINDS: dict[str, tuple[type, ...]] = {
 def _hparams(path: Path, key: str, method: str, hparams: Any) -> dict:
     """The run's hyperparameters of `method`, each of the JSON kind its field's annotation declares (a number for a
     float, ...); unknown, missing or invalid ones are the method's to refuse (`_factory`)."""
-    from bayesadmm.algorithms.spec import get
-
     _expect(path, key, hparams, Mapping, "a table of the method's hyperparameters")
     fields = {f.name: f for f in get(method).fields()}
     for name, value in hparams.items():
@@ -402,8 +397,6 @@ def _hparams(path: Path, key: str, method: str, hparams: Any) -> dict:
 def _settings(path: Path, key: str, settings: Any) -> Mapping[str, Any]:
     """The run's settings (rounds, seed, participation, compile, ...) as `engine.settings` checks them (the device
     aside: the state loads on the CPU)."""
-    from bayesadmm.engine.settings import KEYS, problems
-
     _expect(path, key, settings, Mapping, "a table of the run's settings")
     if "rounds" not in settings:
         raise RunDirError(f"{path}: {key} has no rounds; restore the run's file")
@@ -439,8 +432,6 @@ def _spelt_likelihood(run_dir: Path, path: Path, key: str, spelt: Any, given: Li
     """A Flower run's likelihood from its spelling (`app_config.likelihood_spelling`): "classification",
     "regression:NOISE", "poisson" (rebuilt by `app_config.likelihood_of`; `given`, if any, must be spelt alike), or
     "own:Name" (the caller's, of that class)."""
-    from bayesadmm.flower.app_config import likelihood_of, likelihood_spelling
-
     _expect(path, key, spelt, str, "a likelihood's name")
     if spelt.startswith("own:"):
         if given is None or likelihood_spelling(given) != spelt:

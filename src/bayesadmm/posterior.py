@@ -25,7 +25,9 @@ from torch import Tensor, nn
 
 from bayesadmm import families
 from bayesadmm.algorithms.base import PointEstimate
+from bayesadmm.engine.rundir import read_bytes, write_bytes
 from bayesadmm.likelihoods import Classification, Likelihood
+from bayesadmm.metrics import _in_batches
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior_file import DTYPES, FAMILIES, Layout, PosteriorFileError, decode, encode
 
@@ -104,8 +106,6 @@ class Posterior:
     def save(self, path: str | Path) -> Path:
         """Write the posterior to `path` (a `.safetensors` file, `posterior_file`): whole or not at all (a temporary
         name, fsync, rename). Returns the path."""
-        from bayesadmm.engine.rundir import write_bytes
-
         dtype = {v: k for k, v in DTYPES.items()}.get(self.mean.dtype)
         if dtype is None:
             raise ValueError(f"a posterior file holds float32 or float64 numbers, this posterior is {self.mean.dtype}")
@@ -128,8 +128,6 @@ class Posterior:
         """The posterior `save` wrote to `path`, every field checked (format, version, checksum, shapes against the
         family and the layout, finite values, a valid Gaussian): a `PosteriorFileError` (a ValueError) otherwise.
         Nothing in the file is executed; it is read without following a symbolic link."""
-        from bayesadmm.engine.rundir import read_bytes
-
         where = str(path)
         header, tensors = decode(read_bytes(Path(path)), where)
         dim = int(header["dim"])
@@ -194,7 +192,6 @@ class Posterior:
         flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
         self._check_model(flat.layout, "the model")
         likelihood = likelihood or Classification()
-        from bayesadmm.metrics import _in_batches  # the batching evaluate uses, so both give the same numbers
 
         with torch.inference_mode():
             mean = self.mean

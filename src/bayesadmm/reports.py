@@ -19,6 +19,8 @@ from pathlib import Path
 
 from bayesadmm.diagrams import pyplot, with_uncertainty
 from bayesadmm.engine.identity import completed
+from bayesadmm.experiments.config import RunConfig
+from bayesadmm.experiments.scenario_data import references
 from bayesadmm.results import RUNS_FILE, gather, write_runs_file
 from bayesadmm.tables import latex, markdown_table, mean_std
 
@@ -168,8 +170,6 @@ def setting_of(config: dict) -> dict[str, str]:
     from an older version may lack keys added since, and an older record the hyperparameters that were not set: they
     count as their defaults (`engine.identity.completed`)."""
     if "method" in config and "settings" not in config:
-        from bayesadmm.experiments.config import RunConfig
-
         config = {**RunConfig().to_json(), **config}
     config = completed(config)  # the hyperparameters an older record left out, at their defaults
     flat: dict[str, str] = {}
@@ -216,8 +216,6 @@ def paper_numbers(scenario: str) -> dict:
     posterior at its mean, METHOD+predictive for the posterior predictive): the scenario files' reference rows and
     any registered method's own `MethodSpec.reference` (`scenario_data.references`). Mean over 3 seeds of each run's
     mean over the last 3 rounds up to the round; acc in %, nll the test NLL."""
-    from bayesadmm.experiments.scenario_data import references
-
     table = references()
     if scenario not in table:
         raise ValueError(f"no paper numbers for scenario {scenario!r}; known: {', '.join(sorted(table))}")

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from bayesadmm.cli import methods
+from bayesadmm.personal_reports import personal_report
+from bayesadmm.reports import compare
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -72,9 +74,6 @@ def table_rounds(text: str) -> list[int]:
 
 
 def command(args) -> int:
-    from bayesadmm.personal_reports import personal_report
-    from bayesadmm.reports import compare
-
     try:
         rounds = table_rounds(args.at)
         only = {}

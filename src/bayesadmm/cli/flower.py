@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from bayesadmm.experiments.config import ConfigError, resolve
+
 
 def add_parser(commands) -> argparse.ArgumentParser:
     """The `flower` subcommand's parser, with its `demo` and `resume` subcommands."""
@@ -55,7 +57,7 @@ def command(args) -> int:
 
 def _flower_resume(args) -> int:
     try:
-        from bayesadmm.flower.resume import resume, resume_argv
+        from bayesadmm.flower.resume import resume, resume_argv  # optional: Flower, inside the ImportError guard
 
         resume_argv(args.run_dir, args.connection, args.app, args.stop_at)  # checks the run directory first
     except (ImportError, ValueError) as exc:
@@ -65,15 +67,13 @@ def _flower_resume(args) -> int:
 
 
 def _flower_demo(args) -> int:
-    from bayesadmm.experiments.config import ConfigError, resolve
-
     if "=" in args.scenario:  # `bayesadmm flower demo method=fedavg`: no scenario given, only overrides
         args.overrides, args.scenario = [args.scenario, *args.overrides], "fmnist-heterog10"
     if args.supernodes < 1 or args.rounds < 1:
         print("bayesadmm: --supernodes and --rounds must be at least 1", file=sys.stderr)
         return 2
     try:
-        from bayesadmm.flower.demo import DeploymentError, run_demo
+        from bayesadmm.flower.demo import DeploymentError, run_demo  # optional: Flower, inside the ImportError guard
     except ImportError as exc:
         print(f"bayesadmm: Flower is not installed ({exc}); pip install -e '.[flower]'", file=sys.stderr)
         return 2

@@ -11,11 +11,13 @@ import os
 import sys
 from pathlib import Path
 
+from bayesadmm.algorithms import names as registered
+from bayesadmm.algorithms import spec
+from bayesadmm.experiments.methods import describe
+
 
 def names() -> list[str]:
     """The registered methods' names."""
-    from bayesadmm.algorithms import names as registered
-
     return registered()
 
 
@@ -34,8 +36,6 @@ def add_option(command: argparse.ArgumentParser) -> None:
 def load(files: list[str]) -> int:
     """Import the method modules named by --methods and by the environment (a sweep's runs get their parent's), and
     name them in the environment for the processes this command starts; 2 after a one-line error if one fails."""
-    from bayesadmm.algorithms import spec
-
     paths = [p for p in os.environ.get(spec.ENVIRONMENT, "").split(os.pathsep) if p]
     paths += [str(Path(file).expanduser().resolve()) for file in files]
     for path in paths:
@@ -65,8 +65,6 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def command(args) -> int:
-    from bayesadmm.algorithms import spec
-
     if load(args.method_modules):
         return 2
     if args.action == "list":
@@ -81,7 +79,6 @@ def command(args) -> int:
     if args.name is None:
         print("bayesadmm: methods show needs a method's name (bayesadmm methods lists them)", file=sys.stderr)
         return 2
-    from bayesadmm.experiments.methods import describe
 
     try:
         print(describe(args.name))

@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from bayesadmm.data.mnist_subset import MissingExtraError
+from bayesadmm.experiments.values import unknown
+
 # name -> (module, one-line description); modules are imported only when their command runs
 PAPER_EXPERIMENTS = {
     "onestep": ("bayesadmm.paper.onestep", "Fig. 5a: one-round exact posterior on ridge regression"),
@@ -53,8 +56,6 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 def command(args) -> int:
     """Run the illustrative experiment `args.experiment` with the settings given."""
-    from bayesadmm.data.mnist_subset import MissingExtraError
-
     module = importlib.import_module(PAPER_EXPERIMENTS[args.experiment][0])
     try:
         options = {"data_dir": args.data_dir, **_overrides(args.set, module.run)}
@@ -81,8 +82,6 @@ def _overrides(pairs: list[str], run) -> dict[str, float | int]:
     """Parse KEY=VALUE pairs against the numeric keyword arguments of `run`, converting each value to the type of
     its default; unknown keys and values of the wrong type are errors that name the valid keys."""
     import inspect
-
-    from bayesadmm.experiments.values import unknown
 
     defaults = {
         name: p.default

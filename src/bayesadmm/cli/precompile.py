@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bayesadmm.experiments.config import ConfigError, presets
+from bayesadmm.experiments.precompile import precompile
+from bayesadmm.experiments.values import unknown
+
 
 def add_parser(commands) -> argparse.ArgumentParser:
     """The `precompile` subcommand's parser."""
@@ -34,10 +38,6 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def command(args) -> int:
-    from bayesadmm.experiments.config import ConfigError, presets
-    from bayesadmm.experiments.precompile import precompile
-    from bayesadmm.experiments.values import unknown
-
     if args.scenario not in presets():
         refusal = unknown("unknown scenario", [args.scenario], sorted(presets()), listed="choose one of", quote=True)
         print(f"bayesadmm: {refusal}", file=sys.stderr)

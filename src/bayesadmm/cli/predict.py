@@ -12,11 +12,13 @@ import tempfile
 from pathlib import Path
 
 from bayesadmm.cli import methods
+from bayesadmm.engine.rundir import write_bytes
+from bayesadmm.experiments.config import ConfigError
+from bayesadmm.experiments.predict import DATA_SETS, predict
+from bayesadmm.likelihoods import Classification
 
 
 def _data_sets() -> str:
-    from bayesadmm.experiments.predict import DATA_SETS
-
     return "; ".join(f"{name}: {what}" for name, (what, _) in DATA_SETS.items())
 
 
@@ -73,11 +75,6 @@ def _table(probabilities, targets) -> bytes:
 
 
 def command(args) -> int:
-    from bayesadmm.engine.rundir import write_bytes
-    from bayesadmm.experiments.config import ConfigError
-    from bayesadmm.experiments.predict import predict
-    from bayesadmm.likelihoods import Classification
-
     try:
         _check_out(args.out)
         if args.samples < 1:

@@ -10,12 +10,17 @@ import sys
 from pathlib import Path
 
 from bayesadmm.cli import methods
+from bayesadmm.engine.rundir import RunDirError
+from bayesadmm.engine.settings import check_device
+from bayesadmm.experiments import build as experiment  # the module: `run` looked up per call (tests replace it)
+from bayesadmm.experiments.config import GENERAL_KEYS, ConfigError, load, presets, resolve, validate
+from bayesadmm.experiments.sweep import end_with_parent
+from bayesadmm.experiments.values import convert, unknown
+from bayesadmm.likelihoods import MissingCurvatureError
 
 
 def _scenarios() -> list[str]:
     """The scenario presets (bayesadmm/experiments/scenarios/), by name."""
-    from bayesadmm.experiments.config import presets
-
     return list(presets())
 
 
@@ -71,16 +76,8 @@ def add_resume_parser(commands) -> argparse.ArgumentParser:
 
 
 def command(args) -> int:
-    from bayesadmm.engine.rundir import RunDirError
-    from bayesadmm.engine.settings import check_device
-    from bayesadmm.experiments.build import build, run, settings_of
-    from bayesadmm.experiments.config import ConfigError, load, resolve
-    from bayesadmm.likelihoods import MissingCurvatureError
-
     resume = args.command == "resume"
     if os.environ.get("BAYESADMM_SWEEP_PID", "").isdigit():  # a run of a sweep: it ends with the sweep
-        from bayesadmm.experiments.sweep import end_with_parent
-
         end_with_parent(int(os.environ["BAYESADMM_SWEEP_PID"]))
     try:  # everything about the configuration is checked before the run directory is touched
         if resume:
@@ -100,8 +97,8 @@ def command(args) -> int:
             config, changed = resolve(args.scenario, overrides)
             for line in changed:
                 print(f"override: {line}")
-        settings_of(config)  # the engine's own checks (e.g. stop_at against rounds)
-        built = build(config)  # the data files, the split and the model's fit to the data
+        experiment.settings_of(config)  # the engine's own checks (e.g. stop_at against rounds)
+        built = experiment.build(config)  # the data files, the split and the model's fit to the data
         built.algorithm()  # the method's own checks of its hyperparameters and of the likelihood's curvature
     # ValueError: a data file or a setting's value; MissingCurvatureError: a method needs more of the likelihood
     except (ConfigError, ValueError, MissingCurvatureError, FileNotFoundError) as exc:
@@ -112,7 +109,7 @@ def command(args) -> int:
     run_dir = config.run_dir()
     print(f"run directory: {run_dir}")
     try:
-        result = run(
+        result = experiment.run(
             config, resume=resume, progress=not args.quiet, overwrite=getattr(args, "overwrite", False), built=built
         )
     except (RunDirError, FileNotFoundError) as exc:  # the run directory, or the data (the loaders say how to get it)
@@ -141,9 +138,6 @@ def command(args) -> int:
 def resume_overrides(config, overrides: list[str]):
     """`config` with the KEY=VALUE pairs of `bayesadmm resume` applied: only settings a resume may change
     (`RESUMABLE`), each typed and validated as `bayesadmm run`'s are; anything else is a `ConfigError`."""
-    from bayesadmm.experiments.config import GENERAL_KEYS, ConfigError, validate
-    from bayesadmm.experiments.values import convert, unknown
-
     changes = {}
     for pair in overrides:
         key, sep, value = pair.partition("=")

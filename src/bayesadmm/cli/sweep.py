@@ -8,6 +8,12 @@ from pathlib import Path
 
 from bayesadmm.cli import methods
 from bayesadmm.cli.compare import add_table_rounds, table_rounds
+from bayesadmm.engine.history import is_terminal, log_every
+from bayesadmm.engine.signals import Interrupted
+from bayesadmm.experiments.config import ConfigError
+from bayesadmm.experiments.grids import SHIPPED_PREFIX, shipped_sweep, with_axes
+from bayesadmm.experiments.sweep import Grid, Sweep, grid, is_sweep_file, points, read_sweep_file, run_dirs
+from bayesadmm.reports import compare
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -32,12 +38,6 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def command(args) -> int:
-    from bayesadmm.engine.signals import Interrupted
-    from bayesadmm.experiments.config import ConfigError
-    from bayesadmm.experiments.grids import SHIPPED_PREFIX, shipped_sweep, with_axes
-    from bayesadmm.experiments.sweep import Grid, Sweep, grid, is_sweep_file, points, read_sweep_file, run_dirs
-    from bayesadmm.reports import compare
-
     try:
         if args.jobs < 1:
             raise ConfigError("--jobs must be at least 1")
@@ -117,8 +117,6 @@ class SweepLog:
         self.step_shown = 0  # the last multiple of the rounds' step printed
 
     def show(self, done: int, total: int, finished: list, running: list) -> None:
-        from bayesadmm.engine.history import log_every
-
         for count, outcome in enumerate(finished[self.reported :], self.reported + 1):
             # the reason of a failure is printed with the others' at the end, and is in the run's log
             self._line(f"sweep: {outcome.point.name} {outcome.state} (runs {count}/{self.runs} done)")
@@ -137,6 +135,4 @@ class SweepLog:
 
 def progress_display(runs: int, stream) -> SweepBar | SweepLog:
     """A bar where `stream` is a terminal, a log of lines elsewhere (`engine.history.is_terminal`)."""
-    from bayesadmm.engine.history import is_terminal
-
     return SweepBar(runs, stream) if is_terminal(stream) else SweepLog(runs, stream)

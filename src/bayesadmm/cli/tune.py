@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 from bayesadmm.cli import methods
+from bayesadmm.experiments.config import ConfigError, resolve
+from bayesadmm.experiments.tune import Tuning, report, space_for
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -42,9 +44,6 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def command(args) -> int:
-    from bayesadmm.experiments.config import ConfigError, resolve
-    from bayesadmm.experiments.tune import Tuning, report, space_for
-
     try:
         if args.trials < 1 or args.round_budget < 0:
             raise ConfigError("--trials must be at least 1 and --round-budget at least 0")

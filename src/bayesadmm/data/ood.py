@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from bayesadmm.data.mnist_subset import SIZE, load_mnist_subset
+
 __all__ = ["OOD_SETS", "ood_problems", "load_ood"]
 
 # an OOD set's name -> the datasets it is out of distribution for (same image shape, other content)
@@ -32,8 +34,6 @@ def ood_problems(ood: str, dataset: str, likelihood: str) -> list[str]:
 def load_ood(ood: str) -> Tensor:
     """The OOD set's images as float64 pixels 0–255, shape (N, 28, 28); a `MissingExtraError` naming the extra to
     install where its package is missing."""
-    from bayesadmm.data.mnist_subset import SIZE, load_mnist_subset
-
     if ood not in OOD_SETS:
         raise ValueError(f"unknown ood set {ood!r}; valid: {', '.join(OOD_SETS)}")
     return load_mnist_subset(SIZE)[0]

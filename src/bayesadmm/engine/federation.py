@@ -14,9 +14,14 @@ from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, DivergenceError
 from bayesadmm.clients import ClientSource
+from bayesadmm.engine.personal import FINETUNE, FineTune, personal_posterior, stream
+from bayesadmm.engine.rundir import RunDirError, load_state
+from bayesadmm.engine.runners import checkpointed_states, initial_states
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.engine.store import check_block_list
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import FlatModel
+from bayesadmm.posterior import Posterior
 from bayesadmm.solvers.von import SubproblemError
 
 __all__ = ["Federation", "Result", "StaleResult", "participants", "PARTICIPANTS", "EVALUATION", "BREAKDOWNS",
@@ -101,8 +106,6 @@ class Result:
         `data` (the client's training data) with `finetune` (`engine.personal.FineTune`) and the generator of
         (seed, round, FINETUNE, client): pass the run's seed for the engine's numbers. A `bayesadmm.Posterior` (with
         the model's layout, so `.save`, `.to_module`, `.predict`) whose provenance names the client."""
-        from bayesadmm.engine.personal import FINETUNE, FineTune, personal_posterior, stream
-
         hooked = self.algorithm.personal is not None
         state = self.client_states([client])[client] if hooked else None
         generator = None if hooked else stream(seed, self.round, FINETUNE, client)
@@ -112,8 +115,6 @@ class Result:
     def _product(self, distribution: Any, extra: Mapping[str, Any]) -> Any:
         """`distribution` as a `bayesadmm.Posterior` with the model's layout and this run's provenance (plus
         `extra`); a user's algorithm's own posterior type, or a Result without its model, as it is."""
-        from bayesadmm.posterior import Posterior
-
         if self.model is None:
             return distribution
         try:
@@ -127,10 +128,6 @@ class Result:
         run ended normally; after a divergence, of the last checkpointed round (`round`, the last good one). A
         `StaleResult` error where the directory's checkpoint is now of another round (the run was resumed or run
         again since): its client states would not be those of this Result's server."""
-        from bayesadmm.engine.rundir import RunDirError, load_state
-        from bayesadmm.engine.runners import checkpointed_states, initial_states
-        from bayesadmm.engine.store import check_block_list
-
         path = self.run_dir / "checkpoint.pt"
         checkpoint = load_state(path)
         if not isinstance(checkpoint, Mapping) or not ("clients" in checkpoint or "shards" in checkpoint):

@@ -15,6 +15,7 @@ from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.likelihoods import Classification
 from bayesadmm.metrics import evaluate_uncertainty
+from bayesadmm.posterior import Posterior
 
 __all__ = ["save_posterior", "write_reliability"]
 
@@ -22,8 +23,6 @@ __all__ = ["save_posterior", "write_reliability"]
 def save_posterior(result: Result) -> None:
     """posterior.safetensors: the run's posterior (the last good state), so that the run directory can be handed to
     someone who only predicts. A user's algorithm whose posterior is not a Gaussian or a point estimate has none."""
-    from bayesadmm.posterior import Posterior
-
     try:
         posterior = result.posterior
     except ValueError as exc:  # a user's algorithm whose posterior is not over the model's parameters

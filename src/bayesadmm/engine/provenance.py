@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 import bayesadmm
+from bayesadmm.engine.rundir import read_bytes, write_json
 
 
 def _git_commit(path: Path) -> str | None:
@@ -84,8 +85,6 @@ def environment(device: str, from_round: int) -> dict:
 def record_environment(run_dir: Path, device: str, from_round: int, layout: dict | None = None) -> None:
     """Append this start's record to run_dir/environment.json (a list; a resume adds one), with `layout` (how the
     clients are trained: workers, cohort size). Never fails the run."""
-    from bayesadmm.engine.rundir import read_bytes, write_json
-
     path = run_dir / "environment.json"
     try:
         records = json.loads(read_bytes(path)) if os.path.lexists(path) else []  # never through a link

@@ -21,13 +21,21 @@ from torch import Tensor
 from bayesadmm import tracking
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.clients import TensorClients
+from bayesadmm.data import load_cifar, load_image_dataset
+from bayesadmm.data.mnist_subset import MissingExtraError
+from bayesadmm.data.ood import load_ood
+from bayesadmm.data.partitions import make_partition, plot_label_distribution, subsample
+from bayesadmm.data.synthetic import CLASSES, softmax_data
+from bayesadmm.data.tabular import load_diabetes, split_rows, standardise
 from bayesadmm.engine.federation import Federation, Result
 from bayesadmm.engine.loop import run_federation
 from bayesadmm.engine.personal import PERSONAL_SPLIT, FineTune, Personalisation, split_personal
+from bayesadmm.engine.rundir import write_json
 from bayesadmm.engine.settings import DTYPES, Settings
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.experiments.config import DATASETS, TARGETS, ConfigError, RunConfig
+from bayesadmm.experiments.config import DATASETS, TARGETS, ConfigError, RunConfig, method_spec
+from bayesadmm.experiments.privacy import dp_settings
 from bayesadmm.federated import assemble
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import MODELS, FlatModel, make_model
@@ -81,9 +89,6 @@ def load_data(config: RunConfig) -> Data:
     (likelihoods with count targets), split into training and test rows by the seed."""
     data_dir = config.data_dir or None
     if config.dataset == "diabetes":
-        from bayesadmm.data.mnist_subset import MissingExtraError
-        from bayesadmm.data.tabular import load_diabetes, split_rows
-
         try:
             X, y = load_diabetes()
         except MissingExtraError as exc:
@@ -92,18 +97,12 @@ def load_data(config: RunConfig) -> Data:
         X, y = X.float(), y.float()
         return Data(X[train], y[train], X[test], y[test], num_classes=0, tabular=True)
     if config.dataset == "synthetic-softmax":
-        from bayesadmm.data.synthetic import CLASSES, softmax_data
-
         return Data(*softmax_data(), num_classes=CLASSES)
     if config.dataset in ("fashion-mnist", "mnist"):
-        from bayesadmm.data import load_image_dataset
-
         X, y = load_image_dataset(config.dataset, "train", data_dir=data_dir)
         X_test, y_test = load_image_dataset(config.dataset, "test", data_dir=data_dir)
         num_classes = 10
     elif config.dataset in ("cifar10", "cifar100"):
-        from bayesadmm.data import load_cifar
-
         X, y = load_cifar(config.dataset, "train", data_dir=data_dir)
         X_test, y_test = load_cifar(config.dataset, "test", data_dir=data_dir)
         num_classes = 10 if config.dataset == "cifar10" else 100
@@ -118,9 +117,6 @@ def load_ood_inputs(config: RunConfig) -> Tensor | None:
     preprocesses the dataset's images (floats, raw or scaled to [0, 1]); None where `ood` is empty."""
     if not config.ood:
         return None
-    from bayesadmm.data.mnist_subset import MissingExtraError
-    from bayesadmm.data.ood import load_ood
-
     try:
         images = load_ood(config.ood)
     except MissingExtraError as exc:
@@ -147,9 +143,6 @@ def make_algorithm_factory(
     run's rounds (a method's `cosine=true` is a cosine learning-rate schedule over the whole run), participation
     and `compile` setting (the kernels' choice of the method's solver); with the configuration's differential
     privacy (`dp=client`, `experiments.privacy`) where it asks for it."""
-    from bayesadmm.experiments.config import method_spec
-    from bayesadmm.experiments.privacy import dp_settings
-
     dp = dp_settings(config)
     try:
         return assemble(
@@ -164,8 +157,6 @@ def make_algorithm_factory(
 
 def build(config: RunConfig) -> Built:
     """Everything a run needs, deterministically from the config."""
-    from bayesadmm.data.partitions import make_partition, subsample
-
     X, y, X_test, y_test, num_classes, tabular = load_data(config)
     dtype = DTYPES[config.dtype]
     X, y, X_test, y_test = _in_precision(dtype, X, y, X_test, y_test)
@@ -182,8 +173,6 @@ def build(config: RunConfig) -> Built:
         X_test, y_test = X[val_idx], y[val_idx]
         X, y = X[train_idx], y[train_idx]
     if tabular:  # with the statistics of the rows the clients train on, so nothing of the evaluation set leaks in
-        from bayesadmm.data.tabular import standardise
-
         X, X_test = standardise(X, X_test)
         if TARGETS[config.likelihood] == "real":
             y, y_test = standardise(y, y_test)
@@ -349,9 +338,6 @@ PLOTTED_CLIENTS = 200  # labels.png shows the first this many clients
 
 def _write_split(config: RunConfig, built: Built) -> None:
     """partition.json (each client's rows) and, for class labels, labels.png (the labels per client)."""
-    from bayesadmm.data.partitions import plot_label_distribution
-    from bayesadmm.engine.rundir import write_json
-
     split = {"clients": [idx.tolist() for idx in built.parts]}
     if built.personal_tests:  # each client's personal test rows, only where there are
         split["personal_test"] = [idx.tolist() for idx in built.personal_tests]

@@ -19,13 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bayesadmm import likelihoods
+from bayesadmm.data.ood import ood_problems
+from bayesadmm.data.partitions import PARTITIONS
 from bayesadmm.engine import settings as engine_settings
 from bayesadmm.engine.identity import completed
+from bayesadmm.engine.rundir import read_bytes
 from bayesadmm.experiments import scenario_data
 from bayesadmm.experiments.methods import method_parameters, method_spec, preset_for
 from bayesadmm.experiments.privacy import DP_DEFAULTS, dp_problems
 from bayesadmm.experiments.values import ConfigError, convert, kinds, suggestion, unknown
 from bayesadmm.likelihoods import Likelihood
+from bayesadmm.models import MODELS
 from bayesadmm.tracking import TRACKERS, available
 
 
@@ -311,10 +315,6 @@ _TARGET_WORDS = {"classes": "class labels", "real": "real-valued targets", "coun
 
 
 def validate(config: RunConfig) -> None:
-    from bayesadmm.data.ood import ood_problems
-    from bayesadmm.data.partitions import PARTITIONS
-    from bayesadmm.models import MODELS
-
     problems = ood_problems(config.ood, config.dataset, config.likelihood)
     for key, valid in (("dataset", tuple(DATASETS)), ("partition", tuple(PARTITIONS)), ("model", tuple(MODELS))):
         if getattr(config, key) not in valid:
@@ -362,7 +362,6 @@ def validate(config: RunConfig) -> None:
 def load(run_dir: Path) -> RunConfig:
     """The config saved with a run; a missing, unreadable or foreign config.json is a `ConfigError` naming it."""
     path = Path(run_dir) / "config.json"
-    from bayesadmm.engine.rundir import read_bytes
 
     try:
         data = json.loads(read_bytes(path))  # not through a link, nor from a FIFO

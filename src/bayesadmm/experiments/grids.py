@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from bayesadmm.experiments.config import ConfigError
+from bayesadmm.algorithms.spec import get, names
+from bayesadmm.experiments.config import GENERAL_KEYS, ConfigError
 
 
 def values(text: str) -> list[str]:
@@ -87,9 +88,6 @@ def with_axes(grids: Sequence[Grid], given: dict[str, list[str]]) -> tuple[list[
     """A sweep file's grids with the command line's axes added to (or replacing) each grid's. Where the command line
     names the methods, a grid that sets a method's hyperparameter that one of those methods does not have was written
     for another method (e.g. FedEP's ``inference``): it is left out, and named in the notes returned."""
-    from bayesadmm.algorithms.spec import get, names
-    from bayesadmm.experiments.config import GENERAL_KEYS
-
     methods = [m for m in given.get("method", []) if m in names()]  # an unknown one: `points` names it
     kept, notes = [], []
     for number, one in enumerate(grids, start=1):

@@ -18,8 +18,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+import bayesadmm
+from bayesadmm.data import load_cifar, load_image_dataset
+from bayesadmm.data.mnist_subset import MissingExtraError, load_mnist_subset
+from bayesadmm.engine.rundir import read_bytes
+from bayesadmm.experiments.build import build
 from bayesadmm.experiments.config import ConfigError, RunConfig, make_likelihood
+from bayesadmm.experiments.config import load as load_config
 from bayesadmm.likelihoods import Likelihood
+from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel, make_model
 from bayesadmm.posterior import Posterior, layout_mismatch
 
@@ -29,10 +36,7 @@ __all__ = ["DATA_SETS", "Source", "Prediction", "source", "data_set", "predict"]
 def _images(name: str, split: str) -> Callable[[str | None], tuple[Tensor, Tensor]]:
     def load(data_dir: str | None) -> tuple[Tensor, Tensor]:
         if name.startswith("cifar"):
-            from bayesadmm.data import load_cifar
-
             return load_cifar(name, split, data_dir=data_dir)
-        from bayesadmm.data import load_image_dataset
 
         return load_image_dataset(name, split, data_dir=data_dir)
 
@@ -40,8 +44,6 @@ def _images(name: str, split: str) -> Callable[[str | None], tuple[Tensor, Tenso
 
 
 def _mnist_subset(data_dir: str | None) -> tuple[Tensor, Tensor]:
-    from bayesadmm.data.mnist_subset import MissingExtraError, load_mnist_subset
-
     try:
         return load_mnist_subset()
     except MissingExtraError as exc:
@@ -88,9 +90,6 @@ def _own_model(what: str) -> ConfigError:
 
 def source(path: str | Path) -> Source:
     """The posterior of a scenario's run directory or posterior file, with its model and likelihood."""
-    import bayesadmm
-    from bayesadmm.experiments.config import load as load_config
-
     path = Path(path)
     if path.is_dir():
         result = bayesadmm.load(path) if _is_scenario_run(path) else None
@@ -119,8 +118,6 @@ def source(path: str | Path) -> Source:
 
 def _is_scenario_run(run_dir: Path) -> bool:
     """Whether run_dir's config.json is a scenario's (`RunConfig`) rather than `bayesadmm.run`'s."""
-    from bayesadmm.engine.rundir import read_bytes
-
     try:
         config = json.loads(read_bytes(run_dir / "config.json"))
     except (OSError, ValueError):
@@ -142,8 +139,6 @@ def data_set(name: str, found: Source, data_dir: str | None = None) -> tuple[Ten
 
 def _run_split(name: str, found: Source) -> tuple[Tensor, Tensor]:
     """The run's own test rows, built as the run built them (tabular data standardised with the training rows)."""
-    from bayesadmm.experiments.build import build
-
     config = found.config
     if config is None or config.dataset != name.removesuffix("-test"):
         raise ConfigError(f"{name} is the test split of a run of that data set: give that run's directory")
@@ -159,8 +154,6 @@ def predict(
 ) -> Prediction:
     """The metrics (at the mean and for the predictive over `samples` draws from a generator seeded with `seed`) and
     the predictive of the posterior at `path` on the data set `data`."""
-    from bayesadmm.metrics import evaluate
-
     found = source(path)
     X, y = data_set(data, found, data_dir)
     dtype = found.posterior.mean.dtype

@@ -33,8 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bayesadmm.experiments.build import run
 from bayesadmm.experiments.config import TUNING_METRIC, ConfigError, RunConfig, method_parameters, method_spec, resolve
 from bayesadmm.experiments.values import unknown
+from bayesadmm.likelihoods import Classification
+from bayesadmm.reports import round_ticks
+from bayesadmm.results import read_run
 
 STUDY = "tune"
 
@@ -127,8 +131,6 @@ def reported_metrics(config: RunConfig) -> list[str]:
     """The validation metrics that every run of `config` reports: its likelihood's, read off one evaluation of two
     made-up examples (class labels for classification, numbers for the others)."""
     import torch
-
-    from bayesadmm.likelihoods import Classification
 
     likelihood = config.make_likelihood()
     if isinstance(likelihood, Classification):
@@ -231,8 +233,6 @@ class Tuning:
         return len(counted) >= self.trials or (self.round_budget > 0 and rounds >= self.round_budget)
 
     def _objective(self, trial) -> float:
-        from bayesadmm.experiments.build import run
-
         optuna = _optuna()
         frozen = next(t for t in trial.study.get_trials(deepcopy=False) if t.number == trial.number)
         # a trial cut off by a kill (retried by Optuna) or an interrupt (enqueued again, below) carries its folder
@@ -285,8 +285,6 @@ class Tuning:
 
 def report(tuning: Tuning, study) -> str:
     """report.md and curves.png in the tune's folder; returns the report's text."""
-    from bayesadmm.results import read_run
-
     rows, curves = [], {}
     for t in study.trials:
         folder = tuning.out / t.user_attrs.get("run_dir", f"trial-{t.number:04d}")
@@ -331,8 +329,6 @@ def _plot(curves: Mapping[int, list[tuple[int, float]]], best: int | None, tunin
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from bayesadmm.reports import round_ticks
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for number, points in sorted(curves.items()):

@@ -30,11 +30,11 @@ __all__ = ["strategy", "strategy_from_config", "BayesStrategy", "client"]
 
 def __getattr__(name: str):  # the strategies import flwr: only when asked for
     if name in ("strategy", "strategy_from_config"):
-        from bayesadmm.flower import strategies
+        from bayesadmm.flower import strategies  # optional: flwr
 
         return getattr(strategies, name)
     if name == "BayesStrategy":
-        from bayesadmm.flower.bayes_strategy import BayesStrategy
+        from bayesadmm.flower.bayes_strategy import BayesStrategy  # optional: flwr
 
         return BayesStrategy
     if name == "client":

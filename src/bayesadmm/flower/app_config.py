@@ -38,12 +38,13 @@ from bayesadmm.engine.federation import Federation
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.experiments.build import _write_split, build, make_algorithm_factory, model_arguments, settings_of
 from bayesadmm.experiments.config import GENERAL_KEYS, RunConfig, make_likelihood, resolve, typed_likelihood
 from bayesadmm.experiments.values import suggestion
 from bayesadmm.federated import assemble
 from bayesadmm.flower.loaders import entry_point, load_tensors
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood, Poisson
-from bayesadmm.models import FlatModel
+from bayesadmm.models import FlatModel, make_model
 from bayesadmm.userdata import as_tensors, check_data
 
 APP_CONFIG = "flower.json"  # in the run directory: the run config a resume starts from
@@ -121,8 +122,6 @@ class FlowerRun:
 def preset_run(config: RunConfig, timeouts: Timeouts | None = None, resume: bool = False) -> FlowerRun:
     """The Flower run of a preset RunConfig, in its precision (`dtype=`, float32 by default). A setting that means
     nothing on Flower (`LOCAL_ONLY`) is refused by name."""
-    from bayesadmm.experiments.build import settings_of
-
     if config.client_store == "disk":
         raise ValueError(f"client_store=disk is {LOCAL_ONLY['client_store']}; leave it auto (or memory)")
 
@@ -414,8 +413,6 @@ def parse_hparams(text: str) -> dict[str, Any]:
 def model_of(setup: Mapping[str, Any]) -> tuple[FlatModel, Callable[[], torch.Tensor]]:
     """The run's model and a function giving its initial parameters (the server's; deterministic in the seed)."""
     if "zoo" in setup:
-        from bayesadmm.models import make_model
-
         zoo = make_model(setup["zoo"]["name"], **setup["zoo"]["kwargs"])
         return zoo, lambda: zoo.initial_params(generator_for(int(setup["seed"]), 0, INIT))
     make = entry_point(setup["model"], "model")
@@ -465,8 +462,6 @@ def algorithm_of(
     """The algorithm's factory: a preset's method, a registered method's name (`bayesadmm.algorithms.names()`), or a
     user's factory ``module:function``; `likelihood` (default: the setup's) for a node given one of its own."""
     if "preset" in setup:
-        from bayesadmm.experiments.build import make_algorithm_factory
-
         return make_algorithm_factory(RunConfig(**setup["preset"]), model, dict(sizes), likelihood_of(setup))
     name = str(setup["algorithm"])
     algorithm: Any = entry_point(name, "algorithm") if ":" in name else name
@@ -497,8 +492,6 @@ def preset_federation(run: FlowerRun) -> tuple[Federation, Callable[[Path], None
     """A preset run's Federation (built as a local run builds it), what to record in the run directory on a fresh
     start (partition.json, labels.png), and the setup completed with the preset model's arguments (so a node with a
     file of its own builds the model without the preset's data)."""
-    from bayesadmm.experiments.build import _write_split, build, model_arguments
-
     preset = run.preset
     assert preset is not None
     built = build(preset)

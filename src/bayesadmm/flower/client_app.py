@@ -38,8 +38,11 @@ from bayesadmm.engine.simulate import generator_of
 from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records
 from bayesadmm.flower.app_config import algorithm_of, likelihood_of, model_of
+from bayesadmm.flower.bayes_strategy import SERVER_ARRAYS, SERVER_TREE
 from bayesadmm.flower.loaders import node_data, preset_slice
 from bayesadmm.metrics import evaluate
+from bayesadmm.privacy import DPSettings
+from bayesadmm.privacy.example_level import example_private
 
 # a node process that serves several rounds builds its objects once (keys: the setup and its node config)
 _data: dict[tuple[str, str, int], ClientData] = {}
@@ -119,9 +122,6 @@ def algorithm_for(text: str, setup: Mapping[str, Any], sizes: str, data: ClientD
         by_id = {int(k): int(n) for k, n in json.loads(sizes).items()}
         algorithm = algorithm_of(setup, model, by_id, getattr(data, "likelihood", None))()
         if "dp" in setup:  # example-level DP: the private solver, with the noise the server calibrated (`strategy`)
-            from bayesadmm.privacy import DPSettings
-            from bayesadmm.privacy.example_level import example_private
-
             algorithm = example_private(algorithm, DPSettings.from_json(setup["dp"]), setup["dp"]["dp_noise"], by_id)
         _algorithms[key] = algorithm
     return _algorithms[key]
@@ -184,8 +184,6 @@ def handle_evaluate(message: Message, context: Context, data_of: DataOf = client
     at the mean and, for a distribution, the predictive; for a method with a personal posterior and a node that holds
     its client's state, that posterior too (keys ``personal_*``). The reply's metrics also hold the number of
     examples, the weight the strategy averages with."""
-    from bayesadmm.flower.bayes_strategy import SERVER_ARRAYS, SERVER_TREE
-
     text, setup, config = _setup(message)
     k = partition_of(context, setup.get("clients"))
     data = data_of(text, setup, context.node_config, k)

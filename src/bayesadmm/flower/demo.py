@@ -34,7 +34,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bayesadmm.experiments.build import build
+from bayesadmm.experiments.config import resolve
 from bayesadmm.flower.certificates import make_certificates, make_node_key
+from bayesadmm.flower.loaders import save_tensors
 from bayesadmm.flower.preset import preset_app
 
 CONNECTION = "bayesadmm-demo"
@@ -279,10 +282,6 @@ def run_demo(
 def write_node_files(scenario: str, overrides: str, folder: Path) -> list[Path]:
     """Each client's examples of a preset in a file of its own, `folder/client-K.pt` (the preparation step of a
     deployment: each SuperNode then reads only its file)."""
-    from bayesadmm.experiments.build import build
-    from bayesadmm.experiments.config import resolve
-    from bayesadmm.flower.loaders import save_tensors
-
     config, _ = resolve(scenario, shlex.split(overrides))
     clients = build(config).federation.clients
     files = []

@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 
 from bayesadmm.clients import ClientData, SupervisedData
+from bayesadmm.experiments.build import build
+from bayesadmm.experiments.config import RunConfig
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.userdata import as_tensors, check_data
@@ -113,8 +115,5 @@ def node_data(
 def preset_slice(preset: Mapping[str, Any], client: int, data_dir: str = "") -> ClientData:
     """Client `client`'s data in a preset run, from the preset's own deterministic build (which reads every
     client's examples: simulations and tests only; a deployment gives each node its file)."""
-    from bayesadmm.experiments.build import build
-    from bayesadmm.experiments.config import RunConfig
-
     config = RunConfig(**{**preset, **({"data_dir": data_dir} if data_dir else {})})
     return build(config).federation.clients(client)

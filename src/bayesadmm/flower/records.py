@@ -28,6 +28,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 from torch import Tensor
 
 from bayesadmm import trees
+from bayesadmm.algorithms.base import info_scalars
 from bayesadmm.experiments.config import RunConfig
 
 STATE_ARRAYS = "bayesadmm.client-state"
@@ -176,6 +177,4 @@ def config_from_json(text: str) -> RunConfig:
 
 def numeric_metrics(info: Any) -> dict[str, float | int]:
     """The finite scalars of a client's info record (what fits a MetricRecord); the rest is dropped."""
-    from bayesadmm.algorithms.base import info_scalars
-
     return {key: value for key, value in info_scalars(info).items() if math.isfinite(value)}

@@ -9,8 +9,12 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from bayesadmm.algorithms import DivergenceError
 from bayesadmm.data import class_pair_split, downsample, load_image_dataset
+from bayesadmm.data.mnist_subset import load_mnist_subset, subsample
+from bayesadmm.engine.simulate import run_rounds
 from bayesadmm.families import natural as nat
+from bayesadmm.solvers.von import SubproblemError
 
 CLASS_PAIRS = ((0, 1), (2, 3), (4, 5), (6, 7), (8, 9))
 
@@ -36,8 +40,6 @@ def digit_pairs(
     Returns per-client inputs (n_k, size² [+1 for the bias]) and integer labels (n_k,).
     """
     if dataset == "mnist":
-        from bayesadmm.data.mnist_subset import load_mnist_subset, subsample
-
         images, y = load_mnist_subset(num_points)
         X = subsample(images, size).reshape(num_points, -1).to(dtype) / 255.0
     elif dataset == "fashion-mnist":
@@ -145,10 +147,6 @@ def trace_rounds(algorithm, losses, theta0: Tensor, rounds: int, observe) -> tup
     A method that breaks down (invalid server state, client subproblem without a valid solution) is stopped and
     reported, not hidden: the second return value says where and why (None if it ran all rounds).
     """
-    from bayesadmm.algorithms import DivergenceError
-    from bayesadmm.engine.simulate import run_rounds
-    from bayesadmm.solvers.von import SubproblemError
-
     values = []
     try:
         run_rounds(algorithm, losses, theta0, rounds, on_round=lambda r, s, c: values.append(observe(r, s, c)))

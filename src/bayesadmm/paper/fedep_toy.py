@@ -28,6 +28,7 @@ from bayesadmm.engine.simulate import run_rounds
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.paper.common import format_table, write_json
 from bayesadmm.solvers.ep_inference import ExactGaussian, GaussianLikelihood
+from bayesadmm.solvers.von import SubproblemError
 from bayesadmm.threads import one_thread
 
 NU, LAMBDA, DIM = 7, 0.2, 2
@@ -77,8 +78,6 @@ def ep_means(clients, rounds: int, scaled_identity: float | None = None) -> list
 
     The round loop is `engine.simulate.run_rounds` without its per-client generators (exact inference needs none).
     """
-    from bayesadmm.solvers.von import SubproblemError
-
     alg = fedep.make(DiagonalGaussian(DIM), ExactGaussian(scaled_identity), damping=1.0)
     server = alg.init_server(torch.zeros(DIM, dtype=torch.float64))
     states = [alg.init_client(server, k) for k in range(len(clients))]
