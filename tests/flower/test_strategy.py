@@ -338,6 +338,7 @@ def test_a_run_without_a_server_side_evaluation_set_says_so_and_leaves_what_docs
                  lr=0.05, epochs=1, batch_size=8)  # fmt: skip
     _start(s, parts, test, model)
     log = (tmp_path / "run" / "flower.log").read_text().splitlines()
+    assert any(line.endswith(f"-> {tmp_path / 'run'}") for line in log)  # the run directory, absolute
     said = [line for line in log if "no server-side evaluation set" in line]
     assert len(said) == 1 and "writes no curves.png and no reliability diagram" in said[0]
     assert "the nodes' own scores are in client-evaluation.jsonl" in said[0]

@@ -107,7 +107,9 @@ class BayesStrategy(Strategy):
         what = self.setup.get("algorithm") or self.setup.get("preset", {}).get("method", "?")
         settings = self.settings
         self.run_dir.mkdir(parents=True, exist_ok=True)  # the log's folder
-        self.log(f"{what}: {settings.rounds} rounds, participation {settings.participation} -> {self.run_dir}")
+        # absolute: a relative out= is relative to the ServerApp's working directory, which the user may not know
+        where = self.run_dir.absolute()
+        self.log(f"{what}: {settings.rounds} rounds, participation {settings.participation} -> {where}")
 
     def start(
         self,
