@@ -250,3 +250,23 @@ def test_a_flower_run_records_every_hyperparameter_with_its_default(tmp_path, ki
     out = flower_run_dir(tmp_path, "fedavg", kind=kind, rounds=1)
     recorded = json.loads((out / "config.json").read_text())[table]["hparams"]
     assert recorded == {**spec.get("fedavg").example, "weighted": False} and len(recorded) == 4
+
+
+def test_the_three_doors_record_the_same_hyperparameters_for_the_same_choices(tmp_path):
+    """bayesadmm.run, the command line and the Flower strategy, given fedavg with the same hyperparameters, record
+    the same whole record (the rest of their configuration is each door's own layout)."""
+    from bayesadmm.cli import main
+
+    given = dict(spec.get("fedavg").example)  # lr 0.05, epochs 2, batch size 8
+    out = flower_run_dir(tmp_path, "fedavg", rounds=1)
+    flower = json.loads((out / "config.json").read_text())["flower-strategy"]["hparams"]
+    torch.set_default_dtype(torch.float32)
+    parts, test = user_app.tensors(seed=3)
+    bayesadmm.run(user_app.make_model().float(), [(X.float(), y) for X, y in parts], (test[0].float(), test[1]),
+                  algorithm="fedavg", hparams=given, rounds=1, progress=False, out=tmp_path / "api")  # fmt: skip
+    api = json.loads((tmp_path / "api" / "config.json").read_text())["hparams"]
+    keys = [f"{k}={v}" for k, v in given.items()]
+    assert main(["run", "diabetes-iid5", "method=fedavg", "rounds=1", "workers=1", *keys, f"out={tmp_path / 'cli'}",
+                 "--quiet"]) == 0  # fmt: skip
+    cli = json.loads((tmp_path / "cli" / "config.json").read_text())["hparams"]
+    assert api == cli == flower == {**given, "weighted": False}
