@@ -4,6 +4,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs/demo
+# the tests spread over the cores (pytest-xdist: a worker per core, at most 4, each taking whole test files so that a
+# file's shared fixtures are built once); PARALLEL= runs them in one process
+PARALLEL ?= -n auto --maxprocesses 4 --dist loadfile
 
 .PHONY: setup demo test test-fast docs figures results-tables
 
@@ -18,11 +21,11 @@ test: setup
 	$(PY) -m ruff format --check src
 	$(PY) -m mypy src/bayesadmm
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
-	$(PY) -m pytest --durations=15
+	$(PY) -m pytest $(PARALLEL) --durations=15
 
 # the tests without the long end-to-end ones (marked slow), for the edit-test loop
 test-fast: setup
-	$(PY) -m pytest -m "not slow" --durations=10
+	$(PY) -m pytest $(PARALLEL) -m "not slow" --durations=10
 
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
