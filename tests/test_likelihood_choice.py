@@ -13,7 +13,8 @@ from bayesadmm import likelihoods
 from bayesadmm.cli import main
 from bayesadmm.data.tabular import split_rows, standardise
 from bayesadmm.experiments.build import build, load_data
-from bayesadmm.experiments.config import LIKELIHOODS, ConfigError, RunConfig, load, resolve
+from bayesadmm.experiments.config import ConfigError, RunConfig, load, resolve
+from bayesadmm.likelihoods import LIKELIHOODS
 from bayesadmm.likelihoods import Classification, GaussianRegression
 
 pytest.importorskip("sklearn")
@@ -162,7 +163,7 @@ def test_a_flower_run_of_a_preset_builds_the_presets_likelihood_and_model():
     config, _ = resolve("diabetes-iid5", ["method=fedavg", "likelihood.noise=0.9"])
     run = preset_run(config)
     assert likelihood_of(run.setup) == GaussianRegression(0.9)  # what every node builds its clients with
-    federation, _, setup = preset_federation(run)
+    federation, _, setup, _ = preset_federation(run)
     assert federation.likelihood == GaussianRegression(0.9)
     assert setup["zoo"] == {"name": "small-mlp", "kwargs": {"num_classes": 1, "in_features": 10}}
 

@@ -104,3 +104,71 @@ def test_the_resume_check_reads_an_older_record_with_its_defaults(tmp_path):
     check_same_run(path, {"run": _identity({"lr": 0.05})}, _identity(whole))  # the older record: the same run
     with pytest.raises(RunDirError, match=r"hparams.batch_size 32 → 8"):
         check_same_run(path, {"run": _identity({"lr": 0.05})}, _identity({**whole, "batch_size": 8}))
+
+
+def test_the_three_doors_write_the_same_run_record_for_the_same_choices(tmp_path):
+    """bayesadmm.run, the command line and the Flower strategy, given the same method, hyperparameters, likelihood,
+    settings and differential privacy, write the same run record (config.json's "run", `runspec.RunSpec`), each
+    value spelt out: the record is compared with one written here by hand, not with the library's own output."""
+    pytest.importorskip("flwr")
+    from bayesadmm.flower import strategy
+
+    given = {"lr": 0.01, "epochs": 2, "batch_size": 16}
+    dp = bayesadmm.DPSettings(level="client", clip=1.0, noise_multiplier=0.5)
+    settings = {"rounds": 2, "seed": 3, "participation": 1.0, "eval_samples": 4, "device": "cpu", "workers": 1,
+                "checkpoint_every": 1, "stop_at": 0, "cohort": 1, "dtype": "float32", "compile": "off",
+                "client_store": "auto"}  # fmt: skip
+    expected = {
+        "method": "fedavg",
+        "hparams": {**given, "weighted": False},
+        "likelihood": {"name": "gaussian", "params": {"noise": 0.5}},
+        "settings": settings,
+        "dp": {"level": "client", "clip": 1.0, "dp_noise": 0.5, "dp_epsilon": None, "delta": 1e-5,
+               "accountant": "rdp"},  # fmt: skip
+        "personal": None,
+    }
+    torch.set_default_dtype(torch.float32)  # restored by tests/conftest.py
+    g = torch.Generator().manual_seed(0)
+    X, y = torch.randn(60, 10, generator=g), torch.randn(60, generator=g)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(10, 1), torch.nn.Flatten(0))
+    likelihood = bayesadmm.GaussianRegression(0.5)
+    choices = {k: v for k, v in settings.items() if k not in ("rounds", "participation")}
+    bayesadmm.run(model, [(X[:20], y[:20]), (X[20:40], y[20:40])], (X[40:], y[40:]), algorithm="fedavg",
+                  hparams=given, likelihood=likelihood, rounds=2, participation=1.0, dp=dp, progress=False,
+                  out=tmp_path / "api", **choices)  # fmt: skip
+    api = json.loads((tmp_path / "api" / "config.json").read_text())["run"]
+    keys = [f"{k}={v}" for k, v in {**given, **settings}.items()]
+    dp_keys = ["dp=client", "dp_clip=1.0", "dp_noise=0.5"]
+    assert main(["run", "diabetes-iid5", "method=fedavg", "likelihood.noise=0.5", *keys, *dp_keys,
+                 f"out={tmp_path / 'cli'}", "--quiet"]) == 0  # fmt: skip
+    cli = json.loads((tmp_path / "cli" / "config.json").read_text())["run"]
+    flower = strategy("fedavg", model=model, likelihood=likelihood, rounds=2, fraction_train=1.0, seed=3,
+                      eval_samples=4, checkpoint_every=1, compile="off", dp=dp, out=tmp_path / "flower",
+                      **given).config["run"]  # fmt: skip
+    assert api == expected
+    assert cli == expected
+    assert flower == expected
+
+
+def test_a_run_record_reads_back_and_refuses_a_wrong_value():
+    """`RunSpec.from_json(spec.to_json())` is the same record; a record with a wrong value is refused naming it."""
+    from bayesadmm.runspec import LikelihoodSpec, Personal, RunSpec
+
+    made = RunSpec.of("fedavg", {"lr": 0.1}, likelihood=bayesadmm.Poisson(), personal=Personal(0.2, 2),
+                      settings=bayesadmm.Settings(rounds=4), dp=bayesadmm.DPSettings(epsilon=3.0))  # fmt: skip
+    assert RunSpec.from_json(json.loads(json.dumps(made.to_json()))) == made
+    assert made.hparams == spec.get("fedavg").resolved(lr=0.1) and made.likelihood == LikelihoodSpec("poisson", {})
+    record = made.to_json()
+    for edit, said in [
+        (lambda r: r["settings"].update(rounds=0), "settings: rounds must be an integer >= 1"),
+        (lambda r: r["hparams"].update(speed=2), "fedavg has no hyperparameters speed"),
+        (lambda r: r["hparams"].pop("lr"), "not whole|needs lr"),
+        (lambda r: r.update(likelihood={"name": "laplace", "params": {}}), "likelihood: likelihood 'laplace'"),
+        (lambda r: r.update(personal={"split": 1.5}), "personal: personal split must be in"),
+        (lambda r: r.update(method="fedavgg"), "fedavgg"),
+    ]:
+        edited = json.loads(json.dumps(record))
+        edit(edited)
+        with pytest.raises(ValueError, match=said):
+            RunSpec.from_json(edited)

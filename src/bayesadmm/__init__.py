@@ -15,6 +15,7 @@ The public API:
     bayesadmm.trees.register(MyState)                                          a state class of one's own, storable
     bayesadmm.optim.IVON                                                                             a torch optimizer
     bayesadmm.Federation, Settings, run_federation                                                   the engine's loop
+    bayesadmm.RunSpec.of(method, hparams, ...), assemble(spec, model, sizes)              a run's record, its algorithm
     bayesadmm.DPSettings(level, clip, noise_multiplier, epsilon, delta), BudgetExhausted      differential privacy
 """
 
@@ -40,6 +41,7 @@ from bayesadmm.metrics import evaluate, evaluate_uncertainty
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior import GaussianPosterior, PointPosterior, Posterior, PosteriorFileError
 from bayesadmm.privacy import BudgetExhausted, DPSettings
+from bayesadmm.runspec import RunSpec
 from bayesadmm.unlearning import UnlearningError, unlearn
 from bayesadmm.userdata import DataError
 
@@ -57,6 +59,7 @@ __all__ = [
     "PosteriorFileError",
     "algorithm_factory",
     "assemble",
+    "RunSpec",
     "algorithms",
     "trees",
     "Algorithm",

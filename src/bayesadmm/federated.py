@@ -39,6 +39,7 @@ from bayesadmm.metrics import check_ood
 from bayesadmm.models import FlatModel
 from bayesadmm.privacy import DPSettings, noised, private_factory
 from bayesadmm.run_identity import recorded_hparams, run_config
+from bayesadmm.runspec import OWN, Personal, RunSpec, qualified_name
 from bayesadmm.userdata import as_tensors, check_client_objects, check_data, check_inputs
 
 __all__ = ["run", "assemble", "Assembled", "algorithm_factory", "ENGINE_SUPPLIED"]
@@ -89,7 +90,7 @@ def algorithm_factory(
     extra = sorted(k for k in hparams if k not in parameters and not takes_any)
     if extra:
         valid = sorted(k for k, p in parameters.items() if k not in ENGINE_SUPPLIED and p.kind is not p.VAR_KEYWORD)
-        raise ValueError(unknown(f"{_name(algorithm)} has no hyperparameters", extra, valid))
+        raise ValueError(unknown(f"{qualified_name(algorithm)} has no hyperparameters", extra, valid))
     return functools.partial(algorithm, **kwargs, **hparams)
 
 
@@ -102,45 +103,49 @@ class Assembled(NamedTuple):
 
 
 def assemble(
-    algorithm: str | MethodSpec | Algorithm | Callable[..., Algorithm],
-    hparams: Mapping[str, Any],
+    spec: RunSpec,
     model: FlatModel,
     client_sizes: Mapping[int, int],
     likelihood: Likelihood | None = None,
     *,
-    rounds: int | None = None,
-    participation: float = 1.0,
-    compile: str = "auto",
-    seed: int = 0,
-    dp: DPSettings | None = None,
+    factory: MethodSpec | Algorithm | Callable[..., Algorithm] | None = None,
+    given: Mapping[str, Any] | None = None,
 ) -> Assembled:
-    """The run's algorithm: `algorithm_factory`'s (the method built with `hparams` and the run's context), made
-    private as `dp` says (`privacy.private_factory`, its noise calibrated to `dp.epsilon` where it gives none:
-    `privacy.noised`). The one place where `bayesadmm.run`, the command line, the Flower strategy and apps and
-    `bayesadmm.load` build a run's algorithm; a ValueError naming the fix where the method refuses its settings,
-    the likelihood or the privacy asked (only a registered method declares the update client-level DP noises)."""
-    make = algorithm_factory(algorithm, hparams, model, client_sizes, likelihood, rounds, participation, compile)
-    if dp is None:
-        return Assembled(make, None)
-    if rounds is None:
-        raise ValueError("a private run needs its number of rounds, which its noise is calibrated over")
-    spec = get(algorithm) if isinstance(algorithm, str) else algorithm if isinstance(algorithm, MethodSpec) else None
-    record = spec.make_hparams(**hparams) if spec is not None else None
-    chosen = noised(make, spec, record, dp, participation=participation, sizes=client_sizes, rounds=rounds)
-    private = private_factory(
-        make, spec, record, chosen, participation=participation, sizes=client_sizes, rounds=rounds, seed=seed
+    """The algorithm of the run `spec` records: `algorithm_factory`'s (its method built with its hyperparameters and
+    the run's context: `model`, `client_sizes`, the likelihood, the settings' rounds, participation and compile),
+    made private as `spec.dp` says (`privacy.private_factory`, its noise calibrated to `dp.epsilon` where it gives
+    none: `privacy.noised`). The one place where `bayesadmm.run`, the command line, the Flower strategy and apps and
+    `bayesadmm.load` build a run's algorithm; a ValueError naming the fix where the method refuses its settings, the
+    likelihood or the privacy asked (only a registered method declares the update client-level DP noises).
+
+    `likelihood`: the object (default: the record's, `spec.likelihood.build()`; one of the user's own must be
+    given). `factory`: what builds a method the record only names (``own:...``: the user's factory, Algorithm or
+    unregistered MethodSpec); a registered method is found by its name."""
+    if likelihood is None:
+        likelihood = spec.likelihood.build()
+    if factory is None and spec.own:
+        raise ValueError(f"the run's method is your own {spec.method[len(OWN) :]}: pass its factory (factory=...)")
+    algorithm = factory if factory is not None else get(spec.method)
+    settings = spec.settings
+    hparams = spec.hparams if given is None else given
+    make = algorithm_factory(
+        algorithm, hparams, model, client_sizes, likelihood, settings.rounds, settings.participation, settings.compile
     )
+    if spec.dp is None:
+        return Assembled(make, None)
+    method = algorithm if isinstance(algorithm, MethodSpec) else None
+    record = method.make_hparams(**spec.hparams) if method is not None else None
+    participation, rounds = settings.participation, settings.rounds
+    chosen = noised(make, method, record, spec.dp, participation=participation, sizes=client_sizes, rounds=rounds)
+    private = private_factory(
+        make, method, record, chosen, participation=participation, sizes=client_sizes, rounds=rounds,
+        seed=settings.seed,
+    )  # fmt: skip
     return Assembled(private, chosen)
 
 
 def _ready(algorithm: Algorithm) -> Algorithm:
     return algorithm
-
-
-def _name(factory: Any) -> str:
-    while isinstance(factory, functools.partial):
-        factory = factory.func
-    return f"{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', type(factory).__name__)}"
 
 
 def _clients_and_test(
@@ -286,10 +291,14 @@ def run(
     source, X_test, y_test = _clients_and_test(clients, test, flat, theta0, likelihood, device)
     source, tests = _personal_split(source, personal_split, seed, device)
     X_ood = _ood_inputs(ood, likelihood, flat, theta0, X_test)
-    make, dp = assemble(
-        algorithm, dict(hparams or {}), flat, source.sizes, likelihood, rounds=rounds, participation=participation,
-        compile=settings.compile, seed=seed, dp=dp,
+    spec = RunSpec.of(
+        algorithm, hparams, likelihood=likelihood, settings=settings, dp=dp,
+        personal=Personal(personal_split, personal_every, finetune_epochs) if tests is not None else None,
     )  # fmt: skip
+    factory = None if isinstance(algorithm, str) or not spec.own else algorithm
+    make, dp = assemble(
+        spec, flat, source.sizes, likelihood, factory=factory, given=None if factory is None else hparams
+    )
     make()  # built once now, so that a method refuses its settings or this likelihood before the run directory exists
     personal = Personalisation(tests, personal_every, finetune) if tests is not None else None
     federation = Federation(
@@ -297,7 +306,7 @@ def run(
         personal=personal, ood_X=None if X_ood is None else X_ood.to(device),
     )  # fmt: skip
     run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
-    name = algorithm if isinstance(algorithm, str) else _name(algorithm)
+    name = algorithm if isinstance(algorithm, str) else qualified_name(algorithm)
     config = run_config(settings, name, recorded_hparams(algorithm, hparams), likelihood, model, flat, source.sizes)
     if personal is not None:  # only then: the files of other runs stay as they were
         config["personal"] = {"split": personal_split, "every": personal_every, "finetune_epochs": finetune_epochs}
@@ -305,6 +314,7 @@ def run(
         config["ood"] = {"inputs": list(X_ood.shape)}
     if dp is not None:  # likewise; with the noise the run uses, so that `bayesadmm.load` need not calibrate it again
         config["dp"] = dp.to_json()
+    config["run"] = dataclasses.replace(spec, dp=dp).to_json()  # the record every door writes alike
     result = run_federation(
         federation,
         settings,

@@ -29,11 +29,12 @@ into place whole. The server state is loaded onto the CPU, whatever device the r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from torch import nn
 
@@ -42,7 +43,7 @@ from bayesadmm.algorithms.spec import get, names
 from bayesadmm.engine.federation import EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, Result
 from bayesadmm.engine.history import read_metrics
 from bayesadmm.engine.rundir import RUN_FILES, RunDirError, load_state, read_bytes
-from bayesadmm.engine.settings import KEYS, problems
+from bayesadmm.engine.settings import KEYS, Settings, problems
 from bayesadmm.experiments.build import make_algorithm_factory, scenario_model
 from bayesadmm.experiments.config import ConfigError
 from bayesadmm.experiments.config import load as load_config
@@ -53,6 +54,7 @@ from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior import layout_of
 from bayesadmm.privacy import DPSettings
+from bayesadmm.runspec import RunSpec
 
 __all__ = ["load"]
 
@@ -186,9 +188,8 @@ def _api_run(
     settings = _settings(path, "settings", config["settings"])
     sizes = _sizes(path, "clients", config["clients"])
     # the run's compile choice: "on" for a run written before the setting (its kernels were compiled)
-    schedule = Schedule(settings["rounds"], settings.get("participation", 1.0), settings.get("compile", "on"),
-                        settings.get("seed", 0))  # fmt: skip
-    return _factory(path, method, hparams, flat, sizes, likelihood, schedule, config.get("dp")), flat
+    spec = _spec(path, config, method, hparams, {"compile": "on", **settings}, likelihood)
+    return _factory(path, spec, flat, sizes, likelihood), flat
 
 
 def _strategy_run(
@@ -213,9 +214,8 @@ def _strategy_run(
     data = record.get("data") if isinstance(record, Mapping) else None  # `clients.fingerprint`: the nodes' sizes
     found = data.get("sizes") if isinstance(data, Mapping) else None
     sizes = _sizes(run_dir / "checkpoint.pt", "run.data.sizes", found)
-    schedule = Schedule(settings["rounds"], settings.get("participation", 1.0), settings.get("compile", "auto"),
-                        settings.get("seed", 0))  # fmt: skip
-    return _factory(path, method, hparams, flat, sizes, likelihood, schedule, config.get("dp")), flat
+    spec = _spec(path, config, method, hparams, settings, likelihood)
+    return _factory(path, spec, flat, sizes, likelihood), flat
 
 
 def _flower_app_run(
@@ -258,48 +258,54 @@ def _flower_app_run(
         # as the ServerApp read them; the device aside (it need not exist on this machine: the state loads on the CPU)
         settings = app_settings({k: v for k, v in run_config.items() if k != "device"})
     sizes = _sizes(path, "clients", config.get("clients"))
-    schedule = Schedule(settings.rounds, settings.participation, settings.compile, settings.seed)
-    return _factory(path, method, hparams, flat, sizes, likelihood, schedule, None), flat
+    spec = _spec(path, {**config, "dp": None}, method, hparams, dataclasses.asdict(settings), likelihood)
+    return _factory(path, spec, flat, sizes, likelihood), flat
 
 
-class Schedule(NamedTuple):
-    """What a method's factory takes of a run's settings."""
+def _spec(
+    path: Path, config: Mapping, method: str, hparams: dict, settings: Mapping[str, Any], likelihood: Likelihood
+) -> RunSpec:
+    """The run's record as its layout's tables give it (the method, its hyperparameters, the rounds, seed,
+    participation and compile of `settings`, the likelihood, "dp": the noise the run used, or calibrated from the
+    same budget, sizes and rounds), checked against config.json's "run" (`runspec.RunSpec.to_json`, which every door
+    writes beside its tables; a directory written before it has none): a record that disagrees is refused."""
+    with _refused(path, "its dp record is not DPSettings.to_json()'s"):
+        dp = None if config.get("dp") is None else DPSettings.from_json(config["dp"])
+    with _refused(path, "it does not build the run's method"):
+        schedule = {key: settings[key] for key in ("rounds", "seed", "participation", "compile") if key in settings}
+        spec = RunSpec.of(method, hparams, likelihood=likelihood, settings=Settings(**schedule), dp=dp)
+    if "run" in config:
+        _check_record(path, config["run"], spec)
+    return spec
 
-    rounds: int
-    participation: float
-    compile: str
-    seed: int
+
+def _check_record(path: Path, record: Any, spec: RunSpec) -> None:
+    """A RunDirError where config.json's "run" is not a run record or says other than the tables beside it."""
+    if isinstance(record, Mapping) and isinstance(record.get("settings"), Mapping):
+        record = {**record, "settings": {**record["settings"], "device": "cpu"}}  # the state loads on the CPU
+    with _refused(path, "its run record is not a RunSpec's"):
+        recorded = RunSpec.from_json(record)
+    mine, theirs = spec.to_json(), recorded.to_json()
+    for key in ("rounds", "seed", "participation", "compile"):
+        mine[key], theirs[key] = mine["settings"][key], theirs["settings"][key]
+    if spec.likelihood.own or recorded.likelihood.own:
+        theirs["likelihood"] = mine["likelihood"]  # named differently by each door; checked by the door's tables
+    differ = [key for key in mine if key != "settings" and mine[key] != theirs[key]]
+    if differ:
+        raise RunDirError(f"{path}: run.{differ[0]} is not what the rest of the file says; restore the run's file")
 
 
 def _factory(
-    path: Path,
-    method: str,
-    hparams: dict,
-    flat: FlatModel,
-    sizes: dict[int, int],
-    likelihood: Likelihood,
-    schedule: Schedule,
-    dp: Any,
+    path: Path, spec: RunSpec, flat: FlatModel, sizes: dict[int, int], likelihood: Likelihood
 ) -> Callable[[], Algorithm]:
-    """The factory of registered method `method` as the run built it (`federated.assemble`), made private as the
-    run's `dp` record says (None: not private; the noise the record holds, or calibrated from the same budget, sizes
-    and rounds); a value no check above refused but the method does is a RunDirError naming the file."""
-    rounds, participation, compile_, seed = schedule
-
-    def assembled(settings: DPSettings | None) -> Callable[[], Algorithm]:
-        return assemble(
-            method, hparams, flat, sizes, likelihood, rounds=rounds, participation=participation, compile=compile_,
-            seed=seed, dp=settings,
-        ).make  # fmt: skip
-
+    """The factory of the run's method as the run built it (`federated.assemble` of its record `spec`), private as
+    the record says; a value no check above refused but the method does is a RunDirError naming the file."""
     with _refused(path, "it does not build the run's method"):
-        plain = assembled(None)
-    if dp is None:
+        plain = assemble(dataclasses.replace(spec, dp=None), flat, sizes, likelihood).make
+    if spec.dp is None:
         return plain
-    with _refused(path, "its dp record is not DPSettings.to_json()'s"):
-        private = DPSettings.from_json(dp)
     with _refused(path, "it does not build the run's private method"):
-        return assembled(private)
+        return assemble(spec, flat, sizes, likelihood).make
 
 
 @contextlib.contextmanager

@@ -178,6 +178,8 @@ def setting_of(config: dict) -> dict[str, str]:
             flat.update(setting_of(value))
         elif isinstance(value, dict) and key == "likelihood_params":  # as the command line names them
             flat.update({f"likelihood.{k}": json.dumps(v, sort_keys=True) for k, v in value.items()})
+        elif key == "run":  # the run's record (`runspec.RunSpec`): the door's own keys beside it say the same
+            continue
         elif key not in NOT_SETTINGS:
             flat[key] = json.dumps(value, sort_keys=True)
     return {k: v for k, v in flat.items() if k not in NOT_SETTINGS}

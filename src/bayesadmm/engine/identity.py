@@ -79,12 +79,17 @@ def completed(config: Mapping) -> dict:
 
 
 def _check_same_config(path: Path, saved: Mapping, mine: Mapping) -> None:
+    if "run" not in saved:  # written before configurations held the run's record: its other tables say the same
+        mine = {k: v for k, v in mine.items() if k != "run"}
     old, new = flat_settings(completed(saved)), flat_settings(completed(mine))
     for key, value in IMPLIED.items():  # spelt out or implied: the same run
         if old.get(key, value) == new.get(key, value):
             old.pop(key, None)
             new.pop(key, None)
     differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    # a difference in the run's record ("run.…") is named once: by the door's own key of the same name, if it has one
+    named = {key.rsplit(".", 1)[-1] for key in differ if not key.startswith("run.")}
+    differ = [key for key in differ if not key.startswith("run.") or key.rsplit(".", 1)[-1] not in named]
     if differ:
         shown = ", ".join(f"{k} {old.get(k, '(unset)')} → {new.get(k, '(unset)')}" for k in differ[:5])
         raise RunDirError(

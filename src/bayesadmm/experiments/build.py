@@ -9,6 +9,7 @@ Everything is deterministic in the config: each set-up step draws from its own g
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from collections.abc import Callable
@@ -36,9 +37,10 @@ from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.experiments.config import DATASETS, TARGETS, ConfigError, RunConfig, method_spec
 from bayesadmm.experiments.privacy import dp_settings
-from bayesadmm.federated import assemble
+from bayesadmm.federated import Assembled, assemble
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import MODELS, FlatModel, make_model
+from bayesadmm.runspec import Personal, RunSpec
 
 # The set-up streams, generator_for(seed, 0, <id>); 10⁹ + 3 and + 4 are the engine's (participants, evaluation), and
 # 10⁹ + 7 (`engine.personal.PERSONAL_SPLIT`) the personal test split's.
@@ -62,6 +64,7 @@ class Built:
 
     federation: Federation
     settings: Settings
+    spec: RunSpec  # the run's record, with the noise multiplier it uses (config.json's "run")
     parts: list[Tensor]  # client k's rows of the (subsampled) training set
     train_labels: Tensor  # the training targets (class labels, or real numbers or counts for regression)
     num_classes: int  # 0 where the targets are not class labels
@@ -135,24 +138,41 @@ def _in_precision(dtype: torch.dtype, *tensors: Tensor) -> list[Tensor]:
     return [t.to(dtype) if t.is_floating_point() else t for t in tensors]
 
 
+def spec_of(config: RunConfig) -> RunSpec:
+    """The run record of a configuration (`runspec.RunSpec`): its method with every hyperparameter, its likelihood,
+    the engine's settings (`settings_of`), its differential privacy (`experiments.privacy`) and personalisation."""
+    personal = None
+    if config.personal_split:
+        personal = Personal(config.personal_split, config.personal_every, config.finetune_epochs)
+    return RunSpec.of(
+        method_spec(config.method), config.hparams, likelihood=config.make_likelihood(), settings=settings_of(config),
+        dp=dp_settings(config), personal=personal,
+    )  # fmt: skip
+
+
+def assembled(
+    config: RunConfig, model: FlatModel, client_sizes: dict[int, int], likelihood: Likelihood | None = None
+) -> tuple[Assembled, RunSpec]:
+    """The configured run's algorithm (`federated.assemble` of `spec_of(config)` for `model`, the client sizes and
+    `likelihood`, the clients' object, default the configuration's) and its record with the noise multiplier the
+    run uses. A refusal of the privacy asked is a ConfigError (a setting of the configuration); the method's own
+    refusals are raised as it raised them."""
+    spec = spec_of(config)
+    try:
+        made = assemble(spec, model, client_sizes, likelihood)
+    except ValueError as exc:
+        if spec.dp is None or isinstance(exc, ConfigError):  # the method's own refusal, as it raised it
+            raise
+        raise ConfigError(str(exc)) from None  # the privacy asked of it: a setting of the configuration
+    return made, dataclasses.replace(spec, dp=made.dp)
+
+
 def make_algorithm_factory(
     config: RunConfig, model: FlatModel, client_sizes: dict[int, int], likelihood: Likelihood | None = None
 ):
-    """The configured method's factory: its spec built with the configured hyperparameters and a context of the
-    model, the client sizes, `likelihood` (the clients', for the methods that check what they need of it) and the
-    run's rounds (a method's `cosine=true` is a cosine learning-rate schedule over the whole run), participation
-    and `compile` setting (the kernels' choice of the method's solver); with the configuration's differential
-    privacy (`dp=client`, `experiments.privacy`) where it asks for it."""
-    dp = dp_settings(config)
-    try:
-        return assemble(
-            method_spec(config.method), config.hparams, model, client_sizes, likelihood, rounds=config.rounds,
-            participation=config.participation, compile=config.compile, seed=config.seed, dp=dp,
-        ).make  # fmt: skip
-    except ValueError as exc:
-        if dp is None or isinstance(exc, ConfigError):  # the method's own refusal, as it raised it
-            raise
-        raise ConfigError(str(exc)) from None  # the privacy asked of it: a setting of the configuration
+    """The configured method's factory (`assembled`'s): its spec built with the configured hyperparameters and a
+    context of the model, the client sizes, `likelihood` and the run's settings, private where it asks for it."""
+    return assembled(config, model, client_sizes, likelihood)[0].make
 
 
 def build(config: RunConfig) -> Built:
@@ -205,7 +225,7 @@ def build(config: RunConfig) -> Built:
             raise ConfigError(f"exclude_client={config.exclude_client} must be -1 (none) or one of {sorted(slices)}")
         del slices[config.exclude_client]
     source = TensorClients(model, X[order], y[order], slices, likelihood, config.device)
-    make = make_algorithm_factory(config, model, source.sizes, source.likelihood)
+    (make, _), spec = assembled(config, model, source.sizes, source.likelihood)
     federation = Federation(
         model,
         source,
@@ -219,7 +239,7 @@ def build(config: RunConfig) -> Built:
         personal=_personalisation(config, X, y, tests),
         ood_X=None if X_ood is None else X_ood.to(dtype).to(config.device),
     )
-    return Built(federation, settings_of(config), parts, y, num_classes, outputs, tests)
+    return Built(federation, settings_of(config), spec, parts, y, num_classes, outputs, tests)
 
 
 def _personal_split(config: RunConfig, parts: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
@@ -315,7 +335,7 @@ def run(
             built.federation,
             built.settings,
             config.run_dir(),
-            config=config.to_json(),
+            config={**config.to_json(), "run": built.spec.to_json()},
             resume=resume,
             progress=progress,
             title=title,
@@ -371,6 +391,8 @@ __all__ = [
     "DATASET_SHAPES",
     "settings_of",
     "make_algorithm_factory",
+    "assembled",
+    "spec_of",
     "SUBSAMPLE",
     "PARTITION",
     "INIT",

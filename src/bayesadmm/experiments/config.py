@@ -3,9 +3,10 @@
 A run is described by a `RunConfig` (what data, split, model, likelihood, method, schedule) plus the method's
 hyperparameters (`hparams`), whose valid names, types and defaults are the fields of the method's `MethodSpec.hparams`
 dataclass (`bayesadmm.algorithms.spec`), so a new algorithm needs no config code, and the likelihood's parameters
-(`likelihood_params`, set as `likelihood.KEY=VALUE`), read off its dataclass likewise. This is the one place where
-likelihood names become classes (`LIKELIHOODS`). Unknown keys and values of the wrong type are errors that list the
-valid keys; the resolved configuration is saved with the run.
+(`likelihood_params`, set as `likelihood.KEY=VALUE`), read off its dataclass likewise (the names:
+`likelihoods.LIKELIHOODS`). Unknown keys and values of the wrong type are errors that list the valid keys; the
+resolved configuration is saved with the run, beside the run's record (`runspec.RunSpec`, which `build.spec_of` makes
+of it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bayesadmm import likelihoods
 from bayesadmm.data.ood import ood_problems
 from bayesadmm.data.partitions import PARTITIONS
 from bayesadmm.engine import settings as engine_settings
@@ -28,7 +28,7 @@ from bayesadmm.experiments import scenario_data
 from bayesadmm.experiments.methods import method_parameters, method_spec, preset_for
 from bayesadmm.experiments.privacy import DP_DEFAULTS, dp_problems
 from bayesadmm.experiments.values import ConfigError, convert, kinds, suggestion, unknown
-from bayesadmm.likelihoods import Likelihood
+from bayesadmm.likelihoods import LIKELIHOODS, Likelihood
 from bayesadmm.models import MODELS
 from bayesadmm.tracking import TRACKERS, available
 
@@ -111,12 +111,6 @@ DATASETS: dict[str, tuple[str, ...]] = {
     "cifar100": ("classes",),
     "diabetes": ("real", "counts"),  # scikit-learn's diabetes regression set: progression scores 25-346
     "synthetic-softmax": ("classes",),  # bayesadmm.data.synthetic: 10⁶ draws of a softmax model, 20 features
-}
-# likelihood name -> its class in bayesadmm.likelihoods
-LIKELIHOODS: dict[str, type] = {
-    "classification": likelihoods.Classification,
-    "gaussian": likelihoods.GaussianRegression,
-    "poisson": likelihoods.Poisson,
 }
 # likelihood name -> the targets it models (a kind of DATASETS)
 TARGETS = {"classification": "classes", "gaussian": "real", "poisson": "counts"}
@@ -369,9 +363,11 @@ def load(run_dir: Path) -> RunConfig:
         raise ConfigError(f"{path} is missing: {run_dir} is not a run directory of `bayesadmm run`") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} cannot be read ({exc}); is {run_dir} a run's folder?") from None
-    if not isinstance(data, dict) or not set(data) <= (fields := {f.name for f in dataclasses.fields(RunConfig)}):
+    fields = {f.name for f in dataclasses.fields(RunConfig)} | {"run"}  # "run": the record `build.spec_of` made
+    if not isinstance(data, dict) or not set(data) <= fields:
         extra = sorted(set(data) - fields) if isinstance(data, dict) else [type(data).__name__]
         raise ConfigError(f"{path} is not a bayesadmm run configuration (unexpected: {', '.join(extra)})")
+    data = {k: v for k, v in data.items() if k != "run"}
     # validated as a new configuration is: an edited config.json must not slip past the checks a command line meets
     tables = ("hparams", "likelihood_params")  # tables of settings, typed by what they configure
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name not in tables}

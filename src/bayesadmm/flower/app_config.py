@@ -45,6 +45,7 @@ from bayesadmm.federated import assemble
 from bayesadmm.flower.loaders import entry_point, load_tensors
 from bayesadmm.likelihoods import Classification, GaussianRegression, Likelihood, Poisson
 from bayesadmm.models import FlatModel, make_model
+from bayesadmm.runspec import OWN, LikelihoodSpec, RunSpec
 from bayesadmm.userdata import as_tensors, check_data
 
 APP_CONFIG = "flower.json"  # in the run directory: the run config a resume starts from
@@ -61,7 +62,7 @@ KEYS = {
 # Flower's spelling of a run config's keys → this module's (either is accepted; Flower's apps declare Flower's)
 FLOWER_SPELLING = {"num-server-rounds": "rounds", "fraction-train": "participation"}
 # a likelihood's settings in a run config: likelihood-KEY (TOML cannot hold both likelihood = "gaussian" and a
-# likelihood.noise); its name is `likelihood`, one of `bayesadmm run`'s (experiments.config.LIKELIHOODS)
+# likelihood.noise); its name is `likelihood`, one of `bayesadmm run`'s (likelihoods.LIKELIHOODS)
 LIKELIHOOD_SETTING = "likelihood-"
 # the settings of a local run that mean nothing on Flower, refused by name where a run config or `strategy` gives
 # them: the nodes train their clients (one each), and the server keeps its copy of every client's state (what a
@@ -111,12 +112,15 @@ class FlowerRun:
             return f"{self.preset.scenario} — {self.preset.method} (seed {self.preset.seed}, Flower)"
         return f"{self.setup['algorithm']} (seed {self.settings.seed}, Flower)"
 
-    def config_record(self, sizes: Mapping[int, int]) -> dict:
-        """config.json: a preset's RunConfig (so `bayesadmm resume` reads it as a local run's), else the setup."""
+    def config_record(self, sizes: Mapping[int, int], spec: RunSpec | None = None) -> dict:
+        """config.json: a preset's RunConfig (so `bayesadmm resume` reads it as a local run's), else the run config
+        and the clients' sizes; beside it the run's record (`spec`, a preset's as its build made it; default the
+        setup's: `setup_spec`)."""
+        record = (spec or setup_spec(self.setup, self.settings)).to_json()
         if self.preset is not None:
-            return self.preset.to_json()
+            return {**self.preset.to_json(), "run": record}
         run_config = {**self.app_config, "hparams": self.setup["hparams"]}  # every hyperparameter, as the nodes got it
-        return {"flower": run_config, "clients": {str(k): n for k, n in sorted(sizes.items())}}
+        return {"flower": run_config, "clients": {str(k): n for k, n in sorted(sizes.items())}, "run": record}
 
 
 def preset_run(config: RunConfig, timeouts: Timeouts | None = None, resume: bool = False) -> FlowerRun:
@@ -456,26 +460,38 @@ def likelihood_spelling(likelihood: Likelihood) -> str:
     return f"own:{type(likelihood).__name__}"
 
 
+def setup_spec(setup: Mapping[str, Any], settings: Settings) -> RunSpec:
+    """The run record of a run of your own model (`runspec.RunSpec`) from its setup and the engine's `settings`: a
+    registered method's name, or ``own:module:function`` for a factory of yours (named, never imported from the
+    record); the likelihood by name, or ``own:Name`` for one of yours."""
+    name = str(setup["algorithm"])
+    spelt = str(setup.get("likelihood", "classification"))
+    if spelt.startswith(OWN):
+        likelihood = LikelihoodSpec(spelt)
+    else:
+        likelihood = LikelihoodSpec.of(likelihood_of(setup))
+    return RunSpec(f"{OWN}{name}" if ":" in name else name, dict(setup["hparams"]), likelihood, settings)
+
+
 def algorithm_of(
     setup: Mapping[str, Any], model: FlatModel, sizes: Mapping[int, int], likelihood: Likelihood | None = None
 ) -> Callable[[], Algorithm]:
     """The algorithm's factory: a preset's method, a registered method's name (`bayesadmm.algorithms.names()`), or a
-    user's factory ``module:function``; `likelihood` (default: the setup's) for a node given one of its own."""
+    user's factory ``module:function``; `likelihood` (default: the setup's) for a node given one of its own. Built
+    by `federated.assemble` from the setup's record (`setup_spec`, with the settings the method reads: the rounds,
+    the participation, compile and the seed, which the setup carries to every node)."""
     if "preset" in setup:
         return make_algorithm_factory(RunConfig(**setup["preset"]), model, dict(sizes), likelihood_of(setup))
     name = str(setup["algorithm"])
-    algorithm: Any = entry_point(name, "algorithm") if ":" in name else name
-    rounds = setup.get("rounds")
-    return assemble(
-        algorithm,
-        dict(setup["hparams"]),
-        model,
-        dict(sizes),
-        likelihood if likelihood is not None else likelihood_of(setup),
-        rounds=None if rounds is None else int(rounds),
-        participation=float(setup.get("participation", 1.0)),
-        compile=str(setup.get("compile", "auto")),
-    ).make
+    settings = Settings(
+        rounds=int(setup["rounds"]), seed=int(setup.get("seed", 0)),
+        participation=float(setup.get("participation", 1.0)), compile=str(setup.get("compile", "auto")),
+    )  # fmt: skip
+    likelihood = likelihood if likelihood is not None else likelihood_of(setup)
+    spec = RunSpec(f"{OWN}{name}" if ":" in name else name, dict(setup["hparams"]), LikelihoodSpec.of(likelihood),
+                   settings)  # fmt: skip
+    factory = entry_point(name, "algorithm") if spec.own else None
+    return assemble(spec, model, dict(sizes), likelihood, factory=factory).make
 
 
 @dataclass(frozen=True)
@@ -488,17 +504,17 @@ class NodeClients:
         raise RuntimeError(f"client {client}'s data is on its SuperNode; the server never reads it")
 
 
-def preset_federation(run: FlowerRun) -> tuple[Federation, Callable[[Path], None], dict]:
+def preset_federation(run: FlowerRun) -> tuple[Federation, Callable[[Path], None], dict, RunSpec]:
     """A preset run's Federation (built as a local run builds it), what to record in the run directory on a fresh
-    start (partition.json, labels.png), and the setup completed with the preset model's arguments (so a node with a
-    file of its own builds the model without the preset's data)."""
+    start (partition.json, labels.png), the setup completed with the preset model's arguments (so a node with a
+    file of its own builds the model without the preset's data), and the run's record as the build made it."""
     preset = run.preset
     assert preset is not None
     built = build(preset)
     assert built.federation.eval_X is not None  # a scenario's federation has its test set
     kwargs = model_arguments(preset.model, int(built.federation.eval_X[0].numel()), built.outputs)
     setup = {**run.setup, "zoo": {"name": preset.model, "kwargs": kwargs}}
-    return built.federation, lambda run_dir: _write_split(preset, built), setup
+    return built.federation, lambda run_dir: _write_split(preset, built), setup, built.spec
 
 
 def user_federation(run: FlowerRun, sizes: Mapping[int, int]) -> Federation:

@@ -13,6 +13,7 @@ uninterrupted run: the checkpoint holds the server's copy of every client state,
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from logging import ERROR, WARNING
 from pathlib import Path
@@ -61,9 +62,10 @@ def strategy_of(run: FlowerRun) -> BayesStrategy:
     node holds are logged and left out), or a model of your own whose clients' sizes the nodes report (all must)."""
     run.run_dir.mkdir(parents=True, exist_ok=True)
     log = RunLog(run.run_dir / "flower.log")
-    setup, on_start = run.setup, None
+    setup, on_start, config = run.setup, None, run.config_record
     if run.preset is not None:
-        preset, on_start, setup = preset_federation(run)
+        preset, on_start, setup, spec = preset_federation(run)
+        config = functools.partial(run.config_record, spec=spec)
 
         def federation_of(sizes: Mapping[int, int], initial: object) -> Federation:
             missing = sorted(set(range(run.clients)) - set(sizes))
@@ -96,7 +98,7 @@ def strategy_of(run: FlowerRun) -> BayesStrategy:
         log(f"round {line['round']}: {line['participants']} clients" + "".join(f", {score}" for score in scores[:1]))
 
     return BayesStrategy(
-        federation_of, setup, run.settings, run.run_dir, config=run.config_record, clients=run.clients or None,
+        federation_of, setup, run.settings, run.run_dir, config=config, clients=run.clients or None,
         fraction_evaluate=0.0, timeouts=run.timeouts, resume=run.resume, overwrite=run.overwrite, title=run.title,
         on_start=started, on_round=on_round,
     )  # fmt: skip

@@ -19,6 +19,7 @@ to, unless your app names it as its own (``app_keys=``: a batch size, a data pat
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 from collections.abc import Collection, Mapping
@@ -47,6 +48,7 @@ from bayesadmm.flower.bayes_strategy import BayesStrategy
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.privacy import DPSettings
+from bayesadmm.runspec import RunSpec
 from bayesadmm.userdata import as_tensors, check_data
 
 __all__ = ["strategy", "strategy_from_config", "CONFIG_KEYS"]
@@ -127,23 +129,23 @@ def strategy(
         "seed": seed, "rounds": rounds, "device": device, "dtype": dtype, "clients": clients,
         "eval_samples": eval_samples, "participation": fraction_train, "compile": compile,
     }  # fmt: skip
+    record = RunSpec.of(method, hparams, likelihood=likelihood, settings=settings, dp=dp)
     config = {
         "flower-strategy": {**setup, "clients": None, "participation": fraction_train, "model": repr(model)},
         "parameters": flat.dim,
         **({"dp": dp.to_json()} if dp is not None else {}),
+        "run": record.to_json(),  # the record every door writes alike
     }
     evaluation = _evaluation(flat, own_theta, likelihood, eval_data, settings.torch_dtype)
 
     def federation_of(sizes: Mapping[int, int], initial: Mapping[str, Tensor] | None) -> Federation:
         theta0 = _initial(flat, own_theta, initial).to(device, settings.torch_dtype)
-        make, chosen = assemble(
-            method, hparams, flat, dict(sizes), likelihood, rounds=rounds, participation=fraction_train,
-            compile=compile, seed=seed, dp=dp,
-        )  # fmt: skip
+        make, chosen = assemble(record, flat, dict(sizes), likelihood)
         if chosen is not None:
             # config.json records the noise the run uses, so that `bayesadmm.load` need not calibrate it again (a
             # resume may change it: `engine.identity.RESUME_MAY_CHANGE`)
             config["dp"] = chosen.to_json()
+            config["run"] = dataclasses.replace(record, dp=chosen).to_json()
             if chosen.level == "example":  # the nodes train privately: they are told its noise (`client_app`)
                 setup["dp"] = config["dp"]
         X, y = evaluation if evaluation is not None else (None, None)

@@ -59,7 +59,16 @@ from bayesadmm.likelihoods.classification import Classification
 from bayesadmm.likelihoods.custom import NegLogLikelihood
 from bayesadmm.likelihoods.regression import COVERAGE_LEVELS, GaussianRegression, Poisson
 
+# the built-in likelihoods by the name every door gives them (`bayesadmm run`'s likelihood=, a Flower run config's,
+# a run record's `runspec.LikelihoodSpec`)
+LIKELIHOODS: dict[str, type] = {
+    "classification": Classification,
+    "gaussian": GaussianRegression,
+    "poisson": Poisson,
+}
+
 __all__ = [
+    "LIKELIHOODS",
     "COVERAGE_LEVELS",
     "CURVATURE_MEMBERS",
     "Classification",
