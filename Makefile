@@ -1,6 +1,8 @@
 # `make demo` and `make test` set everything up themselves (scripts/setup.sh), then run. `make test` lints and
 # type-checks src/ (ruff, mypy) and builds the documentation site (mkdocs, warnings are errors) before the test
-# suite. `make docs` serves the site at http://127.0.0.1:8000 and rebuilds it on every edit.
+# suite; there tests/test_docs_browser.py opens every page of the site in headless Chromium (skipped, with the reason,
+# where Chromium is missing) and leaves screenshots of the home and results pages in build/docs-screenshots/.
+# `make docs` serves the site at http://127.0.0.1:8000 and rebuilds it on every edit.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs/demo
@@ -21,7 +23,7 @@ test: setup
 	$(PY) -m ruff format --check src
 	$(PY) -m mypy src/bayesadmm
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir build/site
-	$(PY) -m pytest $(PARALLEL) --durations=15
+	$(PY) -m pytest $(PARALLEL) -rs --durations=15
 
 # the tests without the long end-to-end ones (marked slow), for the edit-test loop
 test-fast: setup

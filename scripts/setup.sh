@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs, idempotently: a virtual environment (.venv, or $VENV) with the CPU build of
 # torch, the package with its test, Flower, documentation and differential-privacy dependencies, and FashionMNIST (Debian package
-# dataset-fashion-mnist) where the machine has apt and we are root. Called by `make demo` and `make test`, so a
+# dataset-fashion-mnist) and Chromium for the documentation's browser test (Debian package chromium) where the machine
+# has apt and we are root. Called by `make demo` and `make test`, so a
 # fresh clone needs nothing else. Last, `bayesadmm precompile` fills torch's compilation cache with the kernels
 # of the demo scenario's runs.
 set -euo pipefail
@@ -42,6 +43,18 @@ if [ ! -d "$fmnist" ] && [ -z "${BAYESADMM_DATA:-}" ]; then
       || echo "setup: could not install dataset-fashion-mnist; FashionMNIST will be downloaded on first use"
   else
     echo "setup: FashionMNIST not found in $fmnist; it will be downloaded on first use (or set BAYESADMM_DATA)"
+  fi
+fi
+
+# tests/test_docs_browser.py drives Chromium headless over the built documentation site (through Playwright, which
+# takes the system's browser and downloads none); without it that test is skipped, saying so.
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing Chromium for the documentation's browser test (apt-get install chromium)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null \
+      || echo "setup: could not install chromium; the documentation's browser test will be skipped"
+  else
+    echo "setup: chromium not found; the documentation's browser test will be skipped (Debian: apt-get install chromium)"
   fi
 fi
 
