@@ -14,8 +14,7 @@ from bayesadmm.cli import main
 from bayesadmm.data.tabular import split_rows, standardise
 from bayesadmm.experiments.build import build, load_data
 from bayesadmm.experiments.config import ConfigError, RunConfig, load, resolve
-from bayesadmm.likelihoods import LIKELIHOODS
-from bayesadmm.likelihoods import Classification, GaussianRegression
+from bayesadmm.likelihoods import LIKELIHOODS, Classification, GaussianRegression
 
 pytest.importorskip("sklearn")
 
