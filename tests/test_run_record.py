@@ -172,3 +172,26 @@ def test_a_run_record_reads_back_and_refuses_a_wrong_value():
         edit(edited)
         with pytest.raises(ValueError, match=said):
             RunSpec.from_json(edited)
+
+
+def test_load_refuses_a_run_record_that_contradicts_the_tables_beside_it(tmp_path):
+    """config.json's "run" and the door's own tables are written together: an edit of one of them is refused naming
+    the record's key, an unreadable record naming the file."""
+    clients, test = _blobs()
+    bayesadmm.run(_net(), clients, test, algorithm="fedavg", hparams={"lr": 0.05}, rounds=1, progress=False,
+                  out=tmp_path / "run")  # fmt: skip
+    path = tmp_path / "run" / "config.json"
+    config = json.loads(path.read_text())
+    assert config["run"]["hparams"] == spec.get("fedavg").resolved(lr=0.05)
+    assert bayesadmm.load(tmp_path / "run", model=_net()).round == 1
+    for edit, said in [
+        (lambda c: c["run"]["hparams"].update(lr=0.5), "run.hparams is not what the rest of the file says"),
+        (lambda c: c["run"]["settings"].update(seed=4), "run.seed is not what the rest of the file says"),
+        (lambda c: c["run"].update(likelihood={"name": "poisson", "params": {}}), "run.likelihood is not what"),
+        (lambda c: c["run"]["settings"].update(rounds="2"), "its run record is not a RunSpec's .settings: rounds"),
+    ]:
+        edited = json.loads(json.dumps(config))
+        edit(edited)
+        path.write_text(json.dumps(edited))
+        with pytest.raises(RunDirError, match=said):
+            bayesadmm.load(tmp_path / "run", model=_net())

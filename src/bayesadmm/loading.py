@@ -20,6 +20,9 @@ config.json, as a resume rebuilds it, but nothing runs. The kinds of run directo
   checked against the checkpoint's posterior); the method must be a registered one (a "module:function" factory is
   refused: nothing read from a file is imported).
 
+Each kind also holds the run's record under "run" (`runspec.RunSpec`, the same from every door; a directory written
+before it has none): it is checked against the tables beside it, and one that says otherwise is refused.
+
 A value of config.json, status.json or metrics.jsonl of another shape than the library writes (a list for a table, a
 string for a number, a dp record without its keys) is a one-line RunDirError naming the file and the key or line.
 Files are read without following symbolic links (`rundir.read_bytes`); no lock is taken, since checkpoints are renamed
