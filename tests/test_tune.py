@@ -17,12 +17,12 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import needs_fmnist
 
 from bayesadmm import cli
 from bayesadmm.experiments.build import run
 from bayesadmm.experiments.config import ConfigError, resolve
 from bayesadmm.experiments.tune import Param, Tuning, level_of, parse_param, report, space_for
+from conftest import needs_fmnist
 
 optuna = pytest.importorskip("optuna")
 
@@ -125,7 +125,7 @@ def test_the_cli_checks_the_space_and_metric_before_the_study_exists(tmp_path, c
     assert re.search(message, err) and err.count("\n") == 1 and not out.exists()
 
 
-# --- the search space about the scenario's preset ----------------------------------------------------------------------
+# --- the search space about the scenario's preset ---------------------------------------------------------------------
 
 
 def test_the_ranges_are_centred_on_the_scenarios_preset(tmp_path):
@@ -160,8 +160,8 @@ def test_a_value_given_to_the_tune_is_the_centre(tmp_path):
 def test_a_run_without_a_value_takes_the_absolute_range_or_is_refused_naming_the_fix(tmp_path):
     # a config file that sets no lr: FedAvg's Adam lr falls back to its absolute range, and there is no preset trial
     config = tmp_path / "mine.json"
-    config.write_text(json.dumps({"dataset": "diabetes", "partition": "iid", "clients": 3, "model": "small-mlp",
-                                  "likelihood": "gaussian", "likelihood_params": {"noise": 0.7}, "method": "fedavg"}))
+    settings = {"dataset": "diabetes", "partition": "iid", "clients": 3, "model": "small-mlp", "method": "fedavg"}
+    config.write_text(json.dumps({**settings, "likelihood": "gaussian", "likelihood_params": {"noise": 0.7}}))
     tuning = Tuning(str(config), (), space_for("fedavg"), tmp_path / "t")
     assert tuning.space["lr"] == Param("lr", "log", 1e-4, 1e-2) and tuning.start == {}
     # a value of 0 is no centre either: FedDyn's weight decay takes the FedLap paper's grid
@@ -204,7 +204,7 @@ def test_a_coverage_metric_is_tuned_towards_its_level_never_maximised(tmp_path):
     assert "| val_coverage90 | |val_coverage90 − 0.9| |" in text and "Chosen: trial" in text
 
 
-# --- a small tune finds at least the preset's validation score ---------------------------------------------------------
+# --- a small tune finds at least the preset's validation score --------------------------------------------------------
 
 
 def _searched(tuning: Tuning) -> str:
@@ -240,3 +240,36 @@ def test_a_small_tune_on_diabetes_is_at_least_as_good_as_the_preset(tmp_path):
 def test_a_small_tune_on_fashion_mnist_is_at_least_as_good_as_the_preset(tmp_path, method):
     fixed = (f"method={method}", "rounds=3", "epochs=1", "workers=1")
     _tune_against_the_preset(tmp_path, "fmnist-heterog10", fixed, 4)
+
+
+def test_the_cli_prints_the_centred_ranges_and_refuses_a_range_without_a_centre(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    out = tmp_path / "t"
+    fixed = ["method=ivon-admm", "rounds=1", "epochs=1", "workers=1"]
+    assert cli.main(["tune", "diabetes-iid5", *fixed, "--trials", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("tuning ivon-admm on diabetes-iid5: lr=log:0.01:1 (around 0.1), rho=log:0.02:2 (around")
+    assert "trial 0: complete" in printed and "(the run's own values)" in (out / "report.md").read_text()
+    refused = tmp_path / "refused"
+    args = ["tune", "diabetes-iid5", "method=ama", "rho=0.5", "--space", "lr=around:0.1:10", "--out", str(refused)]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "sets no lr to centre on; give lr=VALUE" in err and err.count("\n") == 1 and not refused.exists()
+
+
+def test_the_guides_table_states_each_methods_declared_ranges():
+    from bayesadmm.algorithms import specs
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "sweeps-and-tuning.md").read_text()
+    rows = [line.split(" | ") for line in guide.splitlines() if line.startswith("| ") and "`" in line]
+    words = {(0.1, 10): "a tenth to ten times", (0.01, 100): "a hundredth to a hundred times"}
+    built_in = [spec for spec in specs() if spec.build.__module__.startswith("bayesadmm.")]  # not other tests' own
+    for spec in built_in:
+        for key, space in spec.search_space.items():
+            row = next((r for r in rows if spec.name in r[0].replace(",", " ").split() and f"`{key}`" in r[1]), None)
+            assert row is not None, (spec.name, key)
+            if "around" in space:
+                assert words[tuple(space["around"])] in row[1], (spec.name, key, row)
+            else:
+                low, high = space["log"]
+                assert f"log-uniform over {low:g} to {high:g}" in row[1], (spec.name, key, row)
