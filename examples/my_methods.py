@@ -89,7 +89,8 @@ SPEC = register(
         build=build,
         summary="FedAvg with server momentum",
         presets={"diabetes-iid5": {"lr": 1e-3, "epochs": 2}},  # the values `bayesadmm run diabetes-iid5` starts from
-        search_space={"lr": {"log": [1e-4, 1e-2]}, "momentum": {"choices": [0.0, 0.5, 0.9]}},  # `bayesadmm tune`'s
+        # `bayesadmm tune`'s: lr ten times either side of the scenario's (1e-4 to 1e-2 where a run sets none)
+        search_space={"lr": {"around": [0.1, 10], "log": [1e-4, 1e-2]}, "momentum": {"choices": [0.0, 0.5, 0.9]}},
         example={"lr": 0.05, "epochs": 1, "batch_size": 8},
     )
 )

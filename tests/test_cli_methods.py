@@ -32,8 +32,16 @@ def test_methods_show_gives_the_hyperparameters_presets_and_search_space_of_the_
             assert line.endswith("required") if required else line.endswith(repr(f.default)), line
         for scenario, values in presets_of(spec).items():
             assert f"  {scenario}: " + " ".join(f"{k}={v}" for k, v in values.items()) in shown
-        for key in spec.search_space:
-            assert f"  {key}: " in shown
+        for key, space in spec.search_space.items():
+            line = next(line for line in shown.splitlines() if line.startswith(f"  {key}: "))
+            if "around" in space:  # centred on the scenario's value, and what a run without one searches
+                low, high = space["around"]
+                assert f"{low:g}x to {high:g}x the scenario's value" in line, line
+                assert ("without a positive one: refused" in line) == (set(space) == {"around"}), line
+            if "log" in space:
+                assert f"log-uniform {space['log'][0]:g} to {space['log'][1]:g}" in line, line
+            if "choices" in space:
+                assert "one of " + ", ".join(map(str, space["choices"])) in line, line
         assert ("client-level differential privacy: yes" in shown) == (spec.dp_update is not None)
 
 

@@ -1,5 +1,8 @@
 """`bayesadmm tune`: trials are scored on the validation split only, the study resumes after a kill (a trial cut off
-goes on from its run's checkpoint with the same values), and every declared search space fits its method."""
+goes on from its run's checkpoint with the same values), every declared search space fits its method, the ranges are
+centred on the scenario's preset (or on a value the tune is given; an absolute range or a refusal without one), the
+first trial runs the preset's own values so the chosen setting is at least as good on the validation split, and a
+coverage metric is tuned towards its nominal level."""
 
 from __future__ import annotations
 
@@ -16,8 +19,10 @@ from pathlib import Path
 import pytest
 
 from bayesadmm import cli
-from bayesadmm.experiments.config import ConfigError
-from bayesadmm.experiments.tune import Tuning, parse_param, report, space_for
+from bayesadmm.experiments.build import run
+from bayesadmm.experiments.config import ConfigError, resolve
+from bayesadmm.experiments.tune import Param, Tuning, level_of, parse_param, report, space_for
+from conftest import needs_fmnist
 
 optuna = pytest.importorskip("optuna")
 
@@ -118,3 +123,153 @@ def test_the_cli_checks_the_space_and_metric_before_the_study_exists(tmp_path, c
     assert cli.main(["tune", "fmnist-heterog10", *_fixed(data_dir, 2), "--out", str(out), *extra]) == 2
     err = capsys.readouterr().err
     assert re.search(message, err) and err.count("\n") == 1 and not out.exists()
+
+
+# --- the search space about the scenario's preset ---------------------------------------------------------------------
+
+
+def test_the_ranges_are_centred_on_the_scenarios_preset(tmp_path):
+    # IVON-ADMM's lr is 0.1 on diabetes and 5e-5 on FashionMNIST: each tune searches ten times either side of its own
+    for scenario, lr in (("diabetes-iid5", 0.1), ("fmnist-heterog10", 5e-5)):
+        tuning = Tuning(scenario, ("method=ivon-admm",), space_for("ivon-admm"), tmp_path)
+        preset = resolve(scenario, ("method=ivon-admm",))[0].hparams
+        for name, param in tuning.space.items():
+            assert param.kind == "log" and param.centre == preset[name], name
+            assert param.low == pytest.approx(preset[name] / 10) and param.high == pytest.approx(preset[name] * 10)
+        assert tuning.space["lr"].centre == lr
+        assert tuning.start == {name: preset[name] for name in ("lr", "rho", "gamma", "delta")}
+    # FedDyn's alpha a hundred times either side, its weight decay ten: the FedLap paper's spans about the preset
+    feddyn = Tuning("diabetes-iid5", ("method=feddyn",), space_for("feddyn"), tmp_path).space
+    assert (feddyn["alpha"].low, feddyn["alpha"].high) == pytest.approx((0.01, 100))  # its preset alpha is 1
+    assert (feddyn["weight_decay"].low, feddyn["weight_decay"].high) == pytest.approx((1e-6, 1e-4))
+
+
+def test_a_value_given_to_the_tune_is_the_centre(tmp_path):
+    preset = Tuning("diabetes-iid5", ("method=ivon-admm",), space_for("ivon-admm"), tmp_path)
+    assert _searched(preset).startswith("lr=log:0.01:1 (around 0.1), rho=log:0.02:2 (around 0.2)")
+    tuning = Tuning("diabetes-iid5", ("method=ivon-admm", "lr=0.3"), space_for("ivon-admm"), tmp_path)
+    assert tuning.space["lr"].centre == 0.3 and tuning.space["rho"].centre == 0.2 and tuning.start["lr"] == 0.3
+    # a method with no preset for the scenario: the values it must be given are the centres
+    ivon = ("epochs=1", "batch_size=32", "hess_init=1", "tau=1", "beta2=0.999", "cosine=true", "restart_at_q_g=false")
+    given = ("method=ivon-pvi", "lr=0.05", "delta=2", "damping=0.1", *ivon)
+    pvi = Tuning("diabetes-iid5", given, space_for("ivon-pvi"), tmp_path)
+    assert (pvi.space["lr"].centre, pvi.space["delta"].centre) == (0.05, 2.0)
+    assert pvi.space["damping"] == Param("damping", "log", 0.01, 1)  # a fraction in (0, 1]: its whole range
+
+
+def test_a_run_without_a_value_takes_the_absolute_range_or_is_refused_naming_the_fix(tmp_path):
+    # a config file that sets no lr: FedAvg's Adam lr falls back to its absolute range, and there is no preset trial
+    config = tmp_path / "mine.json"
+    settings = {"dataset": "diabetes", "partition": "iid", "clients": 3, "model": "small-mlp", "method": "fedavg"}
+    config.write_text(json.dumps({**settings, "likelihood": "gaussian", "likelihood_params": {"noise": 0.7}}))
+    tuning = Tuning(str(config), (), space_for("fedavg"), tmp_path / "t")
+    assert tuning.space["lr"] == Param("lr", "log", 1e-4, 1e-2) and tuning.start == {}
+    # a value of 0 is no centre either: FedDyn's weight decay takes the FedLap paper's grid
+    feddyn = Tuning("diabetes-iid5", ("method=feddyn", "weight_decay=0"), space_for("feddyn"), tmp_path / "t")
+    assert feddyn.space["weight_decay"].choices == (0.0001, 0.00001, 0.000001)
+    assert feddyn.start == {}  # the preset's weight decay, 0, is not among them: no trial runs it as "the preset"
+    # AMA has no preset anywhere: a relative range of a hyperparameter left at its default is refused, naming the fix
+    space = space_for("ama", ["lr=around:0.1:10", "rho=around:0.1:10"])
+    with pytest.raises(ConfigError) as refused:
+        Tuning("diabetes-iid5", ("method=ama", "rho=0.5", "epochs=1"), space, tmp_path / "t")
+    message = str(refused.value)
+    assert "ama on diabetes-iid5 sets no lr" in message and "give lr=VALUE" in message and "--space lr=log:" in message
+    ama = Tuning("diabetes-iid5", ("method=ama", "rho=0.5", "lr=0.01"), space, tmp_path / "t")
+    assert ama.space["rho"].centre == 0.5 and ama.space["lr"].centre == 0.01
+
+
+def test_around_entries_parse_and_are_checked():
+    assert parse_param("lr=around:0.1:10") == Param("lr", "around", 0.1, 10)
+    assert Param("lr", "around", 0.1, 10).centred(0.2) == Param("lr", "log", 0.1 * 0.2, 10 * 0.2, centre=0.2)
+    for bad in ("lr=around:2:10", "lr=around:0.1:0.5", "lr=around:0:10", "lr=around:1:1"):
+        with pytest.raises(ConfigError, match="around takes factors 0 < low <= 1 <= high"):
+            parse_param(bad)
+    with pytest.raises(ConfigError, match="one of log, range or choices, or around"):
+        from bayesadmm.experiments.tune import _param
+
+        _param("lr", {"log": [1e-4, 1e-2], "range": [0, 1]})
+
+
+def test_a_coverage_metric_is_tuned_towards_its_level_never_maximised(tmp_path):
+    pytest.importorskip("sklearn")
+    assert level_of("val_coverage90") == 0.9 and level_of("val_rmse") is None
+    fixed = ("method=fedavg", "rounds=2", "epochs=1", "workers=1")
+    tuning = Tuning("diabetes-iid5", fixed, space_for("fedavg"), tmp_path, trials=3, metric="val_coverage90")
+    assert not tuning.maximise and tuning.score(0.95) == pytest.approx(0.05) == tuning.score(0.85)
+    study = tuning.run()
+    coverages = [t.user_attrs["metric"] for t in study.trials]
+    assert [t.value for t in study.trials] == pytest.approx([abs(c - 0.9) for c in coverages])
+    assert study.best_trial.user_attrs["metric"] == min(coverages, key=lambda c: abs(c - 0.9))
+    text = report(tuning, study)
+    assert "| val_coverage90 | |val_coverage90 − 0.9| |" in text and "Chosen: trial" in text
+
+
+# --- a small tune finds at least the preset's validation score --------------------------------------------------------
+
+
+def _searched(tuning: Tuning) -> str:
+    return ", ".join(f"{p.name}={p.summary()}" for p in tuning.space.values())
+
+
+def _tune_against_the_preset(tmp_path: Path, scenario: str, fixed: tuple[str, ...], trials: int) -> None:
+    method = fixed[0].removeprefix("method=")
+    tuning = Tuning(scenario, fixed, space_for(method), tmp_path / "tune", trials=trials)
+    study = tuning.run()
+    # the preset, evaluated as the trials are: the same settings, split and seed
+    config, _ = resolve(scenario, (*fixed, "validation=0.1", f"out={tmp_path / 'preset'}"))
+    preset = run(config, progress=False).history[-1][tuning.metric]
+    assert study.trials[0].params == tuning.start and study.trials[0].user_attrs["start"]
+    assert study.trials[0].value == pytest.approx(preset, rel=1e-6)  # the first trial is the preset
+    for trial in study.trials:  # every trial searched about the preset
+        for name, value in trial.params.items():
+            assert config.hparams[name] / 10 <= value * (1 + 1e-12) and value <= config.hparams[name] * 10 * (1 + 1e-12)
+    best = study.best_value
+    assert best >= preset if tuning.maximise else best <= preset
+    assert "(the run's own values)" in report(tuning, study)
+
+
+def test_a_small_tune_on_diabetes_is_at_least_as_good_as_the_preset(tmp_path):
+    pytest.importorskip("sklearn")
+    for method in ("ivon-admm", "fedavg"):
+        _tune_against_the_preset(tmp_path / method, "diabetes-iid5", (f"method={method}", "rounds=4", "workers=1"), 4)
+
+
+@pytest.mark.slow  # eight runs of the MLP on 10 % of FashionMNIST
+@needs_fmnist
+@pytest.mark.parametrize("method", ["ivon-admm", "fedavg"])
+def test_a_small_tune_on_fashion_mnist_is_at_least_as_good_as_the_preset(tmp_path, method):
+    fixed = (f"method={method}", "rounds=3", "epochs=1", "workers=1")
+    _tune_against_the_preset(tmp_path, "fmnist-heterog10", fixed, 4)
+
+
+def test_the_cli_prints_the_centred_ranges_and_refuses_a_range_without_a_centre(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    out = tmp_path / "t"
+    fixed = ["method=ivon-admm", "rounds=1", "epochs=1", "workers=1"]
+    assert cli.main(["tune", "diabetes-iid5", *fixed, "--trials", "1", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("tuning ivon-admm on diabetes-iid5: lr=log:0.01:1 (around 0.1), rho=log:0.02:2 (around")
+    assert "trial 0: complete" in printed and "(the run's own values)" in (out / "report.md").read_text()
+    refused = tmp_path / "refused"
+    args = ["tune", "diabetes-iid5", "method=ama", "rho=0.5", "--space", "lr=around:0.1:10", "--out", str(refused)]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "sets no lr to centre on; give lr=VALUE" in err and err.count("\n") == 1 and not refused.exists()
+
+
+def test_the_guides_table_states_each_methods_declared_ranges():
+    from bayesadmm.algorithms import specs
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "sweeps-and-tuning.md").read_text()
+    rows = [line.split(" | ") for line in guide.splitlines() if line.startswith("| ") and "`" in line]
+    words = {(0.1, 10): "a tenth to ten times", (0.01, 100): "a hundredth to a hundred times"}
+    built_in = [spec for spec in specs() if spec.build.__module__.startswith("bayesadmm.")]  # not other tests' own
+    for spec in built_in:
+        for key, space in spec.search_space.items():
+            row = next((r for r in rows if spec.name in r[0].replace(",", " ").split() and f"`{key}`" in r[1]), None)
+            assert row is not None, (spec.name, key)
+            if "around" in space:
+                assert words[tuple(space["around"])] in row[1], (spec.name, key, row)
+            else:
+                low, high = space["log"]
+                assert f"log-uniform over {low:g} to {high:g}" in row[1], (spec.name, key, row)

@@ -248,7 +248,7 @@ SPEC = register_method(
         hparams=Hparams,
         build=build,
         summary="federated ADMM",
-        search_space={**LR_SPACE, "rho": {"log": [0.001, 0.1]}},
+        search_space={**LR_SPACE, "rho": {"around": [0.1, 10]}},  # rho ten times either side of the scenario's
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "rho": 0.5, "delta": 1.0},
     )
 )

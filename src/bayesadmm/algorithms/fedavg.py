@@ -196,7 +196,9 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
     )
 
 
-LR_SPACE = {"lr": {"log": [1e-4, 1e-2]}}  # Adam's lr log-uniform around its 1e-3 (the baselines' tune space)
+# Adam's lr: ten times either side of the scenario's (its preset's) lr; a run that sets none, the method's default
+# 1e-3 ten times either side
+LR_SPACE = {"lr": {"around": [0.1, 10], "log": [1e-4, 1e-2]}}
 
 SPEC = register_method(
     MethodSpec(

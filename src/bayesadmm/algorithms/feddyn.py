@@ -194,8 +194,10 @@ SPEC = register_method(
         summary="FedDyn: dynamic regularisation of each client's loss by its linear term",
         search_space={
             **LR_SPACE,
-            "alpha": {"choices": [0.01, 0.001, 0.0001, 0.00001, 0.000001]},
-            "weight_decay": {"choices": [0.0001, 0.00001, 0.000001]},
+            # a hundred (alpha, required) and ten (weight decay) times either side of the scenario's: the spans of
+            # the FedLap paper's grids; its weight-decay grid for a run that leaves it at 0
+            "alpha": {"around": [0.01, 100]},
+            "weight_decay": {"around": [0.1, 10], "choices": [0.0001, 0.00001, 0.000001]},
         },
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "alpha": 0.01},
     )

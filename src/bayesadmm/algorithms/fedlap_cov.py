@@ -60,7 +60,7 @@ from bayesadmm.algorithms.base import (
     merge_replies,
 )
 from bayesadmm.algorithms.fedavg import LR_SPACE
-from bayesadmm.algorithms.fedlap import DELTA_CHOICES
+from bayesadmm.algorithms.fedlap import DELTA_SPACE
 from bayesadmm.algorithms.spec import Context, MethodSpec, choice
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian, Posterior
@@ -295,7 +295,7 @@ SPEC = register_method(
         hparams=Hparams,
         build=build,
         summary="FedLap-Cov: FedLap with diagonal covariances",
-        search_space={**LR_SPACE, "delta": DELTA_CHOICES},
+        search_space={**LR_SPACE, "delta": DELTA_SPACE},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5},
     )
 )

@@ -84,7 +84,7 @@ from torch import Tensor
 from bayesadmm.algorithms.base import Algorithm, DivergenceError, LocalStep, Message, PointEstimate, merge_replies
 from bayesadmm.algorithms.fedavg import LR_SPACE
 from bayesadmm.algorithms.fedlap import (
-    DELTA_CHOICES,
+    DELTA_SPACE,
     Damping,
     SizeDamping,
     check_client,
@@ -364,8 +364,9 @@ SPEC = register_method(
         summary="FedLap-Func: FedLap with function-space memory points",
         search_space={
             **LR_SPACE,
-            "delta": DELTA_CHOICES,
-            "tau_f": {"choices": [1, 0.1, 0.01, 0.001, 0.0001]},
+            "delta": DELTA_SPACE,
+            # as delta; the FedLap paper's grid for a run that leaves tau_f at its default
+            "tau_f": {"around": [0.01, 100], "choices": [1, 0.1, 0.01, 0.001, 0.0001]},
         },
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5},
     )

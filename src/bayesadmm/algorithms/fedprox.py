@@ -101,7 +101,8 @@ SPEC = register_method(
         hparams=Hparams,
         build=build,
         summary="FedProx: FedAvg with a proximal term μ/2‖θ − θ_g‖² on each client",
-        search_space={**LR_SPACE, "mu": {"choices": [1, 0.1, 0.01, 0.001, 0.0001]}},
+        # mu (required) a hundred times either side of the scenario's: the span of the FedLap paper's grid
+        search_space={**LR_SPACE, "mu": {"around": [0.01, 100]}},
         example={"lr": 0.05, "epochs": 2, "batch_size": 8, "mu": 0.01},
         dp_update=dp_update,
     )

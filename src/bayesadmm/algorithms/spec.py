@@ -10,7 +10,10 @@ A spec holds everything the library knows of a method beyond its equations:
     summary       one line for the documentation's table of methods
     presets       scenario -> {key: value}: a user's method's settings in the built-in scenarios (the built-in
                   methods' are data, in the scenario files: `experiments.scenario_data`)
-    search_space  key -> {"log": [low, high]} | {"range": [low, high]} | {"choices": [...]}: `bayesadmm tune`'s
+    search_space  key -> {"around": [low, high]} (log-uniform from low to high times the run's value: the scenario's
+                  preset, or KEY=VALUE given to the tune), optionally with one of {"log": [low, high]} |
+                  {"range": [low, high]} | {"choices": [...]}, the range of a run that sets no positive value, or
+                  one of these alone: `bayesadmm tune`'s (`experiments.tune`)
     reference     scenario -> row -> {"acc": {round: %}, "nll": {round: value}}: published numbers for a user's
                   method (`bayesadmm compare --paper`), rows named METHOD (at the mean) or METHOD+predictive (the
                   built-in methods' are in the scenario files)

@@ -17,9 +17,10 @@ def add_parser(commands) -> argparse.ArgumentParser:
         "tune",
         help="choose a method's hyperparameters on a validation split with Optuna (resumable), and report",
         description="Trials of `bayesadmm run` with validation=0.1 (unless set), scored by the validation metric at "
-        "the last round, hopeless ones pruned; the study is kept in OUT/study.db, so the same command goes on "
-        "after a kill. Ends with OUT/report.md: the chosen values, every trial, and the command that runs the "
-        "chosen setting on the test set with several seeds.",
+        "the last round, hopeless ones pruned. Each method's search space is centred on the scenario's preset (or "
+        "on NAME=VALUE given here), and the first trial runs the preset's own values where the space holds them. "
+        "The study is kept in OUT/study.db, so the same command goes on after a kill. Ends with OUT/report.md: the "
+        "chosen values, every trial, and the command that runs the chosen setting on the test set with several seeds.",
     )
     tune.add_argument("scenario", help="a preset or a config file")
     tune.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="settings of every trial (method= at least)")
@@ -31,14 +32,15 @@ def add_parser(commands) -> argparse.ArgumentParser:
         "--metric",
         default="",
         help="val_acc (maximised; the default for classification), val_rmse (the default for Gaussian regression), "
-        "val_nll, ... (minimised)",
+        "val_nll, ... (minimised), val_coverage90 (tuned towards 0.90: |coverage - 0.90| minimised)",
     )
     tune.add_argument(
         "--space",
         action="append",
         default=[],
         metavar="NAME=SPEC",
-        help="add or replace a searched hyperparameter: NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c",
+        help="add or replace a searched hyperparameter: NAME=around:LOW:HIGH (log-uniform from LOW to HIGH times the "
+        "run's NAME: the preset's, or NAME=VALUE given here), NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c",
     )
     return tune
 
@@ -64,7 +66,8 @@ def command(args) -> int:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # this command prints one line per trial itself
-    print(f"tuning {config.method} on {args.scenario}: {', '.join(f'{p.name}={p.describe()}' for p in space.values())}")
+    searched = ", ".join(f"{p.name}={p.summary()}" for p in tuning.space.values())
+    print(f"tuning {config.method} on {args.scenario}: {searched}")
     try:
         study = tuning.run()
     except KeyboardInterrupt:

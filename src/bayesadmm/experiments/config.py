@@ -166,12 +166,9 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
     list of human-readable lines saying which values the command line changed."""
     table = presets()
     base = _read_source(source, table)
-    method_table, file_hparams, file_likelihood_params = _file_tables(base, source)
     pairs = _pairs(overrides)
-    method = str(dict(pairs).get("method", base.get("method", RunConfig.method)))
+    method, hparams, file_likelihood_params = _method_tables(base, source, table, pairs)
     hparam_specs = method_parameters(method)
-    if source in table:
-        method_table = {method: preset_for(method_spec(method), source, {key for key, _ in pairs})}
     file_likelihood = str(base.get("likelihood", RunConfig.likelihood))
     likelihood = str(dict(pairs).get("likelihood", file_likelihood))
     likelihood_specs = likelihood_parameters(likelihood)
@@ -183,7 +180,6 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
         if key not in GENERAL_KEYS:
             raise ConfigError(unknown("unknown key", [key], GENERAL_KEYS, quote=True, where=f" in {source}"))
         general[key] = value
-    hparams = {**method_table.get(method, {}), **file_hparams}
     sorted_into = {"general": general, "hparams": hparams, "likelihood": likelihood_params}
     changed = _sort_overrides(pairs, sorted_into, method, hparam_specs, likelihood, likelihood_specs)
 
@@ -197,6 +193,25 @@ def resolve(source: str, overrides: typing.Sequence[str] = ()) -> tuple[RunConfi
     config.make_likelihood()  # its settings: known, complete and valid
     validate(config)
     return config, changed
+
+
+def set_hparams(source: str, overrides: typing.Sequence[str] = ()) -> set[str]:
+    """The names of the method's hyperparameters that the scenario's preset (or the config file) or `overrides` set:
+    every one but those a run leaves at the method's defaults (`bayesadmm tune` centres its ranges on these)."""
+    table = presets()
+    pairs = _pairs(overrides)
+    method, hparams, _ = _method_tables(_read_source(source, table), source, table, pairs)
+    return set(hparams) | {key for key, _ in pairs if key in method_parameters(method)}
+
+
+def _method_tables(base: dict, source: str, table: dict, pairs: list[tuple[str, str]]) -> tuple[str, dict, dict]:
+    """The run's method, its hyperparameters from the scenario's preset or the config file (not yet typed, without
+    the defaults), and the file's likelihood settings; `base` (the source's settings) loses its tables."""
+    method_table, file_hparams, file_likelihood_params = _file_tables(base, source)
+    method = str(dict(pairs).get("method", base.get("method", RunConfig.method)))
+    if source in table:
+        method_table = {method: preset_for(method_spec(method), source, {key for key, _ in pairs})}
+    return method, {**method_table.get(method, {}), **file_hparams}, file_likelihood_params
 
 
 def _read_source(source: str, table: dict) -> dict:

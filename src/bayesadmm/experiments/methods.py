@@ -56,6 +56,23 @@ def preset_for(spec: method_specs.MethodSpec, scenario: str, given: typing.Colle
     return {}
 
 
+def _space_words(key: str, space: typing.Mapping[str, typing.Any]) -> str:
+    """A declared search-space entry in words: a range about the run's value (with what a run without a positive one
+    searches), a log or uniform range, or the choices."""
+
+    def absolute(kind: str, bounds: typing.Any) -> str:
+        if kind == "choices":
+            return "one of " + ", ".join(map(str, bounds))
+        return f"{'log-uniform' if kind == 'log' else 'uniform'} {bounds[0]:g} to {bounds[1]:g}"
+
+    others = [absolute(kind, bounds) for kind, bounds in space.items() if kind != "around"]
+    if "around" not in space:
+        return others[0]
+    low, high = space["around"]
+    text = f"log-uniform {low:g}x to {high:g}x the scenario's value (its preset's, or {key}=VALUE given to tune)"
+    return text + (f"; without a positive one: {others[0]}" if others else "; without a positive one: refused")
+
+
 def describe(name: str) -> str:
     """What a person choosing settings for method `name` needs, from its spec and the scenario files: its summary, its
     hyperparameters (type and default; "required" where there is none), its presets per scenario (`presets_of`),
@@ -77,9 +94,7 @@ def describe(name: str) -> str:
         lines.append("  none: give every required hyperparameter")
     lines += ["", "search space (bayesadmm tune; --space overrides it):"]
     for key, space in spec.search_space.items():
-        ((kind, bounds),) = space.items()
-        shown = ", ".join(map(str, bounds)) if kind == "choices" else f"{bounds[0]} to {bounds[1]}"
-        lines.append(f"  {key}: {kind} {shown}")
+        lines.append(f"  {key}: {_space_words(key, space)}")
     if not spec.search_space:
         lines.append("  none")
     dp = "yes" if spec.dp_update is not None else "no (refused)"

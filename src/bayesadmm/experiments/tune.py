@@ -4,15 +4,21 @@
 
 Each trial is a run (`experiments.build.run`) with `validation=` a held-out part of the training set (0.1 unless
 set), scored by its validation metric at its last round (by default the likelihood's `config.TUNING_METRIC`:
-`val_acc`, maximised, for classification; `val_rmse`, minimised, for Gaussian regression). A trial reports its
-metric every round, and Optuna's median pruner stops a trial whose curve is below the median of the earlier trials'
-at the same round (after a few rounds and trials), so hopeless settings cost little.
+`val_acc`, maximised, for classification; `val_rmse`, minimised, for Gaussian regression). A coverage metric
+(`val_coverage90`) is tuned towards its nominal level: |coverage − 0.90| is minimised, since an interval that covers
+everything is as wrong as one that covers too little. A trial reports its score every round, and Optuna's median
+pruner stops a trial whose curve is below the median of the earlier trials' at the same round (after a few rounds and
+trials), so hopeless settings cost little.
 
-The search space of each method is declared in its spec (`MethodSpec.search_space`: the papers' grids where they give
-them; the method's module says where each comes from): {"log": [low, high]} (log-uniform), {"range": [low, high]}
-(uniform) or {"choices": [...]} per parameter. Local epochs and batch size stay at the preset's, so every method gets
-the same compute per round. `space` entries NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c add or replace
-parameters.
+The search space of each method is declared in its spec (`MethodSpec.search_space`; the method's module says where
+each comes from), per parameter: {"around": [low, high]} (log-uniform from low to high times the run's own value:
+the scenario's preset, or NAME=VALUE given to the tune, so the search is where that scenario's good values are),
+optionally with an absolute range for runs that set no value (the method's default is no centre), {"log": [low,
+high]} (log-uniform), {"range": [low, high]} (uniform) or {"choices": [...]}. A relative entry without an absolute
+one, in a run that sets no positive value, is refused, naming the fix. The first trial of a new study runs the run's
+own values where the space holds them, so the chosen setting is never worse on the validation split than the preset.
+Local epochs and batch size stay at the preset's, so every method gets the same compute per round. `space` entries
+NAME=around:LOW:HIGH, NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c add or replace parameters.
 
 The study lives in a SQLite file in the output folder (study.db; inspect it with Optuna's own tools, e.g.
 optuna-dashboard sqlite:///.../study.db), and each trial's run in trial-NNNN/. A tune killed at any moment and
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import shlex
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,7 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from bayesadmm.experiments.build import run
-from bayesadmm.experiments.config import TUNING_METRIC, ConfigError, RunConfig, method_parameters, method_spec, resolve
+from bayesadmm.experiments.config import (
+    TUNING_METRIC,
+    ConfigError,
+    RunConfig,
+    method_parameters,
+    method_spec,
+    resolve,
+    set_hparams,
+)
 from bayesadmm.experiments.values import unknown
 from bayesadmm.likelihoods import Classification
 from bayesadmm.reports import round_ticks
@@ -45,44 +60,114 @@ STUDY = "tune"
 
 @dataclass(frozen=True)
 class Param:
-    """One searched hyperparameter: log-uniform or uniform in [low, high], or one of `choices`."""
+    """One searched hyperparameter: log-uniform or uniform in [low, high], or one of `choices`; or, before it is
+    centred on the run's value (`centred`), "around": log-uniform in [low · value, high · value], with the absolute
+    `fallback` for a run that sets no value."""
 
     name: str
-    kind: str  # log, range or choices
+    kind: str  # log, range, choices or around
     low: float = 0.0
     high: float = 0.0
     choices: tuple = ()
+    fallback: Param | None = None  # around only: the absolute range of a run that sets no value
+    centre: float | None = None  # a log range made of an around: the run's value it is centred on
 
     def suggest(self, trial) -> Any:
+        if self.kind == "around":
+            raise ValueError(f"search space of {self.name}: around a value, not yet centred on the run's (centred)")
         if self.kind == "choices":
             return trial.suggest_categorical(self.name, list(self.choices))
         return trial.suggest_float(self.name, self.low, self.high, log=self.kind == "log")
 
     def describe(self) -> str:
+        """As --space spells it (an around with its fallback: both, "around:0.1:10 else log:0.0001:0.01")."""
         if self.kind == "choices":
             return ",".join(str(c) for c in self.choices)
-        return f"{self.kind}:{self.low:g}:{self.high:g}"
+        text = f"{self.kind}:{self.low:g}:{self.high:g}"
+        return text + (f" else {self.fallback.describe()}" if self.fallback is not None else "")
+
+    def summary(self) -> str:
+        """`describe`, and for a range centred on the run's value, that value."""
+        return self.describe() + (f" (around {self.centre:g})" if self.centre is not None else "")
+
+    def contains(self, value: Any) -> bool:
+        if self.kind == "choices":
+            return value in self.choices
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return self.kind != "around" and number and self.low <= value <= self.high
+
+    def centred(self, value: Any, where: str = "") -> Param:
+        """This parameter for a run whose value of it is `value` (None: the run sets none): an around made a log range
+        about a positive value, else its fallback, else a ConfigError naming the fix; any other kind as it is."""
+        if self.kind != "around":
+            return self
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+            return Param(self.name, "log", self.low * value, self.high * value, centre=float(value))
+        if self.fallback is not None:
+            return self.fallback
+        has = "sets no" if value is None else f"sets {value!r}, no positive"
+        raise ConfigError(
+            f"search space of {self.name}: around:{self.low:g}:{self.high:g} times the run's value, but "
+            f"{where or 'the run'} {has} {self.name} to centre on; give {self.name}=VALUE to centre the search on "
+            f"VALUE, or --space {self.name}=log:LOW:HIGH"
+        )
+
+
+ABSOLUTE = ("log", "range", "choices")
 
 
 def _param(name: str, spec: Mapping[str, Any]) -> Param:
-    if "choices" in spec:
-        return Param(name, "choices", choices=tuple(spec["choices"]))
-    kind = "log" if "log" in spec else "range"
-    low, high = (float(x) for x in spec[kind])
-    if not (math.isfinite(low) and math.isfinite(high) and low < high and (kind == "range" or low > 0)):
+    kinds = [k for k in ABSOLUTE if k in spec]
+    if set(spec) - {"around", *ABSOLUTE} or len(kinds) > 1 or not (kinds or "around" in spec):
+        raise ConfigError(
+            f"search space of {name}: one of log, range or choices, or around (optionally with one of them), "
+            f"got {', '.join(map(str, spec)) or 'nothing'}"
+        )
+    fallback = _absolute(name, kinds[0], spec[kinds[0]]) if kinds else None
+    if "around" not in spec:
+        assert fallback is not None
+        return fallback
+    low, high = _bounds(name, "around", spec["around"])
+    if not (0 < low <= 1 <= high and low < high):
+        raise ConfigError(
+            f"search space of {name}: around takes factors 0 < low <= 1 <= high (the run's value inside), "
+            f"got {low:g}, {high:g}"
+        )
+    return Param(name, "around", low, high, fallback=fallback)
+
+
+def _absolute(name: str, kind: str, value: Any) -> Param:
+    if kind == "choices":
+        return Param(name, "choices", choices=tuple(value))
+    low, high = _bounds(name, kind, value)
+    if not (low < high and (kind == "range" or low > 0)):
         raise ConfigError(
             f"search space of {name}: need finite numbers low < high (and low > 0 for log), got {low}, {high}"
         )
     return Param(name, kind, low, high)
 
 
+def _bounds(name: str, kind: str, value: Any) -> tuple[float, float]:
+    try:
+        low, high = (float(x) for x in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"search space of {name}: {kind} takes two numbers [low, high], got {value!r}") from None
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ConfigError(
+            f"search space of {name}: need finite numbers low < high (and low > 0 for log), got {low}, {high}"
+        )
+    return low, high
+
+
 def parse_param(text: str) -> Param:
-    """NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c (numbers where they parse)."""
+    """NAME=around:LOW:HIGH, NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c (numbers where they parse)."""
     name, sep, value = text.partition("=")
     if not sep or not value or not name.strip():
-        raise ConfigError(f"--space takes NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c; got {text!r}")
+        raise ConfigError(
+            f"--space takes NAME=around:LOW:HIGH, NAME=log:LOW:HIGH, NAME=range:LOW:HIGH or NAME=a,b,c; got {text!r}"
+        )
     kind, _, bounds = value.partition(":")
-    if kind in ("log", "range"):
+    if kind in ("around", "log", "range"):
         try:
             low, high = (float(x) for x in bounds.split(":"))
         except ValueError:
@@ -105,7 +190,8 @@ def _number(text: str):
 
 
 def space_for(method: str, extra: Sequence[str] = ()) -> dict[str, Param]:
-    """The declared search space of `method` with `extra` entries (NAME=...) added or replacing its own."""
+    """The declared search space of `method` with `extra` entries (NAME=...) added or replacing its own; its around
+    entries are centred on a run's values by `Tuning` (`centre_space`)."""
     declared = method_spec(method).search_space
     space = {name: _param(name, spec) for name, spec in declared.items()}
     space.update({p.name: p for p in map(parse_param, extra)})
@@ -116,6 +202,19 @@ def space_for(method: str, extra: Sequence[str] = ()) -> dict[str, Param]:
     if extra:
         raise ConfigError(unknown(f"{method} has no hyperparameters", extra, sorted(valid)))
     return space
+
+
+def centre_space(space: Mapping[str, Param], values: Mapping[str, Any], where: str = "") -> dict[str, Param]:
+    """`space` for a run whose hyperparameters are `values` (only those its scenario's preset, config file or command
+    line set, not the method's defaults): each around entry made a log range about the run's value (`Param.centred`;
+    `where` names the run in its refusal)."""
+    return {name: param.centred(values.get(name), where) for name, param in space.items()}
+
+
+def level_of(metric: str) -> float | None:
+    """The nominal level of a coverage metric (val_coverage90: 0.9), which tuning aims at; None for another metric."""
+    found = re.fullmatch(r"val_coverage(\d+)", metric)
+    return int(found[1]) / 100 if found else None
 
 
 def _probes(param: Param) -> list[Any]:
@@ -160,7 +259,9 @@ def _optuna():
 
 @dataclass
 class Tuning:
-    """A tune of one method on one scenario: `fixed` are KEY=VALUE settings of every trial (method= among them)."""
+    """A tune of one method on one scenario: `fixed` are KEY=VALUE settings of every trial (method= among them).
+    `space` may hold around entries (`space_for`): they are centred on the run's values here, and `start` holds the
+    run's own values of the searched parameters, the first trial of a new study, where the space holds them all."""
 
     scenario: str
     fixed: tuple[str, ...]
@@ -172,6 +273,7 @@ class Tuning:
     heartbeat: int = 5  # seconds; a trial silent for three of them is taken as killed and tried again
     on_trial: Callable[[Any], None] | None = None  # called with each finished Optuna trial
     base: RunConfig = field(init=False)
+    start: dict[str, Any] = field(init=False)  # the run's own values of the searched parameters ({}: not all held)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -180,6 +282,10 @@ class Tuning:
         self.base, _ = resolve(self.scenario, self.fixed)
         if self.base.validation <= 0:
             raise ConfigError("tuning chooses on a validation split: set validation= in (0, 1), e.g. 0.1")
+        own = {key: self.base.hparams[key] for key in set_hparams(self.scenario, self.fixed)}
+        self.space = centre_space(self.space, own, f"{self.base.method} on {self.scenario}")
+        held = {name: own[name] for name, param in self.space.items() if name in own and param.contains(own[name])}
+        self.start = held if len(held) == len(self.space) else {}
         self.metric = self.metric or f"val_{TUNING_METRIC[self.base.likelihood]}"
         reported = reported_metrics(self.base)
         if self.metric not in reported:
@@ -194,8 +300,24 @@ class Tuning:
                     raise ConfigError(f"--space {param.name}={param.describe()}: {exc}{hint}") from None
 
     @property
+    def level(self) -> float | None:
+        """The nominal level a coverage metric is tuned towards (`level_of`); None for another metric."""
+        return level_of(self.metric)
+
+    @property
     def maximise(self) -> bool:
+        if self.level is not None:
+            return False  # |coverage − level|
         return not any(word in self.metric for word in ("nll", "ece", "brier", "rmse", "error"))
+
+    @property
+    def objective(self) -> str:
+        """What the study optimises, in words: the metric, or a coverage metric's distance to its level."""
+        return self.metric if self.level is None else f"|{self.metric} − {self.level:g}|"
+
+    def score(self, value: float) -> float:
+        """The study's value of a trial whose metric is `value`."""
+        return value if self.level is None else abs(value - self.level)
 
     def study(self):
         optuna = _optuna()
@@ -221,6 +343,8 @@ class Tuning:
         study = self.study()
         with _stable(_optuna()):
             _optuna().storages.fail_stale_trials(study)  # a trial cut off by a kill is retried before the budget counts
+        if self.start and not study.trials:  # the preset's own values first: the chosen one is never worse than it
+            study.enqueue_trial(self.start, user_attrs={"start": True})
         while not self._spent(study):
             study.optimize(self._objective, n_trials=1, catch=())
             if self.on_trial is not None:
@@ -250,9 +374,10 @@ class Tuning:
                 raise ConfigError(f"the runs report no {self.metric}; metrics: {', '.join(sorted(line))}")
             history.append(value)
             trial.set_user_attr("rounds", int(line["round"]))
-            trial.report(value, int(line["round"]))
+            trial.set_user_attr("metric", value)
+            trial.report(self.score(value), int(line["round"]))
             if trial.should_prune():
-                raise optuna.TrialPruned(f"round {line['round']}: {self.metric} {value:.4g} below the median")
+                raise optuna.TrialPruned(f"round {line['round']}: {self.objective} worse than the median")
 
         resume = continued is not None and (run_dir / "checkpoint.pt").exists()
         try:
@@ -263,7 +388,9 @@ class Tuning:
         if result.status == "diverged":
             trial.set_user_attr("diverged", result.message)
             return math.nan  # a failed trial: Optuna never chooses it
-        return float(result.history[-1][self.metric])
+        value = float(result.history[-1][self.metric])
+        trial.set_user_attr("metric", value)
+        return self.score(value)
 
     def test_command(self, values: Mapping[str, Any], seeds: str = "0:3") -> str:
         """The command that runs `values` on the test set (no validation split) with several seeds, to the end of
@@ -285,13 +412,15 @@ class Tuning:
 
 def report(tuning: Tuning, study) -> str:
     """report.md and curves.png in the tune's folder; returns the report's text."""
+    coverage = tuning.level is not None  # the metric and its distance to the level, in two columns
     rows, curves = [], {}
     for t in study.trials:
         folder = tuning.out / t.user_attrs.get("run_dir", f"trial-{t.number:04d}")
-        value = "—" if t.value is None or math.isnan(t.value) else f"{t.value:.4f}"
         state = "diverged" if t.user_attrs.get("diverged") else t.state.name.lower()
+        state += " (the run's own values)" if t.user_attrs.get("start") else ""
         params = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in t.params.items())
-        rows.append(f"| {t.number} | {state} | {params} | {t.user_attrs.get('rounds', 0)} | {value} |")
+        cells = [_metric_cell(t), _number_cell(t.value)] if coverage else [_metric_cell(t)]
+        rows.append(f"| {t.number} | {state} | {params} | {t.user_attrs.get('rounds', 0)} | {' | '.join(cells)} |")
         if (folder / "metrics.jsonl").exists():
             history = read_run(folder)[1]
             curves[t.number] = [(line["round"], line[tuning.metric]) for line in history if tuning.metric in line]
@@ -299,8 +428,10 @@ def report(tuning: Tuning, study) -> str:
     lines = [f"# Tuning {tuning.base.method} on {tuning.scenario} (validation split {tuning.base.validation})", ""]
     if done:
         best = study.best_trial
+        raw = f" ({tuning.metric} = {_metric_cell(best)})" if coverage else ""
         lines += [
-            f"Chosen: trial {best.number}, {tuning.metric} = {best.value:.4f} at round {best.user_attrs.get('rounds')}",
+            f"Chosen: trial {best.number}, {tuning.objective} = {best.value:.4f}{raw} at round "
+            f"{best.user_attrs.get('rounds')}",
             "",
             "    " + ", ".join(f"{k}={v}" for k, v in best.params.items()),
             "",
@@ -311,17 +442,30 @@ def report(tuning: Tuning, study) -> str:
         ]
     else:
         lines += ["No trial has finished yet.", ""]
-    space = ", ".join(f"{p.name}={p.describe()}" for p in tuning.space.values())
+    space = ", ".join(f"{p.name}={p.summary()}" for p in tuning.space.values())
+    header = f"{tuning.metric} | {tuning.objective}" if coverage else tuning.metric
     lines += [
         f"Search space: {space}",
         "",
-        f"| trial | state | values | rounds | {tuning.metric} |",
-        "|---|---|---|---|---|",
+        f"| trial | state | values | rounds | {header} |",
+        "|---|---|---|---|---|" + ("---|" if coverage else ""),
     ]
     text = "\n".join(lines + rows) + "\n"
     (tuning.out / "report.md").write_text(text)
     _plot(curves, study.best_trial.number if done else None, tuning, tuning.out / "curves.png")
     return text
+
+
+def _number_cell(value: Any) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value:.4f}"
+
+
+def _metric_cell(trial) -> str:
+    """A finished trial's metric at its last round ("—" for a pruned, failed or diverged one); a study written before
+    trials kept it as "metric" holds it as the trial's value."""
+    if trial.value is None or math.isnan(trial.value):
+        return "—"
+    return _number_cell(trial.user_attrs.get("metric", trial.value))
 
 
 def _plot(curves: Mapping[int, list[tuple[int, float]]], best: int | None, tuning: Tuning, path: Path) -> None:
@@ -343,15 +487,17 @@ def _plot(curves: Mapping[int, list[tuple[int, float]]], best: int | None, tunin
                 zorder=3 if chosen else 1,
                 label=f"trial {number} (chosen)" if chosen else None,
             )
+    if tuning.level is not None:
+        axes.axhline(tuning.level, color="k", lw=0.8, ls="--", label=f"nominal level {tuning.level:g}")
     axes.set_xlabel("round")
     round_ticks(axes)
     axes.set_ylabel(tuning.metric)
     axes.set_title(f"{tuning.base.method} on {tuning.scenario}: each trial's validation curve")
-    if best is not None:
+    if best is not None or tuning.level is not None:
         axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
 
 
-__all__ = ["Param", "Tuning", "parse_param", "space_for", "report"]
+__all__ = ["Param", "Tuning", "parse_param", "space_for", "centre_space", "level_of", "report"]
