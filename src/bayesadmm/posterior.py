@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from bayesadmm import families
 from bayesadmm.algorithms.base import PointEstimate
 from bayesadmm.engine.rundir import read_bytes, write_bytes
+from bayesadmm.evaluation.metrics import _in_batches
 from bayesadmm.likelihoods import Classification, Likelihood
-from bayesadmm.metrics import _in_batches
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior_file import DTYPES, FAMILIES, Layout, PosteriorFileError, decode, encode
 

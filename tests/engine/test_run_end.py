@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file
 from tests.engine.test_rundir import _run  # the same tiny federation (fedavg, 2 clients, a classifier)
 
-from bayesadmm import reports
 from bayesadmm.engine import run as engine_run
 from bayesadmm.engine import rundir, signals
 from bayesadmm.engine.rundir import POSTERIOR, load_state
+from bayesadmm.evaluation import reports
 
 ROUNDS = 2
 ROOT = Path(__file__).resolve().parents[2]

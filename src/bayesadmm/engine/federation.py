@@ -41,7 +41,8 @@ class Federation:
         it and `clients` must pickle for worker processes (module-level functions, `functools.partial`s of them,
         dataclasses of tensors). `metrics`: extra metric callables `fn(outputs (S, N, ...), targets) -> float`. `ood_X`:
     inputs from outside the training distribution; where given, each evaluation also reports the OOD AUROCs and the
-    selective accuracies (`bayesadmm.metrics.evaluate`'s `ood`), and without it nothing of the metrics changes."""
+    selective accuracies (`bayesadmm.evaluation.metrics.evaluate`'s `ood`), and without it nothing of the metrics
+    changes."""
 
     model: FlatModel
     clients: ClientSource

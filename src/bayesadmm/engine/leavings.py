@@ -8,13 +8,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bayesadmm.diagrams import write_reliability as write_diagram
 from bayesadmm.engine.federation import EVALUATION, Federation, Result
 from bayesadmm.engine.rundir import POSTERIOR
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.evaluation.diagrams import write_reliability as write_diagram
+from bayesadmm.evaluation.metrics import evaluate_uncertainty
 from bayesadmm.likelihoods import Classification
-from bayesadmm.metrics import evaluate_uncertainty
 from bayesadmm.posterior import Posterior
 
 __all__ = ["save_posterior", "write_reliability"]

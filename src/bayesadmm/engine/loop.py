@@ -18,9 +18,9 @@ checkpoint.pt (the state after the last checkpointed round), client-states/ (wit
 of that checkpoint, one shard file per worker), status.json (running / stopped / completed / diverged / budget (a
 private run's privacy budget spent) / interrupted, with the reason), curves.png (the metrics per round), for
 classifiers reliability.json and reliability.png (the reliability diagrams of the last evaluation,
-`bayesadmm.diagrams`) and environment.json (code version, torch, processor: one record per start or resume). A
-checkpoint is written shards first, checkpoint.pt last, each under a temporary name renamed when complete, so a kill
-at any point leaves the previous checkpoint whole.
+`bayesadmm.evaluation.diagrams`) and environment.json (code version, torch, processor: one record per start or
+resume). A checkpoint is written shards first, checkpoint.pt last, each under a temporary name renamed when complete,
+so a kill at any point leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from bayesadmm import reports
 from bayesadmm.algorithms.base import compiled_kernels, info_scalars
 from bayesadmm.clients import fingerprint
 from bayesadmm.engine import personal, store
@@ -53,7 +52,8 @@ from bayesadmm.engine.runners import ClientRunner, RunnerFactory, check_states, 
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.store import StoreSpec, store_kind
-from bayesadmm.metrics import evaluate
+from bayesadmm.evaluation import reports
+from bayesadmm.evaluation.metrics import evaluate
 from bayesadmm.optim.compilation import compiled_here, compiling_note
 from bayesadmm.privacy.client_level import BudgetExhausted, PrivateServer
 from bayesadmm.privacy.example_level import ExampleServer

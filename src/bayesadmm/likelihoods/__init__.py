@@ -1,6 +1,6 @@
 r"""Likelihoods ``p(y | f(x; θ))``: the training loss of a model's outputs and the metrics of its predictions.
 
-A ``Likelihood`` is three pure functions of tensors, so the training loop and ``bayesadmm.metrics.evaluate``
+A ``Likelihood`` is three pure functions of tensors, so the training loop and ``bayesadmm.evaluation.metrics.evaluate``
 work for any observation model:
 
     mean_nll(F, Y)    = (1/N) Σ_i −log p(y_i | f_i)                   the training loss, differentiable in F

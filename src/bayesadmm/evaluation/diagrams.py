@@ -1,7 +1,8 @@
 """The reports of a classification run's uncertainty: the reliability diagrams, `reliability.json` (the numbers) and
 `reliability.png` (the plot: at the server mean and for the posterior predictive, side by side), written into the run
-directory at the end of every classification run (`write_reliability`) from `bayesadmm.metrics.evaluate_uncertainty`'s
-report; and the uncertainty columns of the comparison table (`with_uncertainty`)."""
+directory at the end of every classification run (`write_reliability`) from
+`bayesadmm.evaluation.metrics.evaluate_uncertainty`'s report; and the uncertainty columns of the comparison table
+(`with_uncertainty`)."""
 
 from __future__ import annotations
 

@@ -17,12 +17,12 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bayesadmm.diagrams import pyplot, with_uncertainty
 from bayesadmm.engine.identity import completed
+from bayesadmm.evaluation.diagrams import pyplot, with_uncertainty
+from bayesadmm.evaluation.results import RUNS_FILE, gather, write_runs_file
+from bayesadmm.evaluation.tables import latex, markdown_table, mean_std
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.experiments.scenario_data import references
-from bayesadmm.results import RUNS_FILE, gather, write_runs_file
-from bayesadmm.tables import latex, markdown_table, mean_std
 
 METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))  # plotted
 # what a run's plot shows: the first two of these its metrics have (classification: accuracy and NLL; regression:
