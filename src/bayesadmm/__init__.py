@@ -40,10 +40,11 @@ from bayesadmm.likelihoods import (
 )
 from bayesadmm.loading import load
 from bayesadmm.models import FlatModel
-from bayesadmm.posterior import GaussianPosterior, PointPosterior, Posterior, PosteriorFileError
+from bayesadmm.posterior.artefact import GaussianPosterior, PointPosterior, Posterior
+from bayesadmm.posterior.file import PosteriorFileError
+from bayesadmm.posterior.unlearning import UnlearningError, unlearn
 from bayesadmm.privacy import BudgetExhausted, DPSettings
 from bayesadmm.runspec import RunSpec
-from bayesadmm.unlearning import UnlearningError, unlearn
 from bayesadmm.userdata import DataError
 
 __version__ = "0.1.0"

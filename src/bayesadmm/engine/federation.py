@@ -21,7 +21,7 @@ from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.store import check_block_list
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import FlatModel
-from bayesadmm.posterior import Posterior
+from bayesadmm.posterior.artefact import Posterior
 from bayesadmm.solvers.von import SubproblemError
 
 __all__ = ["Federation", "Result", "StaleResult", "participants", "PARTICIPANTS", "EVALUATION", "BREAKDOWNS",

@@ -15,7 +15,7 @@ from bayesadmm.engine.simulate import generator_for
 from bayesadmm.evaluation.diagrams import write_reliability as write_diagram
 from bayesadmm.evaluation.metrics import evaluate_uncertainty
 from bayesadmm.likelihoods import Classification
-from bayesadmm.posterior import Posterior
+from bayesadmm.posterior.artefact import Posterior
 
 __all__ = ["save_posterior", "write_reliability"]
 

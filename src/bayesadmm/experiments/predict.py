@@ -28,7 +28,7 @@ from bayesadmm.experiments.config import ConfigError, RunConfig, make_likelihood
 from bayesadmm.experiments.config import load as load_config
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import FlatModel, make_model
-from bayesadmm.posterior import Posterior, layout_mismatch
+from bayesadmm.posterior.artefact import Posterior, layout_mismatch
 
 __all__ = ["DATA_SETS", "Source", "Prediction", "source", "data_set", "predict"]
 
