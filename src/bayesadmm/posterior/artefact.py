@@ -15,23 +15,27 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from bayesadmm import families
 from bayesadmm.algorithms.base import PointEstimate
-from bayesadmm.engine.rundir import read_bytes, write_bytes
+from bayesadmm.engine.rundir import POSTERIOR, read_bytes, write_bytes
 from bayesadmm.evaluation.metrics import _in_batches
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior.file import DTYPES, FAMILIES, Layout, PosteriorFileError, decode, encode
 
-__all__ = ["Posterior", "GaussianPosterior", "PointPosterior", "PosteriorFileError", "layout_of"]
+if TYPE_CHECKING:  # a Result holds its posterior: engine.federation imports this module
+    from bayesadmm.engine.federation import Result
+
+__all__ = ["Posterior", "GaussianPosterior", "PointPosterior", "PosteriorFileError", "layout_of", "save_posterior"]
 
 
 def layout_of(model: FlatModel | nn.Module) -> Layout:
@@ -281,3 +285,15 @@ class PointPosterior(Posterior, PointEstimate):
 
     def _stored(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         return {}, {"mean": self.mean}
+
+
+def save_posterior(result: Result) -> None:
+    """posterior.safetensors: the run's posterior (the last good state), so that the run directory can be handed to
+    someone who only predicts. A user's algorithm whose posterior is not a Gaussian or a point estimate has none."""
+    try:
+        posterior = result.posterior
+    except ValueError as exc:  # a user's algorithm whose posterior is not over the model's parameters
+        warnings.warn(f"the run wrote no {POSTERIOR}: {exc}", stacklevel=2)
+        return
+    if isinstance(posterior, Posterior):
+        posterior.save(result.run_dir / POSTERIOR)
