@@ -20,7 +20,7 @@ from tests.engine.test_rundir import _run  # the same tiny federation (fedavg, 2
 from bayesadmm.engine import run as engine_run
 from bayesadmm.engine import rundir, signals
 from bayesadmm.engine.rundir import POSTERIOR, load_state
-from bayesadmm.evaluation import leavings, reports
+from bayesadmm.evaluation import diagrams, leavings
 
 ROUNDS = 2
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ POINTS = [
 def kill_at(setattr, point: tuple[str, str], signum: int) -> None:
     """Send this process `signum` at `point` of the last round's tail (`setattr`: monkeypatch's, or the builtin)."""
     name, when = point
-    owner = {"try_plot_run": reports, "write_reliability": leavings}.get(name, engine_run)
+    owner = {"try_plot_run": diagrams, "write_reliability": leavings}.get(name, engine_run)
     attribute = "write_json" if name in ("running", "final") else name
     original = getattr(owner, attribute)
 

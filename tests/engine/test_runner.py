@@ -134,12 +134,12 @@ def test_the_final_status_is_written_after_the_plot_and_a_failing_plot_does_not_
                  "--quiet"]) == 0
     assert seen == [True]
 
-    import bayesadmm.evaluation.reports as reports
+    import bayesadmm.evaluation.diagrams as diagrams
 
     def broken_plot(history, path, title=""):
         raise RuntimeError("no backend")
 
-    monkeypatch.setattr(reports, "plot_run", broken_plot)
+    monkeypatch.setattr(diagrams, "plot_run", broken_plot)
     assert main(["run", "fmnist-heterog10", *SMALL, "rounds=1", "method=fedavg", f"out={tmp_path / 'b'}",
                  "--quiet"]) == 0
     assert json.loads((tmp_path / "b" / "status.json").read_text())["status"] == "completed"

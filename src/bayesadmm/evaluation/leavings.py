@@ -12,7 +12,7 @@ from typing import Any
 from bayesadmm.engine.federation import EVALUATION, Federation
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
-from bayesadmm.evaluation import diagrams, reports
+from bayesadmm.evaluation import diagrams
 from bayesadmm.evaluation.metrics import evaluate_uncertainty
 from bayesadmm.likelihoods import ConfidenceLikelihood
 
@@ -28,11 +28,11 @@ def leave(
     posterior: Callable[[], Any],
     title: str = "",
 ) -> None:
-    """Write curves.png of `history` (`reports.try_plot_run`) and, where the federation's likelihood has confidence
+    """Write curves.png of `history` (`diagrams.try_plot_run`) and, where the federation's likelihood has confidence
     bins, reliability.json and .png of the posterior of round `round_` (`write_reliability`) into `run_dir`.
     `posterior()` gives the run's posterior; it is asked for only where a diagram is drawn. A failure to plot or to
     write a file is reported on stderr, not raised: a plot is never worth losing a run's status."""
-    reports.try_plot_run(list(history), run_dir / "curves.png", title=title)
+    diagrams.try_plot_run(list(history), run_dir / "curves.png", title=title)
     write_reliability(run_dir, federation, posterior, round_, settings, title)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bayesadmm.evaluation.reports import round_ticks
+from bayesadmm.evaluation.diagrams import round_ticks
 from bayesadmm.evaluation.results import read_run
 from bayesadmm.experiments.build import run
 from bayesadmm.experiments.config import TUNING_METRIC, ConfigError, RunConfig, method_parameters, method_spec, resolve
