@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bayesadmm.personal_reports import personal_report
-from bayesadmm.reports import compare
+from bayesadmm.evaluation.personal_reports import personal_report
+from bayesadmm.evaluation.reports import compare
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
 SCENARIOS = ("fmnist-heterog10", "fmnist-homog10", "fmnist-heterog100")

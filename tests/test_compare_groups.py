@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bayesadmm.reports import compare
+from bayesadmm.evaluation.reports import compare
 
 
 def _run(directory: Path, acc: float, **config):

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from bayesadmm.evaluation.metrics import classification_metrics, evaluate
 from bayesadmm.families import DiagonalGaussian, Posterior
 from bayesadmm.likelihoods import (
     COVERAGE_LEVELS,
@@ -21,7 +22,6 @@ from bayesadmm.likelihoods import (
     Poisson,
     require,
 )
-from bayesadmm.metrics import classification_metrics, evaluate
 from bayesadmm.models import FlatModel
 
 

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from bayesadmm.algorithms import PointEstimate
+from bayesadmm.evaluation.metrics import classification_metrics, evaluate
 from bayesadmm.families import DiagonalGaussian, Posterior
 from bayesadmm.likelihoods import Classification
-from bayesadmm.metrics import classification_metrics, evaluate
 from bayesadmm.models import FlatModel, logistic, mlp
 
 

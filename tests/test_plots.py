@@ -7,8 +7,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from bayesadmm.diagrams import pyplot, reliability_figure
-from bayesadmm.reports import run_figure
+from bayesadmm.evaluation.diagrams import pyplot, reliability_figure, run_figure
 
 
 def _diagram(counts, accuracy):

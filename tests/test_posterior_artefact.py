@@ -22,7 +22,7 @@ from bayesadmm.algorithms.base import PointEstimate
 from bayesadmm.engine.rundir import RunDirError
 from bayesadmm.models import FlatModel
 from bayesadmm.posterior import Posterior, PosteriorFileError
-from bayesadmm.posterior_file import encode
+from bayesadmm.posterior.file import encode
 from bayesadmm.trees import flatten
 
 D, C = 4, 3  # a linear softmax model: W (C, D), b (C,)

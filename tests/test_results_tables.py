@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bayesadmm.personal_reports import personal_report
-from bayesadmm.reports import compare
+from bayesadmm.evaluation.personal_reports import personal_report
+from bayesadmm.evaluation.reports import compare
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "results_tables.py"
 

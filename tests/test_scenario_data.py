@@ -12,10 +12,10 @@ from importlib import resources
 import pytest
 
 from bayesadmm.algorithms import MethodSpec, fedavg, get
+from bayesadmm.evaluation.reports import paper_numbers
 from bayesadmm.experiments import scenario_data
 from bayesadmm.experiments.config import ConfigError, presets
 from bayesadmm.experiments.methods import describe
-from bayesadmm.reports import paper_numbers
 
 
 def _typed(value):

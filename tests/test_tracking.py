@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import bayesadmm
-from bayesadmm import cli, tracking
+from bayesadmm import cli
+from bayesadmm.evaluation import tracking
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")

@@ -1,6 +1,6 @@
-"""The uncertainty metrics (bayesadmm.uncertainty) against independent computations: AUROC against scikit-learn and
-hand-made cases, the selective accuracies and the reliability diagram against brute force in plain Python; the
-evaluation's `ood` (same draws, no draw more) and the comparison table's uncertainty columns."""
+"""The uncertainty metrics (bayesadmm.evaluation.uncertainty) against independent computations: AUROC against
+scikit-learn and hand-made cases, the selective accuracies and the reliability diagram against brute force in plain
+Python; the evaluation's `ood` (same draws, no draw more) and the comparison table's uncertainty columns."""
 
 import json
 import math
@@ -9,18 +9,18 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score
 
-from bayesadmm.families import DiagonalGaussian, Posterior
-from bayesadmm.likelihoods import Classification, GaussianRegression
-from bayesadmm.likelihoods.classification import classification_metrics
-from bayesadmm.metrics import evaluate, evaluate_uncertainty
-from bayesadmm.models import FlatModel
-from bayesadmm.uncertainty import (
+from bayesadmm.evaluation.metrics import evaluate, evaluate_uncertainty
+from bayesadmm.evaluation.uncertainty import (
     auroc,
     ood_auroc,
     predictive_entropy,
     reliability_diagram,
     selective_accuracy,
 )
+from bayesadmm.families import DiagonalGaussian, Posterior
+from bayesadmm.likelihoods import Classification, GaussianRegression
+from bayesadmm.likelihoods.classification import classification_metrics
+from bayesadmm.models import FlatModel
 
 
 def _probs(n: int, classes: int, seed: int, sharpness: float = 3.0) -> torch.Tensor:
@@ -146,7 +146,7 @@ def test_ood_is_refused_for_regression_and_for_inputs_of_another_shape():
 
 
 def test_compare_tabulates_the_uncertainty_metrics_where_the_runs_have_them(tmp_path):
-    from bayesadmm.reports import compare
+    from bayesadmm.evaluation.reports import compare
 
     for name, extra in (("with", {"test_ood_auroc_entropy": 0.8, "test_sel_acc90": 0.9}), ("without", {})):
         folder = tmp_path / name

@@ -19,7 +19,7 @@ The public API:
     bayesadmm.DPSettings(level, clip, noise_multiplier, epsilon, delta), BudgetExhausted      differential privacy
 """
 
-from bayesadmm import algorithms, trees, uncertainty
+from bayesadmm import algorithms, trees
 from bayesadmm.algorithms import Algorithm, DivergenceError, PointEstimate
 from bayesadmm.clients import ClientData, SupervisedData, TensorClients
 from bayesadmm.engine.federation import Federation, Result
@@ -27,6 +27,8 @@ from bayesadmm.engine.loop import run_federation
 from bayesadmm.engine.personal import FineTune, evaluate_personal, personal
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.evaluation import uncertainty
+from bayesadmm.evaluation.metrics import evaluate, evaluate_uncertainty
 from bayesadmm.federated import algorithm_factory, assemble, run
 from bayesadmm.likelihoods import (
     Classification,
@@ -37,12 +39,12 @@ from bayesadmm.likelihoods import (
     Poisson,
 )
 from bayesadmm.loading import load
-from bayesadmm.metrics import evaluate, evaluate_uncertainty
 from bayesadmm.models import FlatModel
-from bayesadmm.posterior import GaussianPosterior, PointPosterior, Posterior, PosteriorFileError
+from bayesadmm.posterior.artefact import GaussianPosterior, PointPosterior, Posterior
+from bayesadmm.posterior.file import PosteriorFileError
+from bayesadmm.posterior.unlearning import UnlearningError, unlearn
 from bayesadmm.privacy import BudgetExhausted, DPSettings
 from bayesadmm.runspec import RunSpec
-from bayesadmm.unlearning import UnlearningError, unlearn
 from bayesadmm.userdata import DataError
 
 __version__ = "0.1.0"

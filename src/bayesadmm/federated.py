@@ -33,9 +33,9 @@ from bayesadmm.engine.loop import run_federation
 from bayesadmm.engine.personal import PERSONAL_SPLIT, FineTune, Personalisation, split_personal
 from bayesadmm.engine.settings import Settings, dtype_name
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.evaluation.metrics import check_ood
 from bayesadmm.experiments.values import unknown
 from bayesadmm.likelihoods import Classification, Likelihood
-from bayesadmm.metrics import check_ood
 from bayesadmm.models import FlatModel
 from bayesadmm.privacy import DPSettings, noised, private_factory
 from bayesadmm.run_identity import recorded_hparams, run_config

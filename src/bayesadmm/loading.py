@@ -55,7 +55,7 @@ from bayesadmm.flower.app_config import _settings as app_settings
 from bayesadmm.flower.app_config import likelihood_of, likelihood_spelling, parse_hparams
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
-from bayesadmm.posterior import layout_of
+from bayesadmm.posterior.artefact import layout_of
 from bayesadmm.privacy import DPSettings
 from bayesadmm.runspec import RunSpec
 

@@ -222,7 +222,7 @@ def _run(name, extra, likelihood, out, rounds=4):
 @pytest.fixture
 def _no_plots(monkeypatch):
     """The run directory's plot is not what is tested here, and costs more than these runs."""
-    monkeypatch.setattr("bayesadmm.reports.try_plot_run", lambda *args, **kwargs: None)
+    monkeypatch.setattr("bayesadmm.evaluation.diagrams.try_plot_run", lambda *args, **kwargs: None)
 
 
 @pytest.mark.usefixtures("_no_plots")

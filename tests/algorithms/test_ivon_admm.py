@@ -218,7 +218,7 @@ def test_ivon_solver_rejects_bad_settings():
 def test_ivon_admm_trains_a_neural_network_and_is_evaluated_from_its_posterior():
     """An MLP on a heterogeneous 10-class Gaussian-mixture problem: the server's posterior predictive beats chance by
     far after a few rounds, and evaluation samples from N(m_g, diag(s_g)⁻¹), not from any optimizer state."""
-    from bayesadmm.metrics import evaluate
+    from bayesadmm.evaluation.metrics import evaluate
     from bayesadmm.models import mlp
     from bayesadmm.problems.neural import ClassificationData
 

@@ -36,7 +36,7 @@ def _run(tmp_path, name, method="ivon-admm", **hparams):
 
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch):
-    monkeypatch.setattr("bayesadmm.reports.try_plot_run", lambda *args, **kwargs: None)
+    monkeypatch.setattr("bayesadmm.evaluation.diagrams.try_plot_run", lambda *args, **kwargs: None)
 
 
 @pytest.mark.parametrize("method", ["ivon-admm", "ivon-pvi"])

@@ -21,8 +21,8 @@ from bayesadmm.engine.personal import (
     summarise,
 )
 from bayesadmm.engine.simulate import generator_for, run_rounds
+from bayesadmm.evaluation.personal_reports import personal_report
 from bayesadmm.families import FullGaussian
-from bayesadmm.personal_reports import personal_report
 from bayesadmm.problems import synthetic
 from bayesadmm.solvers.von import ExactQuadratic
 

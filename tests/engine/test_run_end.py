@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file
 from tests.engine.test_rundir import _run  # the same tiny federation (fedavg, 2 clients, a classifier)
 
-from bayesadmm import reports
 from bayesadmm.engine import run as engine_run
 from bayesadmm.engine import rundir, signals
 from bayesadmm.engine.rundir import POSTERIOR, load_state
+from bayesadmm.evaluation import diagrams, leavings
 
 ROUNDS = 2
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ POINTS = [
 def kill_at(setattr, point: tuple[str, str], signum: int) -> None:
     """Send this process `signum` at `point` of the last round's tail (`setattr`: monkeypatch's, or the builtin)."""
     name, when = point
-    owner = reports if name == "try_plot_run" else engine_run
+    owner = {"try_plot_run": diagrams, "write_reliability": leavings}.get(name, engine_run)
     attribute = "write_json" if name in ("running", "final") else name
     original = getattr(owner, attribute)
 

@@ -134,12 +134,12 @@ def test_the_final_status_is_written_after_the_plot_and_a_failing_plot_does_not_
                  "--quiet"]) == 0
     assert seen == [True]
 
-    import bayesadmm.reports as reports
+    import bayesadmm.evaluation.diagrams as diagrams
 
     def broken_plot(history, path, title=""):
         raise RuntimeError("no backend")
 
-    monkeypatch.setattr(reports, "plot_run", broken_plot)
+    monkeypatch.setattr(diagrams, "plot_run", broken_plot)
     assert main(["run", "fmnist-heterog10", *SMALL, "rounds=1", "method=fedavg", f"out={tmp_path / 'b'}",
                  "--quiet"]) == 0
     assert json.loads((tmp_path / "b" / "status.json").read_text())["status"] == "completed"
@@ -240,7 +240,7 @@ def test_compare_sets_our_numbers_beside_the_papers(tmp_path, capsys):
     """--paper adds a table of 'ours / paper (difference)' for the rows the paper reports, read from
     the scenario files' reference rows: IVON-ADMM's predictive row against the paper's IVON-ADMM (ensemble), its m_g row
     against IVON-ADMM@m_g, and methods the paper does not report (FedEP) left out."""
-    from bayesadmm.reports import paper_numbers
+    from bayesadmm.evaluation.reports import paper_numbers
 
     published = paper_numbers("fmnist-heterog10")
     _fake_run(tmp_path / "a0", "ivon-admm", 0, [0.80, 0.81, 0.82, 0.83, 0.84], ens=True)

@@ -26,7 +26,7 @@ def _lines(run_dir):
 
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch):
-    monkeypatch.setattr("bayesadmm.reports.try_plot_run", lambda *args, **kwargs: None)
+    monkeypatch.setattr("bayesadmm.evaluation.diagrams.try_plot_run", lambda *args, **kwargs: None)
 
 
 def _scenario(scenario):

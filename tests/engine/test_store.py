@@ -78,7 +78,7 @@ def _tiny_cache(monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch):
-    monkeypatch.setattr("bayesadmm.reports.try_plot_run", lambda *args, **kwargs: None)
+    monkeypatch.setattr("bayesadmm.evaluation.diagrams.try_plot_run", lambda *args, **kwargs: None)
 
 
 # --- the blocks ------------------------------------------------------------------------------------------------------

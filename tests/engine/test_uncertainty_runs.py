@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import bayesadmm
 from bayesadmm.experiments.config import ConfigError, resolve
+from bayesadmm.likelihoods import ConfidenceLikelihood
+from bayesadmm.likelihoods.classification import classification_metrics
 from bayesadmm.userdata import DataError
 
 IVON_ADMM = {"lr": 0.05, "epochs": 1, "batch_size": 8, "rho": 0.5, "gamma": 0.5, "delta": 1.0}
@@ -69,6 +73,35 @@ def test_reliability_files_carry_the_logged_ece(tmp_path):
     assert report["predictive"]["reliability"]["ece"] == last["ens_test_ece"]
     assert report["predictive"]["metrics"]["ood_auroc_maxprob"] == last["ens_test_ood_auroc_maxprob"]
     assert sum(report["mean"]["reliability"]["count"]) == 30
+
+
+@dataclass(frozen=True)
+class OwnClassifier:
+    """A user's categorical likelihood: not a `Classification`, but with confidence bins."""
+
+    bins: int = 10
+
+    def mean_nll(self, outputs, targets):
+        return F.cross_entropy(outputs, targets)
+
+    def predictive(self, outputs):
+        return torch.softmax(outputs, dim=-1).mean(dim=0)
+
+    def metrics(self, summary, targets):
+        return classification_metrics(summary, targets, self.bins)
+
+
+def test_a_likelihood_with_confidence_bins_gets_the_reliability_diagram_whatever_its_class(tmp_path):
+    assert isinstance(OwnClassifier(), ConfidenceLikelihood)
+    assert isinstance(bayesadmm.Classification(), ConfidenceLikelihood)
+    others = bayesadmm.GaussianRegression(noise=1.0), bayesadmm.Poisson(), bayesadmm.NegLogLikelihood(F.cross_entropy)
+    assert not any(isinstance(likelihood, ConfidenceLikelihood) for likelihood in others)
+    result = _run(tmp_path, "own", likelihood=OwnClassifier())
+    report = json.loads((tmp_path / "own" / "reliability.json").read_text())
+    assert report["mean"]["reliability"]["bins"] == 10  # the likelihood's own bins
+    assert report["mean"]["reliability"]["ece"] == result.history[-1]["test_ece"]
+    assert report["predictive"]["reliability"]["ece"] == result.history[-1]["ens_test_ece"]
+    assert (tmp_path / "own" / "reliability.png").stat().st_size > 0
 
 
 def test_regression_runs_are_unaffected_and_refuse_ood(tmp_path):

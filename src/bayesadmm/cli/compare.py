@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from bayesadmm.cli import methods
-from bayesadmm.personal_reports import personal_report
-from bayesadmm.reports import compare
+from bayesadmm.evaluation.personal_reports import personal_report
+from bayesadmm.evaluation.reports import compare
 
 
 def add_parser(commands) -> argparse.ArgumentParser:

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 from bayesadmm.experiments.config import ConfigError, resolve
+from bayesadmm.flower.demo import DeploymentError, run_demo
+from bayesadmm.flower.resume import resume, resume_argv
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -57,10 +59,8 @@ def command(args) -> int:
 
 def _flower_resume(args) -> int:
     try:
-        from bayesadmm.flower.resume import resume, resume_argv  # optional: Flower, inside the ImportError guard
-
         resume_argv(args.run_dir, args.connection, args.app, args.stop_at)  # checks the run directory first
-    except (ImportError, ValueError) as exc:
+    except ValueError as exc:
         print(f"bayesadmm: {exc}", file=sys.stderr)
         return 2
     return resume(args.run_dir, args.connection, args.app, args.stop_at)
@@ -71,11 +71,6 @@ def _flower_demo(args) -> int:
         args.overrides, args.scenario = [args.scenario, *args.overrides], "fmnist-heterog10"
     if args.supernodes < 1 or args.rounds < 1:
         print("bayesadmm: --supernodes and --rounds must be at least 1", file=sys.stderr)
-        return 2
-    try:
-        from bayesadmm.flower.demo import DeploymentError, run_demo  # optional: Flower, inside the ImportError guard
-    except ImportError as exc:
-        print(f"bayesadmm: Flower is not installed ({exc}); pip install -e '.[flower]'", file=sys.stderr)
         return 2
     try:  # the same checks as `bayesadmm run`, before any process starts
         resolve(args.scenario, [*args.overrides, f"clients={args.supernodes}", f"rounds={args.rounds}"])

@@ -10,10 +10,10 @@ from bayesadmm.cli import methods
 from bayesadmm.cli.compare import add_table_rounds, table_rounds
 from bayesadmm.engine.history import is_terminal, log_every
 from bayesadmm.engine.signals import Interrupted
+from bayesadmm.evaluation.reports import compare
 from bayesadmm.experiments.config import ConfigError
 from bayesadmm.experiments.grids import SHIPPED_PREFIX, shipped_sweep, with_axes
 from bayesadmm.experiments.sweep import Grid, Sweep, grid, is_sweep_file, points, read_sweep_file, run_dirs
-from bayesadmm.reports import compare
 
 
 def add_parser(commands) -> argparse.ArgumentParser:

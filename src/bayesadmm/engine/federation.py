@@ -21,7 +21,7 @@ from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.store import check_block_list
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.models import FlatModel
-from bayesadmm.posterior import Posterior
+from bayesadmm.posterior.artefact import Posterior
 from bayesadmm.solvers.von import SubproblemError
 
 __all__ = ["Federation", "Result", "StaleResult", "participants", "PARTICIPANTS", "EVALUATION", "BREAKDOWNS",
@@ -41,7 +41,8 @@ class Federation:
         it and `clients` must pickle for worker processes (module-level functions, `functools.partial`s of them,
         dataclasses of tensors). `metrics`: extra metric callables `fn(outputs (S, N, ...), targets) -> float`. `ood_X`:
     inputs from outside the training distribution; where given, each evaluation also reports the OOD AUROCs and the
-    selective accuracies (`bayesadmm.metrics.evaluate`'s `ood`), and without it nothing of the metrics changes."""
+    selective accuracies (`bayesadmm.evaluation.metrics.evaluate`'s `ood`), and without it nothing of the metrics
+    changes."""
 
     model: FlatModel
     clients: ClientSource

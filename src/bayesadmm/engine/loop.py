@@ -16,11 +16,11 @@ Files in the run directory: config.json (what the caller describes the run by), 
 round: the evaluation metrics, `server_*` and mean `client_*` scalars of the algorithm's info records, timings),
 checkpoint.pt (the state after the last checkpointed round), client-states/ (with parallel workers: the client states
 of that checkpoint, one shard file per worker), status.json (running / stopped / completed / diverged / budget (a
-private run's privacy budget spent) / interrupted, with the reason), curves.png (the metrics per round), for
-classifiers reliability.json and reliability.png (the reliability diagrams of the last evaluation,
-`bayesadmm.diagrams`) and environment.json (code version, torch, processor: one record per start or resume). A
-checkpoint is written shards first, checkpoint.pt last, each under a temporary name renamed when complete, so a kill
-at any point leaves the previous checkpoint whole.
+private run's privacy budget spent) / interrupted, with the reason), curves.png (the metrics per round), for a
+likelihood with confidence bins (classifiers) reliability.json and reliability.png (the reliability diagrams of the
+last evaluation; both `bayesadmm.evaluation.leavings`), posterior.safetensors and environment.json (code version,
+torch, processor: one record per start or resume). A checkpoint is written shards first, checkpoint.pt last, each
+under a temporary name renamed when complete, so a kill at any point leaves the previous checkpoint whole.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ from torch import Tensor
 from bayesadmm.algorithms.base import Algorithm, PointEstimate
 from bayesadmm.engine.history import append_line
 from bayesadmm.engine.simulate import generator_of
+from bayesadmm.evaluation.metrics import evaluate
 from bayesadmm.likelihoods import Likelihood
-from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel
 from bayesadmm.solvers.adam import LocalAdam, LocalAdamProx
 

@@ -4,6 +4,7 @@ drives: its start or resume, its rounds one `step` at a time, its checkpoints an
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import time
@@ -11,7 +12,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from bayesadmm import reports
 from bayesadmm.algorithms.base import compiled_kernels, info_scalars
 from bayesadmm.clients import fingerprint
 from bayesadmm.engine import personal, store
@@ -38,7 +38,6 @@ from bayesadmm.engine.history import (
 )
 from bayesadmm.engine.history import read_metrics as _read_metrics
 from bayesadmm.engine.identity import check_same_run, evaluation_fingerprint
-from bayesadmm.engine.leavings import save_posterior, write_reliability
 from bayesadmm.engine.pool import client_runner
 from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.rundir import (
@@ -53,8 +52,10 @@ from bayesadmm.engine.runners import ClientRunner, RunnerFactory, check_states, 
 from bayesadmm.engine.settings import Settings
 from bayesadmm.engine.simulate import generator_for
 from bayesadmm.engine.store import StoreSpec, store_kind
-from bayesadmm.metrics import evaluate
+from bayesadmm.evaluation.leavings import leave
+from bayesadmm.evaluation.metrics import evaluate
 from bayesadmm.optim.compilation import compiled_here, compiling_note
+from bayesadmm.posterior.artefact import save_posterior
 from bayesadmm.privacy.client_level import BudgetExhausted, PrivateServer
 from bayesadmm.privacy.example_level import ExampleServer
 
@@ -418,8 +419,9 @@ class Run:
             self.close()
 
     def finish(self) -> Result:
-        """The final status (completed, stopped as asked, or diverged), written after the plot of the metrics (the
-        status tells a watcher the run directory is complete); the run's `Result`."""
+        """The final status (completed, stopped as asked, or diverged), written after what the evaluation leaves
+        (`evaluation.leavings.leave`: curves.png, the reliability diagram) and the posterior file (the status tells a
+        watcher the run directory is complete); the run's `Result`."""
         code, status = self.outcome or (EXIT_OK, {})
         if self.outcome is None and self.settings.last_round == self.settings.rounds:
             status = {"status": "completed", "round": self.settings.rounds}
@@ -430,10 +432,9 @@ class Run:
                 "message": f"stopped after round {self.settings.stop_at} as asked (stop_at); resume goes on",
             }
         self._close_bar(status["status"])
-        if self.history:
-            reports.try_plot_run(self.history, self.run_dir / "curves.png", title=self.title)
-            posterior = self.algorithm.posterior(self.server)
-            write_reliability(self.run_dir, self.federation, posterior, self.round, self.settings, self.title)
+        if self.history:  # curves.png and, for a likelihood with confidence bins, the reliability diagram
+            posterior = functools.partial(self.algorithm.posterior, self.server)
+            leave(self.run_dir, self.federation, self.settings, self.round, self.history, posterior, self.title)
         last = self.checkpointed if code != EXIT_OK else status["round"]
         result = self.result(status["status"], code, last, status.get("message", ""))
         save_posterior(result)

@@ -19,7 +19,6 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from bayesadmm import tracking
 from bayesadmm.algorithms import Algorithm
 from bayesadmm.clients import TensorClients
 from bayesadmm.data import load_cifar, load_image_dataset
@@ -35,6 +34,7 @@ from bayesadmm.engine.rundir import write_json
 from bayesadmm.engine.settings import DTYPES, Settings
 from bayesadmm.engine.settings import KEYS as SETTINGS_KEYS
 from bayesadmm.engine.simulate import generator_for
+from bayesadmm.evaluation import tracking
 from bayesadmm.experiments.config import DATASETS, TARGETS, ConfigError, RunConfig, method_spec
 from bayesadmm.experiments.privacy import dp_settings
 from bayesadmm.federated import Assembled, assemble

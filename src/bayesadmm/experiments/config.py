@@ -24,13 +24,13 @@ from bayesadmm.data.partitions import PARTITIONS
 from bayesadmm.engine import settings as engine_settings
 from bayesadmm.engine.identity import completed
 from bayesadmm.engine.rundir import read_bytes
+from bayesadmm.evaluation.tracking import TRACKERS, available
 from bayesadmm.experiments import scenario_data
 from bayesadmm.experiments.methods import method_parameters, method_spec, preset_for
 from bayesadmm.experiments.privacy import DP_DEFAULTS, dp_problems
 from bayesadmm.experiments.values import ConfigError, convert, kinds, suggestion, unknown
 from bayesadmm.likelihoods import LIKELIHOODS, Likelihood
 from bayesadmm.models import MODELS
-from bayesadmm.tracking import TRACKERS, available
 
 
 @dataclass(frozen=True)

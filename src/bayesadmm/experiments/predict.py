@@ -22,13 +22,13 @@ import bayesadmm
 from bayesadmm.data import load_cifar, load_image_dataset
 from bayesadmm.data.mnist_subset import MissingExtraError, load_mnist_subset
 from bayesadmm.engine.rundir import read_bytes
+from bayesadmm.evaluation.metrics import evaluate
 from bayesadmm.experiments.build import build
 from bayesadmm.experiments.config import ConfigError, RunConfig, make_likelihood
 from bayesadmm.experiments.config import load as load_config
 from bayesadmm.likelihoods import Likelihood
-from bayesadmm.metrics import evaluate
 from bayesadmm.models import FlatModel, make_model
-from bayesadmm.posterior import Posterior, layout_mismatch
+from bayesadmm.posterior.artefact import Posterior, layout_mismatch
 
 __all__ = ["DATA_SETS", "Source", "Prediction", "source", "data_set", "predict"]
 

@@ -43,9 +43,9 @@ from pathlib import Path
 from bayesadmm.engine.policy import default_workers
 from bayesadmm.engine.rundir import RunDirError, locked, open_append
 from bayesadmm.engine.signals import Interrupted
+from bayesadmm.evaluation.reports import setting_of
 from bayesadmm.experiments.config import ConfigError, RunConfig, resolve
 from bayesadmm.experiments.grids import Grid, grid, is_sweep_file, read_sweep_file, values
-from bayesadmm.reports import setting_of
 
 FINAL = ("completed", "diverged")
 PARENT = "BAYESADMM_SWEEP_PID"  # set in a child's environment: the sweep it must not outlive

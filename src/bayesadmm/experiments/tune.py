@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bayesadmm.evaluation.diagrams import round_ticks
+from bayesadmm.evaluation.results import read_run
 from bayesadmm.experiments.build import run
 from bayesadmm.experiments.config import (
     TUNING_METRIC,
@@ -52,8 +54,6 @@ from bayesadmm.experiments.config import (
 )
 from bayesadmm.experiments.values import unknown
 from bayesadmm.likelihoods import Classification
-from bayesadmm.reports import round_ticks
-from bayesadmm.results import read_run
 
 STUDY = "tune"
 

@@ -35,12 +35,12 @@ from bayesadmm.engine.federation import BREAKDOWNS, EVALUATION
 from bayesadmm.engine.runners import train_client
 from bayesadmm.engine.settings import DTYPES
 from bayesadmm.engine.simulate import generator_of
+from bayesadmm.evaluation.metrics import evaluate
 from bayesadmm.flower import protocol as p
 from bayesadmm.flower import records
 from bayesadmm.flower.app_config import algorithm_of, likelihood_of, model_of
 from bayesadmm.flower.bayes_strategy import SERVER_ARRAYS, SERVER_TREE
 from bayesadmm.flower.loaders import node_data, preset_slice
-from bayesadmm.metrics import evaluate
 from bayesadmm.privacy import DPSettings
 from bayesadmm.privacy.example_level import example_private
 

@@ -1,6 +1,6 @@
 r"""Likelihoods ``p(y | f(x; θ))``: the training loss of a model's outputs and the metrics of its predictions.
 
-A ``Likelihood`` is three pure functions of tensors, so the training loop and ``bayesadmm.metrics.evaluate``
+A ``Likelihood`` is three pure functions of tensors, so the training loop and ``bayesadmm.evaluation.metrics.evaluate``
 work for any observation model:
 
     mean_nll(F, Y)    = (1/N) Σ_i −log p(y_i | f_i)                   the training loss, differentiable in F
@@ -35,6 +35,9 @@ The GGN consumes a factor ``L_i L_iᵀ = Λ_i`` of each output Hessian, which a 
 as the built-in three do (softmax: columns ``√p_c (p − e_c)``, accurate however small ``p_c``, where the
 eigenvectors of a nearly degenerate ``Λ_i`` are not).
 
+A likelihood of class labels with ``bins`` confidence bins (``ConfidenceLikelihood``: ``Classification``) also has
+its reliability diagram drawn at the end of a run; the run asks for ``bins``, not for the class.
+
 The implementations are frozen dataclasses of plain values, so they pickle into worker processes; names such as
 ``"gaussian"`` are mapped to them by the config layer.
 
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 from bayesadmm.likelihoods.base import (
     CURVATURE_MEMBERS,
+    ConfidenceLikelihood,
     CurvatureLikelihood,
     Likelihood,
     MissingCurvatureError,
@@ -72,6 +76,7 @@ __all__ = [
     "COVERAGE_LEVELS",
     "CURVATURE_MEMBERS",
     "Classification",
+    "ConfidenceLikelihood",
     "CurvatureLikelihood",
     "GaussianRegression",
     "Likelihood",

@@ -51,6 +51,17 @@ class CurvatureLikelihood(Likelihood, Protocol):
         ...
 
 
+@runtime_checkable
+class ConfidenceLikelihood(Likelihood, Protocol):
+    """A ``Likelihood`` of class labels whose outputs are the logits of the classes and whose metrics bin the
+    predictions' confidence (the top class's probability) in ``bins`` equal-width bins, as the ECE does:
+    ``Classification``. A run of such a likelihood leaves its reliability diagram (reliability.json and .png,
+    ``evaluation.leavings``), computed with ``Classification(bins)``'s probabilities on the ECE's bins; a likelihood
+    without ``bins`` leaves none. The run asks the likelihood for this capability, not for its class."""
+
+    bins: int
+
+
 # What each member of CurvatureLikelihood is, for the refusals of the methods that need it
 CURVATURE_MEMBERS: dict[str, str] = {
     "output_hessian": "output_hessian(outputs (N, C)) -> (N, C, C), the Hessian of the per-example negative "

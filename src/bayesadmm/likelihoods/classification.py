@@ -14,7 +14,7 @@ from bayesadmm.likelihoods.base import _check_draws
 
 def confidence_bins(confidence: Tensor, bins: int) -> Tensor:
     """The bin ``b − 1`` (0-based) of each confidence ``c``, with ``B_b = ((b−1)/B, b/B]``: the ECE's bins, shared
-    by the reliability diagram (``bayesadmm.uncertainty``) so that its ECE is the logged one."""
+    by the reliability diagram (``bayesadmm.evaluation.uncertainty``) so that its ECE is the logged one."""
     # bucketize(right=False) puts c in bin b iff edge_{b−1} < c ≤ edge_b, the half-open bins of the definition.
     inner_edges = torch.linspace(0.0, 1.0, bins + 1, dtype=confidence.dtype, device=confidence.device)[1:-1]
     return torch.bucketize(confidence, inner_edges)
@@ -59,8 +59,8 @@ class Classification:
     """Categorical ``p(y | f) = softmax(f)_y`` over logits ``f (N, C)`` and integer labels ``y (N,)``.
 
     The predictive averages probabilities, not logits (the Monte-Carlo estimate of ``E_q[softmax(f(x; θ))]``), and
-    is scored by ``classification_metrics`` (also exported by ``bayesadmm.metrics``): ``acc``, ``nll``, ``ece``
-    (``bins`` equal-width confidence bins) and ``brier``.
+    is scored by ``classification_metrics`` (also exported by ``bayesadmm.evaluation.metrics``): ``acc``, ``nll``,
+    ``ece`` (``bins`` equal-width confidence bins) and ``brier``.
     """
 
     bins: int = 15

@@ -1,7 +1,10 @@
-"""The reports of a classification run's uncertainty: the reliability diagrams, `reliability.json` (the numbers) and
-`reliability.png` (the plot: at the server mean and for the posterior predictive, side by side), written into the run
-directory at the end of every classification run (`write_reliability`) from `bayesadmm.metrics.evaluate_uncertainty`'s
-report; and the uncertainty columns of the comparison table (`with_uncertainty`)."""
+"""The plots of one run: its curves (`run_figure`: the metrics per round, curves.png, `try_plot_run`) and the
+reliability diagrams of a classification run's uncertainty, `reliability.json` (the numbers) and `reliability.png`
+(the plot: at the server mean and for the posterior predictive, side by side), written into the run directory at the
+end of a run whose likelihood has confidence bins (`write_reliability`) from
+`bayesadmm.evaluation.metrics.evaluate_uncertainty`'s report; and the uncertainty columns of the comparison table
+(`with_uncertainty`). Nothing here reads the configuration layer, so the engine's hook (`evaluation.leavings`) draws
+them without it."""
 
 from __future__ import annotations
 
@@ -11,6 +14,12 @@ from pathlib import Path
 from bayesadmm.engine.rundir import write_json
 
 __all__ = [
+    "PLOTTABLE",
+    "eval_set",
+    "plot_run",
+    "run_figure",
+    "round_ticks",
+    "try_plot_run",
     "plot_reliability",
     "reliability_figure",
     "write_reliability",
@@ -29,6 +38,77 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+# what a run's plot shows: the first two of these its metrics have (classification: accuracy and NLL; regression:
+# RMSE and NLL; a user-written likelihood: NLL)
+PLOTTABLE = (
+    ("acc", "accuracy (%)", 100.0),
+    ("rmse", "RMSE", 1.0),
+    ("nll", "NLL", 1.0),
+    ("calibration_error", "interval calibration error", 1.0),
+)
+
+
+def eval_set(history: list[dict]) -> str:
+    """The split a run is evaluated on: "test", or "val" for a run evaluated on a held-out part of the training set
+    (`validation` > 0)."""
+    return "val" if history and any(key.startswith("val_") for key in history[0]) else "test"
+
+
+def plot_run(history: list[dict], path: Path, title: str = "") -> None:
+    """`run_figure` of `history`, written to `path` (nothing where the run measured none of `PLOTTABLE`)."""
+    plt = pyplot()
+    fig = run_figure(history, title)
+    if fig is None:
+        return
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_figure(history: list[dict], title: str = ""):
+    """Accuracy and NLL (or what the run measured instead, `PLOTTABLE`) per round of one run, at the server mean and
+    for the predictive where there is one, on whole-round ticks; None where it measured none of them (a Flower run
+    without a server-side evaluation set)."""
+    plt = pyplot()
+    rounds = [line["round"] for line in history]
+    where = eval_set(history)
+    shown = [m for m in PLOTTABLE if f"{where}_{m[0]}" in history[0]][:2]
+    if not shown:
+        return None
+    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.8), squeeze=False)
+    for ax, (metric, label, scale) in zip(axes[0], shown, strict=True):
+        ax.plot(rounds, [scale * line[f"{where}_{metric}"] for line in history], marker=".", label="at mean")
+        if f"ens_{where}_{metric}" in history[0]:
+            ax.plot(
+                rounds,
+                [scale * line[f"ens_{where}_{metric}"] for line in history],
+                marker=".",
+                label="posterior predictive",
+            )
+        ax.set_xlabel("round")
+        round_ticks(ax)
+        ax.set_ylabel(f"{'validation' if where == 'val' else 'test'} {label}")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def round_ticks(ax) -> None:
+    """Whole rounds on `ax`'s x axis: a run of a few rounds gets 1, 2, 3, never 1.25 or 2.5."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def try_plot_run(history: list[dict], path: Path, title: str = "") -> None:
+    """`plot_run`, with a failure reported on stderr instead of raised: a plot is never worth losing a run's status."""
+    try:
+        plot_run(history, path, title)
+    except Exception as exc:  # noqa: BLE001 — any plotting failure (a missing backend, a full disk)
+        print(f"warning: could not plot {path}: {exc}", file=sys.stderr)
 
 
 SIDES = {"mean": "at the mean", "predictive": "posterior predictive"}

@@ -16,9 +16,9 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bayesadmm.diagrams import pyplot
-from bayesadmm.reports import _finished_runs, setting_labels
-from bayesadmm.tables import markdown_table
+from bayesadmm.evaluation.diagrams import pyplot
+from bayesadmm.evaluation.reports import _finished_runs, setting_labels
+from bayesadmm.evaluation.tables import markdown_table
 
 __all__ = ["personal_report", "personal_rows", "last_personal", "plot_personal", "COLUMNS"]
 

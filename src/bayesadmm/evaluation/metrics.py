@@ -34,9 +34,9 @@ Custom (``NegLogLikelihood`` of a per-example ``ℓ(f, y) = −log p(y | f)``):
 
 Any further metric is a callable of the raw outputs ``(S, N, ...)`` and the targets (``extra``).
 
-Uncertainty (classification, ``ood=`` out-of-distribution inputs; ``bayesadmm.uncertainty`` defines them): the OOD
-AUROCs of the predictive entropy and of the max probability, and the selective accuracies at 50/80/90 % coverage,
-from the same mean and draws; ``evaluate_uncertainty`` adds the reliability diagrams.
+Uncertainty (classification, ``ood=`` out-of-distribution inputs; ``bayesadmm.evaluation.uncertainty`` defines
+them): the OOD AUROCs of the predictive entropy and of the max probability, and the selective accuracies at
+50/80/90 % coverage, from the same mean and draws; ``evaluate_uncertainty`` adds the reliability diagrams.
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
+from bayesadmm.evaluation.uncertainty import reliability_diagram, uncertainty_metrics
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.likelihoods.classification import classification_metrics
 from bayesadmm.models import FlatModel
-from bayesadmm.uncertainty import reliability_diagram, uncertainty_metrics
 
 __all__ = ["classification_metrics", "evaluate", "evaluate_uncertainty", "check_ood"]
 
@@ -83,7 +83,7 @@ def evaluate(
     The outputs are kept in memory only when ``extra`` is given.
 
     ``ood``: out-of-distribution inputs (classification only), scored with the same mean and draws; adds the
-    uncertainty metrics of ``bayesadmm.uncertainty.uncertainty_metrics`` (``ood_auroc_entropy``,
+    uncertainty metrics of ``bayesadmm.evaluation.uncertainty.uncertainty_metrics`` (``ood_auroc_entropy``,
     ``ood_auroc_maxprob``, ``sel_acc50``, ``sel_acc80``, ``sel_acc90``, and their ``ens_`` versions). Without it the
     result is what it is without the argument: the same keys and bits, no draw more.
 
@@ -191,7 +191,8 @@ def evaluate_uncertainty(
     """The uncertainty evaluation of a classifier's posterior on ``(X, y)`` (and OOD inputs ``ood``):
     ``{"mean": {"metrics": ..., "reliability": ...}, "predictive": {...}}``, the predictive only for a posterior
     with ``.sample``. ``metrics`` are ``evaluate``'s (with ``ood``: the OOD AUROCs and selective accuracies; without:
-    the selective accuracies) and ``reliability`` the diagram of ``bayesadmm.uncertainty.reliability_diagram``.
+    the selective accuracies) and ``reliability`` the diagram of
+    ``bayesadmm.evaluation.uncertainty.reliability_diagram``.
 
     The probabilities are those ``evaluate`` scores (the same draws from ``generator``, the same batches), so the
     diagrams' ECE is ``evaluate``'s ``ece`` and ``ens_ece`` bit for bit: a finished run's numbers, given the run's

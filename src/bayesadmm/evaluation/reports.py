@@ -1,4 +1,4 @@
-"""Plots of one run and the comparison table across runs (the papers' Table 1 format).
+"""The comparison table across runs (the papers' Table 1 format) and its overlay plot.
 
 Table entries follow the papers: for each run, the mean of a metric over the last 3 rounds up to round R
 (rounds R−2, R−1, R); then mean ± std over the runs (seeds) of a method. Methods with a Gaussian posterior get two
@@ -12,27 +12,18 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from bayesadmm.diagrams import pyplot, with_uncertainty
 from bayesadmm.engine.identity import completed
+from bayesadmm.evaluation.diagrams import eval_set, pyplot, round_ticks, with_uncertainty
+from bayesadmm.evaluation.results import RUNS_FILE, gather, write_runs_file
+from bayesadmm.evaluation.tables import latex, markdown_table, mean_std
 from bayesadmm.experiments.config import RunConfig
 from bayesadmm.experiments.scenario_data import references
-from bayesadmm.results import RUNS_FILE, gather, write_runs_file
-from bayesadmm.tables import latex, markdown_table, mean_std
 
 METRICS = (("acc", "accuracy (%)", 100.0), ("nll", "NLL", 1.0))  # plotted
-# what a run's plot shows: the first two of these its metrics have (classification: accuracy and NLL; regression:
-# RMSE and NLL; a user-written likelihood: NLL)
-PLOTTABLE = (
-    ("acc", "accuracy (%)", 100.0),
-    ("rmse", "RMSE", 1.0),
-    ("nll", "NLL", 1.0),
-    ("calibration_error", "interval calibration error", 1.0),
-)
 TABLE_METRICS = METRICS + (("ece", "ECE", 1.0),)  # tabulated for classification runs
 # what the table shows of runs whose metrics include the first key: classification, Gaussian regression, or only
 # the NLL (a user-written likelihood)
@@ -87,67 +78,6 @@ def footnote(rounds: Sequence[int], empty: Sequence[str] = (), paper: bool = Fal
         )
     lines += [why if why.startswith("/ —") else f"—: {why}." for why in dict.fromkeys(empty)]
     return "\n".join(lines)
-
-
-def eval_set(history: list[dict]) -> str:
-    """The split a run is evaluated on: "test", or "val" for a run evaluated on a held-out part of the training set
-    (`validation` > 0)."""
-    return "val" if history and any(key.startswith("val_") for key in history[0]) else "test"
-
-
-def plot_run(history: list[dict], path: Path, title: str = "") -> None:
-    """`run_figure` of `history`, written to `path` (nothing where the run measured none of `PLOTTABLE`)."""
-    plt = pyplot()
-    fig = run_figure(history, title)
-    if fig is None:
-        return
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def run_figure(history: list[dict], title: str = ""):
-    """Accuracy and NLL (or what the run measured instead, `PLOTTABLE`) per round of one run, at the server mean and
-    for the predictive where there is one, on whole-round ticks; None where it measured none of them (a Flower run
-    without a server-side evaluation set)."""
-    plt = pyplot()
-    rounds = [line["round"] for line in history]
-    where = eval_set(history)
-    shown = [m for m in PLOTTABLE if f"{where}_{m[0]}" in history[0]][:2]
-    if not shown:
-        return None
-    fig, axes = plt.subplots(1, len(shown), figsize=(5 * len(shown), 3.8), squeeze=False)
-    for ax, (metric, label, scale) in zip(axes[0], shown, strict=True):
-        ax.plot(rounds, [scale * line[f"{where}_{metric}"] for line in history], marker=".", label="at mean")
-        if f"ens_{where}_{metric}" in history[0]:
-            ax.plot(
-                rounds,
-                [scale * line[f"ens_{where}_{metric}"] for line in history],
-                marker=".",
-                label="posterior predictive",
-            )
-        ax.set_xlabel("round")
-        round_ticks(ax)
-        ax.set_ylabel(f"{'validation' if where == 'val' else 'test'} {label}")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def round_ticks(ax) -> None:
-    """Whole rounds on `ax`'s x axis: a run of a few rounds gets 1, 2, 3, never 1.25 or 2.5."""
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-
-
-def try_plot_run(history: list[dict], path: Path, title: str = "") -> None:
-    """`plot_run`, with a failure reported on stderr instead of raised: a plot is never worth losing a run's status."""
-    try:
-        plot_run(history, path, title)
-    except Exception as exc:  # noqa: BLE001 — any plotting failure (a missing backend, a full disk)
-        print(f"warning: could not plot {path}: {exc}", file=sys.stderr)
 
 
 def method_label(config: dict) -> str:

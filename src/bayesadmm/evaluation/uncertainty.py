@@ -131,7 +131,7 @@ def uncertainty_metrics(
     probs: Tensor, y: Tensor, probs_ood: Tensor | None = None, coverages: Sequence[int] = COVERAGES
 ) -> dict[str, float]:
     """The selective accuracies of ``probs`` and, with the OOD inputs' probabilities ``probs_ood``, the two OOD
-    AUROCs: the scalar uncertainty metrics a run logs (``bayesadmm.metrics.evaluate(..., ood=X_ood)``)."""
+    AUROCs: the scalar uncertainty metrics a run logs (``bayesadmm.evaluation.metrics.evaluate(..., ood=X_ood)``)."""
     result = selective_accuracy(probs, y, coverages)
     if probs_ood is not None:
         result |= ood_auroc(probs, probs_ood)

@@ -1,37 +1,41 @@
 """`bayesadmm.Posterior`: a trained posterior over a model's flat parameter vector, with the model's parameter layout.
 
     q = result.posterior                       # or bayesadmm.Posterior.load("posterior.safetensors")
-    q.save("posterior.safetensors")            # one safetensors file, checksummed (`posterior_file`)
+    q.save("posterior.safetensors")            # one safetensors file, checksummed (`posterior.file`)
     net = q.to_module(my_module)               # a copy of the module at the posterior mean
     probs = q.predict(my_module, x, samples=32)  # the posterior predictive, (N, C) for classification
 
 Two kinds, both `Posterior`s: `GaussianPosterior` (a `families.Posterior` with a layout: `.family`, `.natural`,
 `.mean`, `.precision`, `.sample(n, generator)`, `.log_prob`) and `PointPosterior` (a `PointEstimate` with a layout:
-`.mean` only, so `metrics.evaluate`, which takes the predictive of whatever has `.sample`, scores it at its mean).
-The layout is ``((name, shape), ...)`` in ``named_parameters()`` order, as `FlatModel.layout` gives it.
+`.mean` only, so `evaluation.metrics.evaluate`, which takes the predictive of whatever has `.sample`, scores it at
+its mean). The layout is ``((name, shape), ...)`` in ``named_parameters()`` order, as `FlatModel.layout` gives it.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 
 from bayesadmm import families
 from bayesadmm.algorithms.base import PointEstimate
-from bayesadmm.engine.rundir import read_bytes, write_bytes
+from bayesadmm.engine.rundir import POSTERIOR, read_bytes, write_bytes
+from bayesadmm.evaluation.metrics import _in_batches
 from bayesadmm.likelihoods import Classification, Likelihood
-from bayesadmm.metrics import _in_batches
 from bayesadmm.models import FlatModel
-from bayesadmm.posterior_file import DTYPES, FAMILIES, Layout, PosteriorFileError, decode, encode
+from bayesadmm.posterior.file import DTYPES, FAMILIES, Layout, PosteriorFileError, decode, encode
 
-__all__ = ["Posterior", "GaussianPosterior", "PointPosterior", "PosteriorFileError", "layout_of"]
+if TYPE_CHECKING:  # a Result holds its posterior: engine.federation imports this module
+    from bayesadmm.engine.federation import Result
+
+__all__ = ["Posterior", "GaussianPosterior", "PointPosterior", "PosteriorFileError", "layout_of", "save_posterior"]
 
 
 def layout_of(model: FlatModel | nn.Module) -> Layout:
@@ -100,11 +104,11 @@ class Posterior:
     # ---- the file ------------------------------------------------------------------------------------------------
 
     def _stored(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
-        """The family's own header fields and tensors (`posterior_file.FAMILIES`)."""
+        """The family's own header fields and tensors (`posterior.file.FAMILIES`)."""
         raise NotImplementedError
 
     def save(self, path: str | Path) -> Path:
-        """Write the posterior to `path` (a `.safetensors` file, `posterior_file`): whole or not at all (a temporary
+        """Write the posterior to `path` (a `.safetensors` file, `posterior.file`): whole or not at all (a temporary
         name, fsync, rename). Returns the path."""
         dtype = {v: k for k, v in DTYPES.items()}.get(self.mean.dtype)
         if dtype is None:
@@ -181,12 +185,12 @@ class Posterior:
         batch_size: int = 2048,
     ) -> Tensor:
         """The posterior predictive of inputs `x (N, ...)` (a tensor, or what `torch.as_tensor` takes: a numpy array,
-        nested lists of numbers): ``likelihood.predictive`` of the model's outputs under
-        `samples` draws from the posterior (made once with `generator`, shared by all batches), as `metrics.evaluate`
-        computes it. For `Classification()` (the default) the mean of the class probabilities over the draws, shape
-        (N, C). A point estimate, or ``samples=0``, predicts at the mean. Computed on the posterior's device (`x` is
-        moved there) in its dtype (floating-point inputs are cast to it; integer inputs too where the model does not
-        take them as they are). Inputs the model does not take are a ValueError naming their shape."""
+        nested lists of numbers): ``likelihood.predictive`` of the model's outputs under `samples` draws from the
+        posterior (made once with `generator`, shared by all batches), as `evaluation.metrics.evaluate` computes it.
+        For `Classification()` (the default) the mean of the class probabilities over the draws, shape (N, C). A point
+        estimate, or ``samples=0``, predicts at the mean. Computed on the posterior's device (`x` is moved there) in
+        its dtype (floating-point inputs are cast to it; integer inputs too where the model does not take them as they
+        are). Inputs the model does not take are a ValueError naming their shape."""
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
             raise ValueError(f"samples must be a non-negative integer, got {samples!r}")
         flat = model if isinstance(model, FlatModel) else FlatModel.from_module(model)
@@ -281,3 +285,15 @@ class PointPosterior(Posterior, PointEstimate):
 
     def _stored(self) -> tuple[dict[str, Any], dict[str, Tensor]]:
         return {}, {"mean": self.mean}
+
+
+def save_posterior(result: Result) -> None:
+    """posterior.safetensors: the run's posterior (the last good state), so that the run directory can be handed to
+    someone who only predicts. A user's algorithm whose posterior is not a Gaussian or a point estimate has none."""
+    try:
+        posterior = result.posterior
+    except ValueError as exc:  # a user's algorithm whose posterior is not over the model's parameters
+        warnings.warn(f"the run wrote no {POSTERIOR}: {exc}", stacklevel=2)
+        return
+    if isinstance(posterior, Posterior):
+        posterior.save(result.run_dir / POSTERIOR)
