@@ -38,7 +38,6 @@ from bayesadmm.experiments.values import unknown
 from bayesadmm.likelihoods import Classification, Likelihood
 from bayesadmm.models import FlatModel
 from bayesadmm.privacy import DPSettings, noised, private_factory
-from bayesadmm.run_identity import recorded_hparams, run_config
 from bayesadmm.runspec import OWN, Personal, RunSpec, qualified_name
 from bayesadmm.userdata import as_tensors, check_client_objects, check_data, check_inputs
 
@@ -307,7 +306,7 @@ def run(
     )  # fmt: skip
     run_dir = Path(out) if out is not None else Path("runs") / datetime.now().strftime("run-%Y%m%d-%H%M%S-%f")
     name = algorithm if isinstance(algorithm, str) else qualified_name(algorithm)
-    config = run_config(settings, name, recorded_hparams(algorithm, hparams), likelihood, model, flat, source.sizes)
+    config = _config_record(settings, name, spec.hparams, likelihood, model, flat, source.sizes)
     if personal is not None:  # only then: the files of other runs stay as they were
         config["personal"] = {"split": personal_split, "every": personal_every, "finetune_epochs": finetune_epochs}
     if X_ood is not None:  # likewise
@@ -332,6 +331,24 @@ def run(
             file=sys.stderr,
         )
     return result
+
+
+def _config_record(settings: Settings, algorithm: str, hparams, likelihood, model, flat: FlatModel, sizes) -> dict:
+    """config.json's tables of a `bayesadmm.run` run beside its record: the method's name (a factory's qualified
+    name), its hyperparameters as recorded (`RunSpec.hparams`: a registered method's whole), the settings, the
+    likelihood's and the model's reprs, the number of parameters and the clients' sizes, which `bayesadmm.load`
+    checks the caller's model and likelihood against; with the record, the checkpoint's identity a resume meets."""
+    shown = ("rounds", "seed", "participation", "eval_samples", "device", "workers", "checkpoint_every", "stop_at",
+             "cohort", "compile")  # fmt: skip
+    return {
+        "settings": {k: getattr(settings, k) for k in shown},
+        "algorithm": algorithm,
+        "hparams": dict(hparams),
+        "likelihood": repr(likelihood),
+        "model": repr(model) if isinstance(model, nn.Module) else repr(flat),
+        "parameters": flat.dim,
+        "clients": {str(k): n for k, n in sizes.items()},
+    }
 
 
 def checked_dp(dp: Any) -> DPSettings | None:
