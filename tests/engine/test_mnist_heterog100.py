@@ -24,7 +24,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def _no_plots(monkeypatch):
-    monkeypatch.setattr("bayesadmm.reports.try_plot_run", lambda *args, **kwargs: None)
+    monkeypatch.setattr("bayesadmm.evaluation.diagrams.try_plot_run", lambda *args, **kwargs: None)
 
 
 def test_a_clients_first_solve_with_the_preset_learns_its_two_classes():
