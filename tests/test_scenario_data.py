@@ -38,7 +38,7 @@ def test_the_presets_are_the_published_and_chosen_values_with_their_types():
     assert _typed(methods["cifar10-zenke"]["ivon-admm"]) == _typed(IVON_CIFAR10_ZENKE)
     assert methods["fmnist-xdevice"]["ivon-admm"]["incremental"] is True  # the server's running sum at 1 % a round
     assert _typed(methods["logreg-100k"]["fedavg"]) == _typed({"lr": 1e-2, "epochs": 10, "batch_size": 32})
-    assert _typed(methods["mnist-heterog100"]["fedavg"]) == _typed({"lr": 1e-3, "epochs": 10, "batch_size": 64})
+    assert _typed(methods["mnist-heterog100"]["fedavg"]) == _typed({"lr": 1e-3, "epochs": 10, "batch_size": 32})
     assert methods["diabetes-iid5"]["feddyn"]["alpha"] == 1.0 and methods["fmnist-homog10"]["feddyn"]["alpha"] == 1e-3
     assert methods["diabetes-iid5"]["admm"]["rho"] == 1.0 and methods["fmnist-heterog10"]["admm"]["rho"] == 1e-2
     assert methods["diabetes-iid5"]["ivon-admm"]["restart_at_q_g"] is False
@@ -60,6 +60,12 @@ def test_the_papers_numbers_are_the_published_ones():
     assert homog10["fedavg"]["acc"]["50"] == 80.0 and homog10["fedprox"]["acc"]["50"] == 80.3  # its own FedProx row
     assert homog10["fedlap-func"] == {"acc": {"10": 73.7, "25": 77.9, "50": 80.0}, "nll": {"50": 0.57}}  # Tables 1, 5
     assert paper_numbers("fmnist-heterog100")["fedlap-cov"]["nll"]["50"] == 0.49
+    mnist = paper_numbers("mnist-heterog100")  # Table 2 (ICLR): rounds 25, 50, 100
+    assert mnist["ivon-admm"] == {"acc": {"25": 91.0, "50": 94.2, "100": 96.0}, "nll": {"25": 0.31, "50": 0.19,
+                                                                                     "100": 0.13}}  # fmt: skip
+    assert mnist["fedavg"] == mnist["fedprox"] and mnist["fedavg"]["nll"]["25"] == 0.59
+    assert mnist["feddyn"]["acc"]["100"] == 94.9 and mnist["fedlap"]["nll"]["50"] == 0.38
+    assert mnist["fedlap-cov"]["acc"]["25"] == 91.0 and mnist["fedlap-cov"]["nll"]["100"] == 0.18
     with pytest.raises(ValueError, match="no paper numbers for scenario 'diabetes-iid5'"):
         paper_numbers("diabetes-iid5")
 
