@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 import bayesadmm
+from bayesadmm.algorithms.client_update import ClientUpdate
 from bayesadmm.privacy import DPSettings, clip_factor, noised_sum, privatize, sampling_rate
 from bayesadmm.privacy.accountant import calibrated_noise, epsilon
-from bayesadmm.privacy.message import ClientUpdate
 
 pytest.importorskip("opacus")
 

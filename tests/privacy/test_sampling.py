@@ -14,12 +14,12 @@ from torch import nn
 
 import bayesadmm
 from bayesadmm.algorithms import spec
+from bayesadmm.algorithms.client_update import ClientUpdate
 from bayesadmm.engine.federation import PARTICIPANTS, participants
 from bayesadmm.engine.simulate import generator_for, generator_of
 from bayesadmm.privacy import DP_NOISE, DPSettings, private_factory, privatize
 from bayesadmm.privacy.accountant import epsilon
 from bayesadmm.privacy.client_level import noise_reply
-from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.solvers.cohort import StackedClients, plan_batches, poisson_minibatches
 
 pytest.importorskip("opacus")

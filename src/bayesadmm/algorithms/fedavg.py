@@ -37,9 +37,9 @@ from bayesadmm.algorithms.base import (
     TrainingInfo,
     seen_clients,
 )
+from bayesadmm.algorithms.client_update import ClientUpdate
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
-from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.solvers.adam import AdamProblem, local_adam
 from bayesadmm.trees import register
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 from bayesadmm.algorithms import bayes_admm
 from bayesadmm.algorithms.base import Algorithm
+from bayesadmm.algorithms.client_update import ClientUpdate
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian
 from bayesadmm.optim.compilation import decide
-from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.solvers.ivon import ConstantLR, CosineLR, IVONSolver, RestartAtHessInit, RestartAtQg
 
 

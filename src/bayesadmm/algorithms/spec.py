@@ -44,9 +44,9 @@ from bayesadmm.algorithms.base import Algorithm
 from bayesadmm.experiments.values import unknown
 
 if TYPE_CHECKING:
+    from bayesadmm.algorithms.client_update import ClientUpdate
     from bayesadmm.likelihoods import Likelihood
     from bayesadmm.models import FlatModel
-    from bayesadmm.privacy.message import ClientUpdate
 
 __all__ = [
     "Context",

@@ -14,11 +14,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bayesadmm.algorithms.base import Algorithm
+from bayesadmm.algorithms.client_update import ClientUpdate
 from bayesadmm.privacy.accountant import calibrated_noise, epsilon
 from bayesadmm.privacy.client_level import DP_NOISE, BudgetExhausted, PrivateServer, private, privatize
 from bayesadmm.privacy.example_level import example_noise, example_private
 from bayesadmm.privacy.mechanism import clip_factor, gaussian_noise, noised_sum
-from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.privacy.settings import DPSettings
 
 __all__ = [

@@ -34,10 +34,10 @@ import torch
 from torch import Tensor
 
 from bayesadmm.algorithms.base import Algorithm, Message
+from bayesadmm.algorithms.client_update import ClientUpdate
 from bayesadmm.engine.simulate import generator_of
 from bayesadmm.privacy.accountant import Step, epsilon
 from bayesadmm.privacy.mechanism import clip_factor, gaussian_noise
-from bayesadmm.privacy.message import ClientUpdate
 from bayesadmm.privacy.settings import DPSettings
 from bayesadmm.trees import register
 
