@@ -243,7 +243,9 @@ def test_search_finds_a_method_by_name(site_url, browser_page, name, page):
         browser_page.goto(base, wait_until="load")
         browser_page.locator("input.md-search__input").fill(name)
         hits = browser_page.locator(f'.md-search-result__item a[href*="{page}"]')
-        hits.first.wait_for(state="visible", timeout=15_000)
+        # the theme builds its search index in a web worker on the first query: seconds on a quiet machine, tens of
+        # seconds on a loaded CI one (15 s timed out there with the suite running on both cores)
+        hits.first.wait_for(state="visible", timeout=90_000)
         titles = browser_page.locator(".md-search-result__item").all_inner_texts()
     finally:
         browser_page.remove_listener("console", on_console)
