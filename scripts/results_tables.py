@@ -25,7 +25,9 @@ from bayesadmm.evaluation.personal_reports import personal_report
 from bayesadmm.evaluation.reports import compare
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
-SCENARIOS = ("fmnist-heterog10", "fmnist-homog10", "fmnist-heterog100")
+SCENARIOS = ("fmnist-heterog10", "fmnist-homog10", "fmnist-heterog100", "mnist-heterog100")
+# the papers' rounds where they are not 10, 25, 50 (Table 2: 25, 50, 100)
+PAPER_ROUNDS = {"mnist-heterog100": [25, 50, 100]}
 # the selections on the validation split end early (stop_at): their tables stop there
 SELECTION_ROUNDS = {"select-ivon-lr": [5, 10], "select-fedlap-func-tau": [5, 10], "select-fedlap-func": [10, 25]}
 # tables of shortened runs (rounds=20: docs/results/personal.md, uncertainty.md), beside no published numbers
@@ -40,7 +42,7 @@ def tables(root: Path = RESULTS) -> list[tuple[Path, list[int], str | None]]:
         folder = runs.parent
         short = SHORT_ROUNDS.get(folder.parent.name)
         paper = folder.name if folder.name in SCENARIOS and not short else None
-        found.append((runs, short or [10, 25, 50], paper))
+        found.append((runs, short or PAPER_ROUNDS.get(folder.name, [10, 25, 50]), paper))
     return found
 
 

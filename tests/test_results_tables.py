@@ -34,7 +34,7 @@ def test_the_kept_tables_are_what_compare_makes_of_the_kept_runs():
         assert compare([runs], rounds, paper=paper) == written, runs
         if (runs.parent / "personal.md").exists():
             assert personal_report([runs]) == (runs.parent / "personal.md").read_text().rstrip("\n"), runs
-    assert [page.name for page in script.pages()] == ["README.md", "diabetes.md", "personal.md", "privacy.md", "uncertainty.md", "unlearning.md"]
+    assert [page.name for page in script.pages()] == ["README.md", "diabetes.md", "mnist.md", "personal.md", "privacy.md", "uncertainty.md", "unlearning.md"]
     for page in script.pages():
         for match in script.BLOCK.finditer(page.read_text()):  # the pages quote those files as they are
             quoted = (page.parent / match.group("path")).read_text()

@@ -66,6 +66,11 @@ def test_the_papers_numbers_are_the_published_ones():
     assert mnist["fedavg"] == mnist["fedprox"] and mnist["fedavg"]["nll"]["25"] == 0.59
     assert mnist["feddyn"]["acc"]["100"] == 94.9 and mnist["fedlap"]["nll"]["50"] == 0.38
     assert mnist["fedlap-cov"]["acc"]["25"] == 91.0 and mnist["fedlap-cov"]["nll"]["100"] == 0.18
+    # the FedLap paper's MNIST rows: Table 1 (accuracy) and Table 5 (NLL at the last round)
+    homog, heterog = paper_numbers("mnist-homog10"), paper_numbers("mnist-heterog10")
+    assert homog["fedprox"] == {"acc": {"10": 97.9, "20": 98.2}, "nll": {"20": 0.07}}
+    assert heterog["feddyn"] == {"acc": {"10": 97.0, "25": 97.8, "50": 98.0}, "nll": {"50": 0.07}}
+    assert heterog["fedlap-func"]["acc"]["50"] == 98.0 and heterog["fedavg"]["nll"]["50"] == 0.13
     with pytest.raises(ValueError, match="no paper numbers for scenario 'diabetes-iid5'"):
         paper_numbers("diabetes-iid5")
 

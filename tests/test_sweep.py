@@ -174,6 +174,8 @@ def test_the_committed_sweep_files_expand(tmp_path):
         "fmnist-homog10.json": 8 * 3,
         "fmnist-heterog100.json": 3 * 3,
         "mnist-heterog100.json": 3 * 5,
+        "mnist-homog10.json": 3 * 6,
+        "mnist-heterog10.json": 3 * 6,
         "fmnist-alg2-as-written.json": 2 * 2 * 3 + 3,
         "fmnist-chosen-lr.json": 2 * 3,
         "fmnist-fedlap-func-chosen.json": 2 * 3,
