@@ -2,13 +2,17 @@
 closed-form posterior and the run without the client, and its refusals."""
 
 import dataclasses
+import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 import bayesadmm
 from bayesadmm.algorithms import bayes_admm
+from bayesadmm.engine.rundir import RunDirError, load_state
 from bayesadmm.families import FullGaussian
 from bayesadmm.problems.losses import QuadraticLoss
 from bayesadmm.solvers.von import ExactQuadratic, VariationalSolver
@@ -162,3 +166,118 @@ def test_a_result_whose_run_directory_moved_on_refuses_rather_than_mix_rounds(tm
         early.client_states()
     assert torch.equal(early.posterior.mean, early.algorithm.posterior(early.server).mean)  # its own round's
     assert bayesadmm.unlearn(late, GONE).round == 4  # the current Result unlearns as before
+
+
+# ---- unlearn(..., out=DIR): a run directory without the client, which a resume continues ----------------------------
+
+
+def exact_numpy(clients) -> tuple[np.ndarray, np.ndarray]:
+    """The posterior (mean, precision) of the clients' data, by numpy's linear algebra (not the library's)."""
+    Xs = [X.numpy() for X, _ in clients.values()]
+    ys = [y.numpy()[:, 0] for _, y in clients.values()]
+    precision = DELTA * np.eye(D) + sum(X.T @ X for X in Xs) / NOISE**2
+    return np.linalg.solve(precision, sum(X.T @ y for X, y in zip(Xs, ys, strict=True)) / NOISE**2), precision
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_run_written_without_the_client_resumes_to_the_exact_posterior_of_the_others(tmp_path):
+    """BayesADMM, full family, exact local solves: `unlearn(..., out=)` writes the run without client GONE; its
+    repair rounds (`bayesadmm.run(..., resume=True)` with the other clients) keep the exact posterior of their data,
+    and a resume with no round left gives the unlearned posterior bit for bit. The directory records the removal,
+    holds no state of the client, and the original run directory is left as it was, byte for byte."""
+    clients = data()
+    rest = {k: c for k, c in clients.items() if k != GONE}
+    mean, precision = exact_numpy(rest)
+    result = run(clients, tmp_path / "all")
+    original = files(tmp_path / "all")
+
+    out = tmp_path / "without"
+    written = bayesadmm.unlearn(result, GONE, out=out, rounds=ROUNDS + 4)
+    assert (written.run_dir, written.status, written.round, written.unlearned) == (out, "stopped", ROUNDS, (GONE,))
+    assert f"resume trains rounds {ROUNDS + 1} to {ROUNDS + 4} without client {GONE}" in written.message
+    checkpoint = load_state(out / "checkpoint.pt")
+    assert checkpoint["round"] == ROUNDS and sorted(checkpoint["clients"]) == [0, 2, 3]
+    assert GONE not in checkpoint["server"].replies
+    assert checkpoint["run"]["data"]["sizes"] == {"0": 6, "2": 7, "3": 4}
+    assert checkpoint["run"]["data"]["unlearned"] == [GONE] and "sha256" not in checkpoint["run"]["data"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["unlearned"] == [GONE] and config["clients"] == {"0": 6, "2": 7, "3": 4}
+    assert config["settings"]["rounds"] == config["run"]["settings"]["rounds"] == ROUNDS + 4
+    assert json.loads((out / "status.json").read_text())["status"] == "stopped"
+    assert (out / "metrics.jsonl").read_bytes() == original["metrics.jsonl"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all", "without"]  # no partial folder left beside it
+
+    with pytest.raises(RunDirError, match=f"client {GONE} was unlearned from the run in .*without that client's data"):
+        run(clients, out, rounds=ROUNDS + 4, resume=True)
+    edited = {**rest, 0: (rest[0][0], rest[0][1] + 1.0)}  # the same sizes, other values of client 0
+    with pytest.raises(RunDirError, match="client 0's examples differ from those .*sha256"):
+        run(edited, out, rounds=ROUNDS + 4, resume=True)
+    repaired = run(rest, out, rounds=ROUNDS + 4, resume=True)
+    assert repaired.status == "completed" and [line["round"] for line in repaired.history] == list(range(1, 105))
+    assert all(line["participants"] == 3 for line in repaired.history[ROUNDS:])
+    np.testing.assert_allclose(repaired.posterior.mean.numpy(), mean, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(repaired.posterior.precision.numpy(), precision, atol=1e-10, rtol=0)
+    later = load_state(out / "checkpoint.pt")
+    assert later["round"] == ROUNDS + 4 and later["run"]["data"]["unlearned"] == [GONE]  # still recorded
+
+    # no round left (the run's own rounds): the resume gives the unlearned posterior itself
+    zero = bayesadmm.unlearn(result, GONE, out=tmp_path / "zero")
+    resumed = run(rest, tmp_path / "zero", resume=True)
+    assert resumed.round == ROUNDS and torch.equal(resumed.posterior.mean, zero.posterior.mean)
+    assert torch.equal(resumed.posterior.precision, zero.posterior.precision)
+    np.testing.assert_allclose(zero.posterior.mean.numpy(), mean, atol=1e-10, rtol=0)
+    assert files(tmp_path / "all") == original
+
+
+def test_writing_a_run_without_the_client_is_refused_before_anything_is_written(tmp_path):
+    clients = data()
+    result = run(clients, tmp_path / "all", rounds=2)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "note.txt").write_text("mine")
+    with pytest.raises(bayesadmm.UnlearningError, match="is not empty; give a new or empty folder"):
+        bayesadmm.unlearn(result, GONE, out=full)
+    with pytest.raises(bayesadmm.UnlearningError, match="is the run's own directory"):
+        bayesadmm.unlearn(result, GONE, out=tmp_path / "all")
+    with pytest.raises(bayesadmm.UnlearningError, match="rounds= must be an int of at least the unlearned round 2"):
+        bayesadmm.unlearn(result, GONE, out=tmp_path / "few", rounds=1)
+    with pytest.raises(bayesadmm.UnlearningError, match="rounds= is the number of rounds of the run written to out="):
+        bayesadmm.unlearn(result, GONE, rounds=5)
+    fedavg = run(clients, tmp_path / "fedavg", algorithm="fedavg", hparams={"lr": 0.01, "epochs": 1}, rounds=1)
+    with pytest.raises(bayesadmm.UnlearningError, match="fedavg keeps no per-client term"):
+        bayesadmm.unlearn(fedavg, 0, out=tmp_path / "fedavg-without")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all", "fedavg", "full"]  # nothing written
+    assert [p.name for p in full.iterdir()] == ["note.txt"]
+
+
+def test_a_scenario_run_without_a_client_resumes_on_the_command_line(tmp_path, capsys):
+    """`bayesadmm run diabetes-iid5` → `unlearn(dir, 2, out=)` → `bayesadmm resume`: rounds 3 and 4 train the four
+    other clients (config.json's exclude_client), from the checkpoint of round 2; a second client is refused (a
+    scenario leaves out one)."""
+    pytest.importorskip("sklearn")
+    from bayesadmm.cli import main
+
+    source, out = tmp_path / "all", tmp_path / "without"
+    args = ["method=ivon-admm", "rounds=2", "epochs=1", "eval_samples=2", "workers=1", "--quiet"]
+    assert main(["run", "diabetes-iid5", f"out={source}", *args]) == 0
+    original = files(source)
+    written = bayesadmm.unlearn(source, 2, out=out, rounds=4)
+    assert written.run_dir == out and written.unlearned == (2,)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["exclude_client"], config["unlearned"], config["rounds"], config["out"]) == (2, [2], 4, str(out))
+    assert sorted(load_state(out / "checkpoint.pt")["clients"]) == [0, 1, 3, 4]
+    assert main(["resume", str(out), "--quiet"]) == 0, capsys.readouterr().err
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [line["round"] for line in lines] == [1, 2, 3, 4]
+    assert [line["participants"] for line in lines] == [5, 5, 4, 4]
+    checkpoint = load_state(out / "checkpoint.pt")
+    assert checkpoint["round"] == 4 and sorted(checkpoint["clients"]) == [0, 1, 3, 4]
+    assert sorted(checkpoint["run"]["data"]["sizes"]) == ["0", "1", "3", "4"]
+    assert json.loads((out / "status.json").read_text())["status"] == "completed"
+    assert bayesadmm.load(out).unlearned == (2,)  # config.json's record
+    with pytest.raises(bayesadmm.UnlearningError, match="leaves out one client .* clients 2, 3"):
+        bayesadmm.unlearn(out, 3, out=tmp_path / "without-two")
+    assert not (tmp_path / "without-two").exists() and files(source) == original

@@ -139,19 +139,20 @@ def _check_same_data(path: Path, old_data: Any, new_data: Mapping) -> None:
             f"the clients differ from those {path} was written with (sizes {_short(old_sizes)} → "
             f"{_short(new_data['sizes'])}); resume with the run's own data, or start a new run"
         )
+    if "sha256" in old_data and "sha256" in new_data and old_data["sha256"] != new_data["sha256"]:
+        raise RunDirError(
+            f"the clients' examples differ from those {path} was written with (same sizes, other values: their sha256 "
+            f"differs); resume with the run's own data, or start a new run"
+        )
     old_each, new_each = old_data.get("client_sha256"), new_data.get("client_sha256")
-    if isinstance(old_each, Mapping) and isinstance(new_each, Mapping):  # the same ids: the sizes are the same
+    # each client's, which is all a run without a client (`bayesadmm.unlearn(..., out=)`) records
+    if isinstance(old_each, Mapping) and isinstance(new_each, Mapping):
         differ = [k for k in old_each if old_each[k] != new_each.get(k)]
         if differ:
             raise RunDirError(
                 f"client {differ[0]}'s examples differ from those {path} was written with (same size, other values: "
                 "their sha256 differs); resume with the run's own data, or start a new run"
             )
-    if "sha256" in old_data and "sha256" in new_data and old_data["sha256"] != new_data["sha256"]:
-        raise RunDirError(
-            f"the clients' examples differ from those {path} was written with (same sizes, other values: their sha256 "
-            f"differs); resume with the run's own data, or start a new run"
-        )
     if "evaluation" in new_data:
         _check_same_evaluation(path, old_data.get("evaluation"), new_data["evaluation"])
 
