@@ -281,3 +281,34 @@ def test_a_scenario_run_without_a_client_resumes_on_the_command_line(tmp_path, c
     with pytest.raises(bayesadmm.UnlearningError, match="leaves out one client .* clients 2, 3"):
         bayesadmm.unlearn(out, 3, out=tmp_path / "without-two")
     assert not (tmp_path / "without-two").exists() and files(source) == original
+
+
+def test_clients_are_removed_one_after_the_other_into_new_directories(tmp_path, monkeypatch):
+    """A run written without client GONE is unlearned again into another directory: both removals are recorded and
+    neither client's state is kept. A write that fails leaves no directory, nor a partial one beside it."""
+    from bayesadmm.posterior import unlearned_run
+
+    result = run(data(), tmp_path / "all", rounds=2)
+    first = bayesadmm.unlearn(result, GONE, out=tmp_path / "one")
+    second = bayesadmm.unlearn(first, 3, out=tmp_path / "two")
+    assert second.unlearned == (GONE, 3) and second.run_dir == tmp_path / "two"
+    config = json.loads((tmp_path / "two" / "config.json").read_text())
+    assert config["unlearned"] == [GONE, 3] and config["clients"] == {"0": 6, "2": 7}
+    checkpoint = load_state(tmp_path / "two" / "checkpoint.pt")
+    assert sorted(checkpoint["clients"]) == [0, 2] and checkpoint["run"]["data"]["unlearned"] == [GONE, 3]
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(unlearned_run, "save_checkpoint", full_disk)
+    with pytest.raises(bayesadmm.UnlearningError, match="cannot write the run without client 1 to .*No space left"):
+        bayesadmm.unlearn(result, GONE, out=tmp_path / "three")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all", "one", "two"]
+
+
+def test_only_runs_a_resume_can_rebuild_without_the_client_are_written():
+    """A Flower run's config.json (its run config) says nothing a resume could leave the client out by."""
+    from bayesadmm.posterior.unlearned_run import OutError, config_without
+
+    with pytest.raises(OutError, match="out= writes runs of bayesadmm.run and of `bayesadmm run SCENARIO`"):
+        config_without({"flower": {"model": "m:f"}, "clients": {"0": 3}}, (0,), None, Path("out"))
