@@ -148,6 +148,16 @@ def test_a_run_directory_is_unlearned_as_its_result(tmp_path):
     with pytest.raises(ValueError, match="model="):
         bayesadmm.unlearn(out, 1)
 
+    # written without client 1: read back with its removal, and resumed with the other two clients for a round more
+    without = tmp_path / "without"
+    bayesadmm.unlearn(out, 1, model=model, out=without, rounds=3)
+    loaded = bayesadmm.load(without, model=model)
+    assert loaded.unlearned == (1,) and torch.equal(loaded.posterior.mean, from_result.posterior.mean)
+    assert sorted(loaded.client_states()) == [0, 2]
+    resumed = bayesadmm.run(model, {0: parts[0], 2: parts[2]}, parts[0], algorithm="ivon-admm", hparams=hparams,
+                            rounds=3, out=without, resume=True, progress=False, eval_samples=2)  # fmt: skip
+    assert resumed.round == 3 and resumed.history[-1]["participants"] == 2
+
 
 def test_a_result_whose_run_directory_moved_on_refuses_rather_than_mix_rounds(tmp_path):
     """A Result of round 2 whose run was resumed to round 4 since: its server is round 2's, the directory's client
@@ -240,8 +250,10 @@ def test_writing_a_run_without_the_client_is_refused_before_anything_is_written(
     (full / "note.txt").write_text("mine")
     with pytest.raises(bayesadmm.UnlearningError, match="is not empty; give a new or empty folder"):
         bayesadmm.unlearn(result, GONE, out=full)
-    with pytest.raises(bayesadmm.UnlearningError, match="is the run's own directory"):
+    with pytest.raises(bayesadmm.UnlearningError, match="is the run's own directory or inside it"):
         bayesadmm.unlearn(result, GONE, out=tmp_path / "all")
+    with pytest.raises(bayesadmm.UnlearningError, match="is the run's own directory or inside it"):
+        bayesadmm.unlearn(result, GONE, out=tmp_path / "all" / "without")
     with pytest.raises(bayesadmm.UnlearningError, match="rounds= must be an int of at least the unlearned round 2"):
         bayesadmm.unlearn(result, GONE, out=tmp_path / "few", rounds=1)
     with pytest.raises(bayesadmm.UnlearningError, match="rounds= is the number of rounds of the run written to out="):

@@ -48,12 +48,12 @@ def check_out(out: Any, source: Path) -> Path:
     naming the fix otherwise, before anything is written."""
     if not isinstance(out, (str, os.PathLike)):
         raise OutError(f"out= takes a folder's path, got {type(out).__name__}")
-    out = Path(out)
+    out, own = Path(out), Path(source).resolve()
+    if out.resolve() == own or own in out.resolve().parents:
+        raise OutError(f"out={out} is the run's own directory or inside it; give a new folder (the run stays as it is)")
     if os.path.lexists(out):
         if os.path.islink(out) or not out.is_dir():
             raise OutError(f"out={out} is not a folder (a file or a symbolic link); give a new folder")
-        if out.resolve() == Path(source).resolve():
-            raise OutError(f"out={out} is the run's own directory; give a new folder (the original run stays as it is)")
         if any(out.iterdir()):
             raise OutError(f"out={out} is not empty; give a new or empty folder")
     return out
