@@ -77,11 +77,13 @@ def write_run(result: Result, out: Path, rounds: int | None) -> Result:
     if not isinstance(identity, Mapping) or not {"method", "config", "data"} <= set(identity):
         raise OutError(f"{source / 'checkpoint.pt'} does not record its data (an older bayesadmm): retrain instead")
     recorded = identity["data"].get(UNLEARNED, []) if isinstance(identity["data"], Mapping) else []
+    if not isinstance(recorded, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in recorded):
+        raise OutError(f"{source / 'checkpoint.pt'} records its removed clients as {recorded!r:.60}, not a list of ids")
     removed = tuple(dict.fromkeys([*recorded, *result.unlearned]))  # those removed before, then this Result's
     if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < result.round):
         raise OutError(f"rounds= must be an int of at least the unlearned round {result.round}, got {rounds!r}")
     config = config_without(_read_config(source), removed, rounds, out)
-    written = {
+    identity_without = {  # what a resume without the clients must match
         "method": identity["method"],
         "config": config_without(identity["config"], removed, rounds, out) if identity["config"] is not None else None,
         "data": data_without(identity["data"], removed),
@@ -98,7 +100,7 @@ def write_run(result: Result, out: Path, rounds: int | None) -> Result:
     )
     message = f"{result.message} (bayesadmm.unlearn); {then}"
     status = {"status": "stopped", "round": result.round, "message": message}
-    unlearned = dataclasses.replace(result, run_dir=out, status="stopped", exit_code=EXIT_OK, message=message)
+    written = dataclasses.replace(result, run_dir=out, status="stopped", exit_code=EXIT_OK, message=message)
 
     def write(folder: Path) -> None:
         write_json(folder / "config.json", config)
@@ -110,11 +112,11 @@ def write_run(result: Result, out: Path, rounds: int | None) -> Result:
             write_bytes(folder / "personal.jsonl", _lines(read_metrics(source / "personal.jsonl", result.round)))
         clients = LocalClients(result.algorithm, dict.fromkeys(states), seed=0)  # only to save the states
         clients.restore({"clients": states}, folder)
-        save_checkpoint(folder / "checkpoint.pt", result.round, result.server, clients, written)
+        save_checkpoint(folder / "checkpoint.pt", result.round, result.server, clients, identity_without)
         write_json(folder / "status.json", status)
 
     _written_whole(out, write)
-    return unlearned
+    return written
 
 
 def config_without(config: Any, removed: tuple[int, ...], rounds: int | None, out: Path) -> dict:
