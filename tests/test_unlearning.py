@@ -324,3 +324,19 @@ def test_only_runs_a_resume_can_rebuild_without_the_client_are_written():
 
     with pytest.raises(OutError, match="out= writes runs of bayesadmm.run and of `bayesadmm run SCENARIO`"):
         config_without({"flower": {"model": "m:f"}, "clients": {"0": 3}}, (0,), None, Path("out"))
+
+
+def test_a_run_with_example_level_dp_is_unlearned_but_not_written_without_the_client(tmp_path):
+    """Its accountant counts each client's rounds in the federation that drew them, which a resume without the client
+    would not match: `out=` is refused before anything is written; the unlearned Result is still given."""
+    pytest.importorskip("opacus")
+    torch.manual_seed(0)
+    parts = [(X, (X @ torch.ones(4, 3)).argmax(dim=1)) for X in torch.randn(3, 40, 4)]
+    hparams = dict(lr=0.05, hess_init=0.1, epochs=1, rho=0.5, gamma=0.5, delta=1.0)
+    dp = bayesadmm.DPSettings(level="example", clip=1.0, noise_multiplier=1.0)
+    result = bayesadmm.run(nn.Linear(4, 3), parts, parts[0], algorithm="ivon-admm", hparams=hparams, rounds=1, dp=dp,
+                           out=tmp_path / "dp", progress=False, eval_samples=2)  # fmt: skip
+    with pytest.raises(bayesadmm.UnlearningError, match="a run with example-level DP: its accountant counts"):
+        bayesadmm.unlearn(result, 1, out=tmp_path / "without")
+    assert not (tmp_path / "without").exists()
+    assert bayesadmm.unlearn(result, 1).unlearned == (1,)
