@@ -31,7 +31,7 @@ from bayesadmm.engine.rundir import RunDirError, _sync_directory, load_state, re
 from bayesadmm.engine.runners import LocalClients
 from bayesadmm.privacy.example_level import ExampleServer
 
-__all__ = ["UNLEARNED", "check_out", "write_run", "config_without", "data_without"]
+__all__ = ["UNLEARNED", "OutError", "check_out", "write_run", "config_without", "data_without"]
 
 # config.json's and the checkpoint's data record's key for the clients removed
 UNLEARNED = "unlearned"
