@@ -68,7 +68,8 @@ def load(
     run_dir: str | Path, *, model: nn.Module | FlatModel | None = None, likelihood: Likelihood | None = None
 ) -> Result:
     """The `Result` of the run in `run_dir` as its last checkpoint has it: `status`, `round` (the checkpoint's),
-    `history`, `server`, `algorithm`, `model`, `run_dir`, so `.posterior` and `.client_states()` work as on the
+    `history`, `server`, `algorithm`, `model`, `run_dir` (and `unlearned`, the clients a run written by
+    `bayesadmm.unlearn(..., out=)` removed), so `.posterior` and `.client_states()` work as on the
     Result `bayesadmm.run` returned. `model=` (and `likelihood=`, unless it was `Classification()`) are needed for a
     run with your own model (`bayesadmm.run`, a Flower strategy or the Flower run-config app); a scenario's run (also
     through the Flower presets' app) rebuilds its own. A RunDirError (a ValueError) says in one line what is wrong: no
@@ -101,6 +102,7 @@ def load(
     result = Result(
         status["status"], EXIT_CODES.get(status["status"], EXIT_FAILED), round_, history, checkpoint["server"],
         algorithm, run_dir, str(status.get("message", "")), flat, scenario,
+        unlearned=_unlearned(run_dir / "config.json", config.get("unlearned", [])),
     )  # fmt: skip
     _check_posterior_fits(result, run_dir)
     return result
@@ -128,6 +130,13 @@ def _checkpoint(run_dir: Path) -> dict:
     if isinstance(round_, bool) or not isinstance(round_, int) or round_ < 0 or "server" not in checkpoint:
         raise RunDirError(f"{path} is not a bayesadmm checkpoint (no round and server state); run it again")
     return checkpoint
+
+
+def _unlearned(path: Path, clients: Any) -> tuple[int, ...]:
+    """config.json's record of the clients `bayesadmm.unlearn(..., out=)` removed from the run (none: [])."""
+    if not isinstance(clients, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in clients):
+        raise RunDirError(f"{path}: unlearned is {_shown(clients)}, not a list of client ids; restore the run's file")
+    return tuple(clients)
 
 
 def _status(run_dir: Path) -> dict:

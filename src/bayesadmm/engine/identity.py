@@ -1,7 +1,9 @@
 """What a resume must match: the run's identity (method, configuration, data: the clients' and what the run is scored
 on) recorded in checkpoint.pt, compared with the resuming run's (`check_same_run`), except the settings a resume may
 change (`RESUME_MAY_CHANGE`). A checkpoint written before the evaluation data were recorded resumes unchecked on them;
-its next checkpoint records them."""
+its next checkpoint records them. A run that `bayesadmm.unlearn(..., out=)` wrote without some clients records them
+(the data's "unlearned"): a resume with their data is refused, and its checkpoints go on recording them
+(`carried_removals`)."""
 
 from __future__ import annotations
 
@@ -18,16 +20,25 @@ from bayesadmm.algorithms import spec as method_specs
 from bayesadmm.engine.rundir import RunDirError
 from bayesadmm.trees import hash_tensors
 
-__all__ = ["RESUME_MAY_CHANGE", "IMPLIED", "check_same_run", "flat_settings", "completed", "evaluation_fingerprint"]
+__all__ = [
+    "RESUME_MAY_CHANGE",
+    "IMPLIED",
+    "check_same_run",
+    "carried_removals",
+    "flat_settings",
+    "completed",
+    "evaluation_fingerprint",
+]
 
 # what a resume may change: where the files go, how many workers, when to checkpoint or stop, the trackers, the
 # device (the numbers are those of the run's configuration, only rounded differently by another processor), and a
 # Flower run config's launch flags and timeouts (its keys are spelt with '-': stop-at, round-timeout, ...), and a
 # private run's budget and noise (a resume with a larger budget goes on; the accountant's history holds every round's
-# noise, so ε stays exact)
+# noise, so ε stays exact); "unlearned", config.json's record of the clients `bayesadmm.unlearn` removed, is no
+# setting a resume repeats: the checkpoint's data record them, and are checked (`check_same_run`)
 RESUME_MAY_CHANGE = frozenset(
     {"out", "data_dir", "workers", "checkpoint_every", "stop_at", "log", "device", "dp_epsilon", "dp_noise"}
-    | {"client_store"}
+    | {"client_store", "unlearned"}
     | {"resume", "overwrite", "round_timeout", "discovery_timeout"}
 )
 # a key a configuration written before it existed leaves out, and the value that means: (key, JSON value); the
@@ -59,9 +70,31 @@ def check_same_run(path: Path, checkpoint: Mapping, identity: Mapping) -> None:
         raise RunDirError(
             f"{path} is a checkpoint of method {saved['method']!r}, this run's is {identity['method']!r}; {again}"
         )
+    _check_not_removed(path, saved["data"], identity["data"])  # before the configuration's table of the clients
     if isinstance(saved["config"], Mapping) and identity["config"] is not None:
         _check_same_config(path, saved["config"], identity["config"])
     _check_same_data(path, saved["data"], identity["data"])
+
+
+def carried_removals(identity: Mapping, checkpoint: Mapping) -> dict:
+    """`identity` (a resuming run's) with the clients the checkpoint's run records as removed (`bayesadmm.unlearn`),
+    so that the run's later checkpoints record them too."""
+    saved = checkpoint.get("run", {}).get("data")
+    removed = saved.get("unlearned") if isinstance(saved, Mapping) else None
+    if not removed:
+        return dict(identity)
+    return {**identity, "data": {**identity["data"], "unlearned": removed}}
+
+
+def _check_not_removed(path: Path, old_data: Any, new_data: Mapping) -> None:
+    """A RunDirError naming the client where the resuming run's clients include one the checkpoint's run removed."""
+    removed = old_data.get("unlearned") if isinstance(old_data, Mapping) else None
+    present = [k for k in removed or () if str(k) in new_data["sizes"]]
+    if present:
+        raise RunDirError(
+            f"client {present[0]} was unlearned from the run in {path.parent} (bayesadmm.unlearn): resume it without "
+            "that client's data"
+        )
 
 
 def completed(config: Mapping) -> dict:
@@ -111,6 +144,15 @@ def _check_same_data(path: Path, old_data: Any, new_data: Mapping) -> None:
             f"the clients' examples differ from those {path} was written with (same sizes, other values: their sha256 "
             f"differs); resume with the run's own data, or start a new run"
         )
+    old_each, new_each = old_data.get("client_sha256"), new_data.get("client_sha256")
+    # each client's, which is all a run without a client (`bayesadmm.unlearn(..., out=)`) records
+    if isinstance(old_each, Mapping) and isinstance(new_each, Mapping):
+        differ = [k for k in old_each if old_each[k] != new_each.get(k)]
+        if differ:
+            raise RunDirError(
+                f"client {differ[0]}'s examples differ from those {path} was written with (same size, other values: "
+                "their sha256 differs); resume with the run's own data, or start a new run"
+            )
     if "evaluation" in new_data:
         _check_same_evaluation(path, old_data.get("evaluation"), new_data["evaluation"])
 
@@ -144,6 +186,8 @@ def _check_same_evaluation(path: Path, old: Any, new: Mapping) -> None:
     if old is None:  # a checkpoint written before evaluation data was recorded: nothing to check it by
         return
     for key, name in EVALUATION_DATA.items():
+        if isinstance(old, Mapping) and key not in old:  # not recorded (a run without a client: its personal splits)
+            continue
         if not isinstance(old, Mapping) or old.get(key) != new.get(key):
             raise RunDirError(
                 f"the data of {name} differ from those {path} was written with (their sha256 differs): the rounds "

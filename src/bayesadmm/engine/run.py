@@ -37,7 +37,7 @@ from bayesadmm.engine.history import (
     progress_bar,
 )
 from bayesadmm.engine.history import read_metrics as _read_metrics
-from bayesadmm.engine.identity import check_same_run, evaluation_fingerprint
+from bayesadmm.engine.identity import carried_removals, check_same_run, evaluation_fingerprint
 from bayesadmm.engine.pool import client_runner
 from bayesadmm.engine.provenance import record_environment
 from bayesadmm.engine.rundir import (
@@ -147,6 +147,7 @@ class Run:
         settings = self.settings
         checkpoint = read_checkpoint(self.checkpoint_path, settings.rounds)
         check_same_run(self.checkpoint_path, checkpoint, self.identity)
+        self.identity = carried_removals(self.identity, checkpoint)  # clients unlearned stay recorded as such
         check_states(checkpoint, self.run_dir, self.ids)  # the worker shards too: read and their checksums verified
         self._check_accounting(checkpoint)
         if settings.stop_at and settings.stop_at < checkpoint["round"]:

@@ -378,11 +378,14 @@ def load(run_dir: Path) -> RunConfig:
         raise ConfigError(f"{path} is missing: {run_dir} is not a run directory of `bayesadmm run`") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} cannot be read ({exc}); is {run_dir} a run's folder?") from None
-    fields = {f.name for f in dataclasses.fields(RunConfig)} | {"run"}  # "run": the record `build.spec_of` made
+    # "run": the record `build.spec_of` made; "unlearned": the clients `bayesadmm.unlearn(..., out=)` removed (the
+    # run leaves them out by exclude_client)
+    records = {"run", "unlearned"}
+    fields = {f.name for f in dataclasses.fields(RunConfig)} | records
     if not isinstance(data, dict) or not set(data) <= fields:
         extra = sorted(set(data) - fields) if isinstance(data, dict) else [type(data).__name__]
         raise ConfigError(f"{path} is not a bayesadmm run configuration (unexpected: {', '.join(extra)})")
-    data = {k: v for k, v in data.items() if k != "run"}
+    data = {k: v for k, v in data.items() if k not in records}
     # validated as a new configuration is: an edited config.json must not slip past the checks a command line meets
     tables = ("hparams", "likelihood_params")  # tables of settings, typed by what they configure
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name not in tables}

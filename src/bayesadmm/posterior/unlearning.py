@@ -3,6 +3,7 @@
     result = bayesadmm.run(model, clients, test, algorithm="ivon-admm", ...)
     forgotten = bayesadmm.unlearn(result, client_id=3)      # or bayesadmm.unlearn("runs/mine", 3, model=model)
     forgotten.posterior                                     # q_g without client 3's term
+    bayesadmm.unlearn(result, 3, out="runs/mine-without-3", rounds=30)  # also a run directory to resume without it
 
 A method whose server's posterior is a sum of per-client terms removes client j's term as its own mathematics defines it
 (`Algorithm.unlearn`, written in each method's module): BayesADMM in every family, IVON-ADMM and IVON-PVI subtract the
@@ -13,6 +14,15 @@ method's own approximation, a state from which training without the client can c
 and so does a run with client-level differential privacy (its server state is built from noised sums, which hold no
 client's term); a run with example-level DP unlearns as the method does (its server sums the clients' private
 replies exactly).
+
+With `out=DIR` the unlearned run is also written as a run directory (`posterior.unlearned_run`): the unlearned
+server state and the other clients' states in a checkpoint of the same round, the removal recorded in config.json
+and in the checkpoint's record of the data, the history, status "stopped". A resume goes on from it without the
+client ("repair rounds", up to `rounds=`): `bayesadmm resume DIR` for a scenario's run (config.json's
+`exclude_client` leaves the client out), `bayesadmm.run(model, clients_without_j, ..., rounds=N, out=DIR,
+resume=True)` for one of `bayesadmm.run` (the clients as a mapping that keeps their ids, the other arguments as the
+run had them); a resume with the client's data is refused, naming it. For a conjugate model with the full family the
+unlearned state is already the fixed point of the federation without the client, and the repair rounds keep it.
 """
 
 from __future__ import annotations
@@ -26,9 +36,11 @@ from typing import Any
 from torch import nn
 
 from bayesadmm.engine.federation import Result, StaleResult
+from bayesadmm.engine.rundir import RunDirError
 from bayesadmm.likelihoods import Likelihood
 from bayesadmm.loading import load
 from bayesadmm.models import FlatModel
+from bayesadmm.posterior.unlearned_run import OutError, check_out, write_run
 from bayesadmm.privacy.client_level import PrivateServer
 
 __all__ = ["unlearn", "UnlearningError"]
@@ -46,6 +58,8 @@ def unlearn(
     *,
     model: nn.Module | FlatModel | None = None,
     likelihood: Likelihood | None = None,
+    out: str | PathLike | None = None,
+    rounds: int | None = None,
 ) -> Result:
     """The run's `Result` with client `client_id`'s term removed from its server state, by the method's
     `Algorithm.unlearn` hook and the client's state in the run's last checkpoint (`Result.client_states`).
@@ -57,9 +71,23 @@ def unlearn(
     without the hook, an unknown client, one that never took part or was already unlearned, and a server state of
     another round than the checkpoint's client states (a run that diverged between checkpoints), and a Result whose
     run directory has moved on since (resumed or run again: its checkpoint is of another round). A run directory is
-    read with `bayesadmm.load(run_dir, model=model, likelihood=likelihood)` (a run of `bayesadmm.run` needs them)."""
+    read with `bayesadmm.load(run_dir, model=model, likelihood=likelihood)` (a run of `bayesadmm.run` needs them).
+
+    `out=DIR` also writes the unlearned run as a run directory that a resume continues without the clients removed
+    (module docstring), of `rounds` rounds (default: the run's own; more rounds train on, "repair rounds"; a schedule
+    over the rounds, as IVON's `cosine`, then spans the new number), and returns the Result of DIR: `run_dir` DIR,
+    status "stopped", `message` saying what a resume does. Refused before anything is written (`UnlearningError`):
+    DIR the run's own directory or a folder that is not empty, a scenario's run without two clients (its
+    `exclude_client` holds one), a Flower run, a run with example-level DP (its accountant counts the rounds of the
+    federation that drew each client)."""
     result = _as_result(result_or_run_dir, model, likelihood)
     client_id = _check(result, client_id)
+    if rounds is not None and out is None:
+        raise UnlearningError("rounds= is the number of rounds of the run written to out=: give out= too")
+    try:
+        target = None if out is None else check_out(out, result.run_dir)
+    except OutError as exc:
+        raise UnlearningError(str(exc)) from None
     try:
         state = result.client_states([client_id])[client_id]
     except StaleResult as exc:  # the run directory moved on: its client states are not of this Result's round
@@ -75,7 +103,13 @@ def unlearn(
     removed = (*result.unlearned, client_id)
     clients = f"client{'s' if len(removed) > 1 else ''} {', '.join(map(str, removed))}"
     message = f"{clients} unlearned from round {result.round} of {result.run_dir}"
-    return dataclasses.replace(result, server=server, message=message, unlearned=removed)
+    unlearned = dataclasses.replace(result, server=server, message=message, unlearned=removed)
+    if target is None:
+        return unlearned
+    try:
+        return write_run(unlearned, target, rounds)
+    except (OutError, RunDirError) as exc:
+        raise UnlearningError(f"cannot write the run without {clients} to {out}: {exc}") from None
 
 
 def _check(result: Result, client_id: Any) -> int:
