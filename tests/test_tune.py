@@ -169,15 +169,17 @@ def test_a_run_without_a_value_takes_the_absolute_range_or_is_refused_naming_the
     feddyn = Tuning("diabetes-iid5", ("method=feddyn", "weight_decay=0"), space_for("feddyn"), tmp_path / "t")
     assert feddyn.space["weight_decay"].choices == (0.0001, 0.00001, 0.000001)
     assert feddyn.start == {}  # the preset's weight decay, 0, is not among them: no trial runs it as "the preset"
-    # AMA has no preset on FashionMNIST (only diabetes-iid5's): a relative range of a hyperparameter left at its
-    # default is refused, naming the fix
+    # a config file whose AMA sets rho but not lr: a relative range of a hyperparameter left at its default is
+    # refused, naming the fix
+    ama_file = tmp_path / "ama.json"
+    ama_settings = {**settings, "method": "ama", "hparams": {"rho": 0.5}}
+    ama_file.write_text(json.dumps({**ama_settings, "likelihood": "gaussian", "likelihood_params": {"noise": 0.7}}))
     space = space_for("ama", ["lr=around:0.1:10", "rho=around:0.1:10"])
     with pytest.raises(ConfigError) as refused:
-        Tuning("fmnist-heterog10", ("method=ama", "rho=0.5", "epochs=1"), space, tmp_path / "t")
+        Tuning(str(ama_file), ("epochs=1",), space, tmp_path / "t")
     message = str(refused.value)
-    assert "ama on fmnist-heterog10 sets no lr" in message and "give lr=VALUE" in message
-    assert "--space lr=log:" in message
-    ama = Tuning("fmnist-heterog10", ("method=ama", "rho=0.5", "lr=0.01"), space, tmp_path / "t")
+    assert f"ama on {ama_file} sets no lr" in message and "give lr=VALUE" in message and "--space lr=log:" in message
+    ama = Tuning(str(ama_file), ("lr=0.01",), space, tmp_path / "t")
     assert ama.space["rho"].centre == 0.5 and ama.space["lr"].centre == 0.01
 
 
@@ -270,8 +272,11 @@ def test_the_cli_prints_the_centred_ranges_and_refuses_a_range_without_a_centre(
     printed = capsys.readouterr().out
     assert printed.startswith("tuning ivon-admm on diabetes-iid5: lr=log:0.01:1 (around 0.1), rho=log:0.02:2 (around")
     assert "trial 0: complete" in printed and "(the run's own values)" in (out / "report.md").read_text()
-    refused = tmp_path / "refused"
-    args = ["tune", "fmnist-heterog10", "method=ama", "rho=0.5", "--space", "lr=around:0.1:10", "--out", str(refused)]
+    refused, ama_file = tmp_path / "refused", tmp_path / "ama.json"  # an AMA that sets rho but not lr
+    settings = {"dataset": "diabetes", "partition": "iid", "clients": 3, "model": "small-mlp", "method": "ama"}
+    ama_file.write_text(json.dumps({**settings, "hparams": {"rho": 0.5}, "likelihood": "gaussian",
+                                    "likelihood_params": {"noise": 0.7}}))  # fmt: skip
+    args = ["tune", str(ama_file), "--space", "lr=around:0.1:10", "--out", str(refused)]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert "sets no lr to centre on; give lr=VALUE" in err and err.count("\n") == 1 and not refused.exists()

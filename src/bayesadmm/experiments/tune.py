@@ -241,7 +241,7 @@ def reported_metrics(config: RunConfig) -> list[str]:
     else:
         outputs, targets = torch.zeros(1, 2, 1), torch.zeros(2)
     names = likelihood.metrics(likelihood.predictive(outputs), targets)
-    return sorted(f"{prefix}val_{name}" for name in names for prefix in ("", "ens_"))
+    return [f"{prefix}val_{name}" for prefix in ("", "ens_") for name in sorted(names)]
 
 
 @contextlib.contextmanager
