@@ -38,7 +38,7 @@ VARIANTS: list[tuple[str, str, list[str]]] = [
     ("fedprox-weighted", "fedprox", ["weighted=true"]),
     ("feddyn", "feddyn", []),
     ("admm", "admm", []),
-    ("ama", "ama", ["rho=0.01", "delta=1.0"]),
+    ("ama", "ama", ["rho=0.01", "delta=1.0", "lr=1e-3", "batch_size=32"]),  # the defaults: its preset is diabetes's
     ("fedlap", "fedlap", []),
     ("fedlap-rho0.5", "fedlap", ["rho=0.5"]),
     ("fedlap-cov", "fedlap-cov", []),
@@ -49,7 +49,7 @@ VARIANTS: list[tuple[str, str, list[str]]] = [
     ("ivon-admm-cohort2", "ivon-admm", ["cohort=2"]),
     ("ivon-admm-partial", "ivon-admm", ["participation=0.5", "workers=2"]),
     ("ivon-pvi", "ivon-pvi", []),
-    ("bayes-admm-iso", "bayes-admm-iso", ["rho=0.1", "delta=1.0", "precision=1e4", "lr=1e-3"]),
+    ("bayes-admm-iso", "bayes-admm-iso", ["rho=0.1", "delta=1.0", "precision=1e4", "lr=1e-3", "batch_size=32"]),
     ("fedep-identity", "fedep", ["inference=identity"]),
     ("fedep-laplace", "fedep", ["inference=laplace"]),
     ("fedep-mcmc", "fedep", ["inference=mcmc"]),

@@ -44,7 +44,8 @@ def _run(capsys, *args: str) -> tuple[int, str]:
         ("noise=0.5", "unknown key 'noise': a setting of likelihood gaussian, not of this run's classification; "
                       "set it as likelihood=gaussian likelihood.noise=VALUE"),
         ("lrr=0.1", "unknown key 'lrr' (did you mean lr?); valid keys:"),
-        ("method=ama", "ama needs rho (not in the preset; set them as KEY=VALUE; `bayesadmm methods show ama` lists"),
+        ("method=ama", "ama has no preset for scenario fmnist-heterog10 (it has presets for diabetes-iid5); set its "
+                       "hyperparameters explicitly: batch_size=VALUE delta=VALUE epochs=VALUE lr=VALUE rho=VALUE"),
     ],
 )
 def test_a_bad_setting_is_exit_2_before_the_run_directory(tmp_path, capsys, data_dir, override, message):

@@ -92,14 +92,24 @@ def _regression_run(directory, method: str, seed: int, line: dict, noise: float 
 
 
 def test_compare_tabulates_regression_metrics_labels_noise_and_refuses_mixed_runs(tmp_path):
-    regression = {"test_rmse": 0.25, "test_nll": 0.5, "test_coverage90": 0.3, "ens_test_rmse": 0.2,
-                  "ens_test_nll": 0.4, "ens_test_coverage90": 0.3}
+    regression = {
+        "test_rmse": 0.25,
+        "test_nll": 0.5,
+        "test_coverage90": 0.3,
+        "test_calibration_error": 0.05,
+        "ens_test_rmse": 0.2,
+        "ens_test_nll": 0.4,
+        "ens_test_coverage90": 0.3,
+        "ens_test_calibration_error": 0.04,
+    }
     _regression_run(tmp_path / "a", "ivon-admm", 0, regression, noise=0.7)
     _regression_run(tmp_path / "b", "ivon-admm", 1, regression, noise=0.7)
     _regression_run(tmp_path / "c", "ivon-admm", 0, regression, noise=0.5)
     table = compare([tmp_path / "a", tmp_path / "b", tmp_path / "c"], [3])
-    assert table.splitlines()[0] == "| method | runs | RMSE @3 | NLL @3 | 90 % coverage (%) @3 | s/round |"
-    assert "| ivon-admm [likelihood.noise=0.7] (m_g) | 2 | 0.500 ± 0.000 | 1.000 ± 0.000 | 60.0 ± 0.0 | — |" in table
+    header = "| method | runs | RMSE @3 | NLL @3 | 90 % coverage (%) @3 | calibration error @3 | s/round |"
+    assert table.splitlines()[0] == header
+    cells = "| 0.500 ± 0.000 | 1.000 ± 0.000 | 60.0 ± 0.0 | 0.100 ± 0.000 |"  # calibration error: 2 × 0.05 at r = 2
+    assert "| ivon-admm [likelihood.noise=0.7] (m_g) | 2 " + cells in table
     assert "| ivon-admm [likelihood.noise=0.7] (predictive) | 2 | 0.400 ± 0.000 |" in table
     assert "| ivon-admm [likelihood.noise=0.5] (m_g) | 1 |" in table
     _regression_run(tmp_path / "d", "fedavg", 0, {"test_acc": 0.25, "test_nll": 0.5, "test_ece": 0.1})

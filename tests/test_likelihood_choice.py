@@ -126,7 +126,7 @@ def test_a_two_round_diabetes_run_records_the_likelihood_and_resume_keeps_it(tmp
     capsys.readouterr()
     assert main(["compare", str(out), "--rounds", "3"]) == 0
     table = capsys.readouterr().out
-    assert "| method | runs | RMSE @3 | NLL @3 | 90 % coverage (%) @3 | s/round |" in table
+    assert "| method | runs | RMSE @3 | NLL @3 | 90 % coverage (%) @3 | calibration error @3 | s/round |" in table
 
 
 def test_a_bad_likelihood_on_the_command_line_is_exit_2_before_the_run_directory(tmp_path, capsys):

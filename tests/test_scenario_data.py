@@ -47,6 +47,19 @@ def test_the_presets_are_the_published_and_chosen_values_with_their_types():
     assert presets()["diabetes-iid5"]["likelihood_params"] == {"noise": 0.7}
 
 
+def test_every_built_in_method_has_a_diabetes_preset_with_its_source():
+    """diabetes-iid5 is the scenario every method runs on as it is (docs/results/diabetes.md): no built-in method lacks
+    a preset there, and each says where its values come from."""
+    from bayesadmm.algorithms import specs
+
+    built_in = {spec.name for spec in specs() if spec.build.__module__.startswith("bayesadmm.algorithms.")}
+    assert {"ama", "bayes-admm-iso", "ivon-pvi", "fedep", "ivon-admm"} <= built_in
+    scenario = json.loads(resources.files("bayesadmm.experiments").joinpath("scenarios/diabetes-iid5.json").read_text())
+    assert sorted(built_in - set(scenario["methods"])) == []
+    assert set(presets()["diabetes-iid5"]["methods"]) >= built_in
+    assert all(scenario["methods"][name]["source"].strip() for name in built_in)
+
+
 def test_the_papers_numbers_are_the_published_ones():
     heterog10 = paper_numbers("fmnist-heterog10")
     # App. F and Table 1 of the BayesADMM paper: IVON-ADMM at its mean and its ensemble, at rounds 10, 25, 50

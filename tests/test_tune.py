@@ -149,10 +149,11 @@ def test_a_value_given_to_the_tune_is_the_centre(tmp_path):
     assert _searched(preset).startswith("lr=log:0.01:1 (around 0.1), rho=log:0.02:2 (around 0.2)")
     tuning = Tuning("diabetes-iid5", ("method=ivon-admm", "lr=0.3"), space_for("ivon-admm"), tmp_path)
     assert tuning.space["lr"].centre == 0.3 and tuning.space["rho"].centre == 0.2 and tuning.start["lr"] == 0.3
-    # a method with no preset for the scenario: the values it must be given are the centres
+    # a method with no preset for the scenario (IVON-PVI has FashionMNIST's and diabetes-iid5's): the values it must
+    # be given are the centres
     ivon = ("epochs=1", "batch_size=32", "hess_init=1", "tau=1", "beta2=0.999", "cosine=true", "restart_at_q_g=false")
     given = ("method=ivon-pvi", "lr=0.05", "delta=2", "damping=0.1", *ivon)
-    pvi = Tuning("diabetes-iid5", given, space_for("ivon-pvi"), tmp_path)
+    pvi = Tuning("mnist-heterog100", given, space_for("ivon-pvi"), tmp_path)
     assert (pvi.space["lr"].centre, pvi.space["delta"].centre) == (0.05, 2.0)
     assert pvi.space["damping"] == Param("damping", "log", 0.01, 1)  # a fraction in (0, 1]: its whole range
 
@@ -168,13 +169,17 @@ def test_a_run_without_a_value_takes_the_absolute_range_or_is_refused_naming_the
     feddyn = Tuning("diabetes-iid5", ("method=feddyn", "weight_decay=0"), space_for("feddyn"), tmp_path / "t")
     assert feddyn.space["weight_decay"].choices == (0.0001, 0.00001, 0.000001)
     assert feddyn.start == {}  # the preset's weight decay, 0, is not among them: no trial runs it as "the preset"
-    # AMA has no preset anywhere: a relative range of a hyperparameter left at its default is refused, naming the fix
+    # a config file whose AMA sets rho but not lr: a relative range of a hyperparameter left at its default is
+    # refused, naming the fix
+    ama_file = tmp_path / "ama.json"
+    ama_settings = {**settings, "method": "ama", "hparams": {"rho": 0.5}}
+    ama_file.write_text(json.dumps({**ama_settings, "likelihood": "gaussian", "likelihood_params": {"noise": 0.7}}))
     space = space_for("ama", ["lr=around:0.1:10", "rho=around:0.1:10"])
     with pytest.raises(ConfigError) as refused:
-        Tuning("diabetes-iid5", ("method=ama", "rho=0.5", "epochs=1"), space, tmp_path / "t")
+        Tuning(str(ama_file), ("epochs=1",), space, tmp_path / "t")
     message = str(refused.value)
-    assert "ama on diabetes-iid5 sets no lr" in message and "give lr=VALUE" in message and "--space lr=log:" in message
-    ama = Tuning("diabetes-iid5", ("method=ama", "rho=0.5", "lr=0.01"), space, tmp_path / "t")
+    assert f"ama on {ama_file} sets no lr" in message and "give lr=VALUE" in message and "--space lr=log:" in message
+    ama = Tuning(str(ama_file), ("lr=0.01",), space, tmp_path / "t")
     assert ama.space["rho"].centre == 0.5 and ama.space["lr"].centre == 0.01
 
 
@@ -202,6 +207,23 @@ def test_a_coverage_metric_is_tuned_towards_its_level_never_maximised(tmp_path):
     assert study.best_trial.user_attrs["metric"] == min(coverages, key=lambda c: abs(c - 0.9))
     text = report(tuning, study)
     assert "| val_coverage90 | |val_coverage90 − 0.9| |" in text and "Chosen: trial" in text
+
+
+def test_the_predictives_metrics_are_tuned_and_a_point_estimate_is_refused_naming_them(tmp_path):
+    pytest.importorskip("sklearn")
+    assert level_of("ens_val_coverage90") == 0.9 and level_of("ens_val_nll") is None
+    fixed = ("method=fedlap-cov", "rounds=2", "epochs=1", "workers=1")
+    space = space_for("fedlap-cov", ["delta=around:0.1:10"])
+    tuning = Tuning("diabetes-iid5", fixed, space, tmp_path / "cov", trials=2, metric="ens_val_nll")
+    assert not tuning.maximise
+    study = tuning.run()
+    for trial in study.trials:  # the value is the predictive's NLL at the last round, read back from the run
+        lines = (tmp_path / "cov" / trial.user_attrs["run_dir"] / "metrics.jsonl").read_text().splitlines()
+        assert trial.value == pytest.approx(json.loads(lines[-1])["ens_val_nll"])
+    fixed = ("method=fedavg", "rounds=1", "epochs=1", "workers=1")
+    point = Tuning("diabetes-iid5", fixed, space_for("fedavg"), tmp_path / "avg", trials=1, metric="ens_val_coverage90")
+    with pytest.raises(ConfigError, match="no ens_val_coverage90 \\(ens_ metrics are the posterior predictive's"):
+        point.run()
 
 
 # --- a small tune finds at least the preset's validation score --------------------------------------------------------
@@ -250,8 +272,11 @@ def test_the_cli_prints_the_centred_ranges_and_refuses_a_range_without_a_centre(
     printed = capsys.readouterr().out
     assert printed.startswith("tuning ivon-admm on diabetes-iid5: lr=log:0.01:1 (around 0.1), rho=log:0.02:2 (around")
     assert "trial 0: complete" in printed and "(the run's own values)" in (out / "report.md").read_text()
-    refused = tmp_path / "refused"
-    args = ["tune", "diabetes-iid5", "method=ama", "rho=0.5", "--space", "lr=around:0.1:10", "--out", str(refused)]
+    refused, ama_file = tmp_path / "refused", tmp_path / "ama.json"  # an AMA that sets rho but not lr
+    settings = {"dataset": "diabetes", "partition": "iid", "clients": 3, "model": "small-mlp", "method": "ama"}
+    ama_file.write_text(json.dumps({**settings, "hparams": {"rho": 0.5}, "likelihood": "gaussian",
+                                    "likelihood_params": {"noise": 0.7}}))  # fmt: skip
+    args = ["tune", str(ama_file), "--space", "lr=around:0.1:10", "--out", str(refused)]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
     assert "sets no lr to centre on; give lr=VALUE" in err and err.count("\n") == 1 and not refused.exists()

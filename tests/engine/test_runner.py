@@ -271,8 +271,8 @@ def test_compare_and_resume_errors(tmp_path):
 
 # What this FashionMNIST test sets beyond the scenario's presets: the methods without a preset for it (their specs'
 # `example`s are for the toy problems, not this data), a shorter FedLap-Func server and the other FedLap-Cov curvature.
-FMNIST_EXTRAS = {"ama": ["rho=0.01", "delta=1.0"], "bayes-admm-iso": ["rho=0.1", "delta=1.0", "precision=1e4",
-                                                                      "lr=1e-3"],
+FMNIST_EXTRAS = {"ama": ["rho=0.01", "delta=1.0", "lr=1e-3", "batch_size=32"],
+                 "bayes-admm-iso": ["rho=0.1", "delta=1.0", "precision=1e4", "lr=1e-3", "batch_size=32"],
                  "fedlap-func": ["server_iterations=50"], "fedlap-cov": ["curvature=mc-fisher"]}
 
 

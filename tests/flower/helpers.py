@@ -17,7 +17,8 @@ from bayesadmm.experiments import build as setup
 SMALL = ["data_fraction=0.005", "clients=3", "epochs=1", "eval_samples=2", "cohort=1"]
 
 # every registered method with the hyperparameters it needs and the preset does not give
-EXTRA = {"ama": ["rho=0.01", "delta=0.01"], "bayes-admm-iso": ["rho=0.1", "delta=1.0", "precision=1.0", "lr=0.001"],
+EXTRA = {"ama": ["rho=0.01", "delta=0.01", "lr=0.001", "batch_size=32"],
+         "bayes-admm-iso": ["rho=0.1", "delta=1.0", "precision=1.0", "lr=0.001", "batch_size=32"],
          "fedep": [], "fedsep": [], "fedlap-func": ["server_iterations=50"], "fedlap-cov": ["curvature=mc-fisher"], "ivon-admm": ["epochs=1"], "ivon-pvi": ["epochs=1"]}
 
 

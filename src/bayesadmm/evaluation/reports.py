@@ -29,7 +29,12 @@ TABLE_METRICS = METRICS + (("ece", "ECE", 1.0),)  # tabulated for classification
 # the NLL (a user-written likelihood)
 TABLES: tuple[tuple[tuple[str, str, float], ...], ...] = (
     TABLE_METRICS,
-    (("rmse", "RMSE", 1.0), ("nll", "NLL", 1.0), ("coverage90", "90 % coverage (%)", 100.0)),
+    (
+        ("rmse", "RMSE", 1.0),
+        ("nll", "NLL", 1.0),
+        ("coverage90", "90 % coverage (%)", 100.0),
+        ("calibration_error", "calibration error", 1.0),
+    ),
     (("nll", "NLL", 1.0),),
 )
 PERCENT = ("acc", "coverage90", "sel_acc50", "sel_acc80", "sel_acc90")  # shown with one decimal, in per cent

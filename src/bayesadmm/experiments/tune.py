@@ -6,7 +6,9 @@ Each trial is a run (`experiments.build.run`) with `validation=` a held-out part
 set), scored by its validation metric at its last round (by default the likelihood's `config.TUNING_METRIC`:
 `val_acc`, maximised, for classification; `val_rmse`, minimised, for Gaussian regression). A coverage metric
 (`val_coverage90`) is tuned towards its nominal level: |coverage − 0.90| is minimised, since an interval that covers
-everything is as wrong as one that covers too little. A trial reports its score every round, and Optuna's median
+everything is as wrong as one that covers too little. The posterior predictive's metrics (`ens_val_nll`,
+`ens_val_coverage90`, ...) are tuned the same way, for a method whose posterior has draws (a point estimate's runs
+report none, which its first round refuses). A trial reports its score every round, and Optuna's median
 pruner stops a trial whose curve is below the median of the earlier trials' at the same round (after a few rounds and
 trials), so hopeless settings cost little.
 
@@ -212,8 +214,9 @@ def centre_space(space: Mapping[str, Param], values: Mapping[str, Any], where: s
 
 
 def level_of(metric: str) -> float | None:
-    """The nominal level of a coverage metric (val_coverage90: 0.9), which tuning aims at; None for another metric."""
-    found = re.fullmatch(r"val_coverage(\d+)", metric)
+    """The nominal level of a coverage metric (val_coverage90 or the predictive's ens_val_coverage90: 0.9), which
+    tuning aims at; None for another metric."""
+    found = re.fullmatch(r"(?:ens_)?val_coverage(\d+)", metric)
     return int(found[1]) / 100 if found else None
 
 
@@ -227,8 +230,9 @@ def _probes(param: Param) -> list[Any]:
 
 
 def reported_metrics(config: RunConfig) -> list[str]:
-    """The validation metrics that every run of `config` reports: its likelihood's, read off one evaluation of two
-    made-up examples (class labels for classification, numbers for the others)."""
+    """The validation metrics that the runs of `config` may report: its likelihood's, read off one evaluation of two
+    made-up examples (class labels for classification, numbers for the others), at the posterior's mean (val_*) and
+    of the posterior predictive (ens_val_*, reported where the method's posterior has draws)."""
     import torch
 
     likelihood = config.make_likelihood()
@@ -237,7 +241,7 @@ def reported_metrics(config: RunConfig) -> list[str]:
     else:
         outputs, targets = torch.zeros(1, 2, 1), torch.zeros(2)
     names = likelihood.metrics(likelihood.predictive(outputs), targets)
-    return sorted(f"val_{name}" for name in names)
+    return [f"{prefix}val_{name}" for prefix in ("", "ens_") for name in sorted(names)]
 
 
 @contextlib.contextmanager
@@ -371,7 +375,9 @@ class Tuning:
         def on_round(line: dict) -> None:
             value = line.get(self.metric)
             if value is None:
-                raise ConfigError(f"the runs report no {self.metric}; metrics: {', '.join(sorted(line))}")
+                point = " (ens_ metrics are the posterior predictive's; this method's posterior has no draws)"
+                hint = point if self.metric.startswith("ens_") else ""
+                raise ConfigError(f"the runs report no {self.metric}{hint}; metrics: {', '.join(sorted(line))}")
             history.append(value)
             trial.set_user_attr("rounds", int(line["round"]))
             trial.set_user_attr("metric", value)
