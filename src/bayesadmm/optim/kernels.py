@@ -325,8 +325,9 @@ def update_and_sample_step(
 # state (the federated solver) call them directly, on the papers' MLP a whole step (forward and backward included)
 # 12–17 % faster than with a kernel returning new tensors (benchmarks/ivon_step.py: in place / new 0.83 on AVX-512,
 # 0.88 on AVX2; the kernel timed alone showed no difference: fresh output buffers cost memory traffic in the full
-# loop); optim/ivon.py's pure functions call them on copies of the state. One compiled form per operation, not a pure and an in-place one: each variant adds its own
-# compilation (seconds on a CPU, ~10 s for the first kernel of a process; see INDUCTOR_CONFIG) to a cold start.
+# loop); optim/ivon.py's pure functions call them on copies of the state. One compiled form per operation, not a
+# pure and an in-place one: each variant adds its own compilation (seconds on a CPU, ~10 s for the first kernel of a
+# process; see INDUCTOR_CONFIG) to a cold start.
 # mean, hess and momentum must not share memory with each other or with any other input (optim/ivon.py checks).
 
 
