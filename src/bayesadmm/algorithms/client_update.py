@@ -1,8 +1,9 @@
 """`ClientUpdate`: what of a method's reply is the client's update, the part that client-level DP clips and noises.
 
 A method declares it in its `MethodSpec` (`client_update(hparams) -> ClientUpdate`): FedAvg's and FedProx's reply
-θ_k against the broadcast θ_g; BayesADMM's (IVON-ADMM's) reply η_k + ρ_s λ_k against ρ_s λ_g. A method without
-one has no client-level DP, and a run asking for it is refused.
+θ_k against the broadcast θ_g; BayesADMM's (IVON-ADMM's) reply η_k + ρ_s λ_k against ρ_s λ_g, or, from its
+running-sum server, the change of that term (`RunningSum`). A method without one has no client-level DP, and a run
+asking for it is refused.
 """
 
 from __future__ import annotations
@@ -13,7 +14,24 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["ClientUpdate"]
+__all__ = ["ClientUpdate", "RunningSum"]
+
+
+@dataclass(frozen=True)
+class RunningSum:
+    """How a running-sum server (`incremental=True`) takes client-level DP. Its replies are changes of the clients'
+    terms in its sum and a flag, the reply entry `first`, set in a client's first reply, whose change is the whole
+    term; the server adds the changes and counts the flags. Under DP a reply's update is its change, measured in a
+    client's first reply against `ClientUpdate.scale` × the broadcast (the term the server then holds for the
+    client), so that every update is small; the server releases the noised sum of the clipped updates as it is (a
+    sum, not over a number of participants) plus scale × broadcast for each new client, and counts new clients by
+    their public expectation, never by the flags, which would tell who took part. `update(server_state, released,
+    new) -> (server_state, info)`: the method's server update given the released change of its sum (in the reply's
+    layout) and the (expected, so fractional) number of new clients; a module-level function or a partial of one
+    (it travels to worker processes)."""
+
+    first: str
+    update: Callable[[Any, dict[str, Tensor], float], tuple[Any, Any]]
 
 
 @dataclass(frozen=True)
@@ -28,12 +46,19 @@ class ClientUpdate:
     `empty_round(server_state, reply) -> (server_state, info)`: the method's server update for a round that no
     client took part in (Poisson sampling may draw none), given the one reply whose update entries are the
     broadcast's moved by the noise (the noised sum of no updates, over the expected number of participants); a
-    module-level function (it travels to worker processes). None: the method needs participation 1."""
+    module-level function (it travels to worker processes). None: the method needs participation 1, unless it has
+    `running` (a running-sum server, whose update also serves a round without participants)."""
 
     pairs: tuple[tuple[str, str], ...]
     scale: float = 1.0
     every_round: bool = False
     empty_round: Callable[[Any, dict[str, Tensor]], tuple[Any, Any]] | None = None
+    running: RunningSum | None = None
+
+    def anchor_weight(self, reply: Mapping[str, Tensor]) -> float:
+        """How many times scale × broadcast the reply's update is measured against: 1, or for a running-sum server's
+        reply 1 in a client's first reply and 0 after (its change is then the update itself)."""
+        return 1.0 if self.running is None else float(reply[self.running.first])
 
     def keys(self, reply: Mapping[str, Tensor], message: Mapping[str, Tensor]) -> list[tuple[str, str]]:
         """The (reply key, broadcast key) pairs of the update, in a fixed order; a KeyError naming what is missing."""

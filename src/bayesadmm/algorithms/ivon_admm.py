@@ -20,12 +20,13 @@ The keywords `cosine_rounds` (the method's `cosine: true` sets it to the run's l
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
 from bayesadmm.algorithms import bayes_admm
-from bayesadmm.algorithms.base import Algorithm
-from bayesadmm.algorithms.client_update import ClientUpdate
+from bayesadmm.algorithms.base import Algorithm, Message
+from bayesadmm.algorithms.client_update import ClientUpdate, RunningSum
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian
@@ -221,24 +222,29 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
 
 def dp_update(hparams: Hparams) -> ClientUpdate:
     """Client-level DP's update: the reply η_k + ρ_s λ_k against ρ_s λ_g, i.e. η_k + ρ_s (λ_k − λ_g), both halves
-    of the natural parameter (S·m and −S/2) as one vector (docs/guides/privacy.md). The server sums every client's
-    last reply, hence `every_round`."""
-    _refuse_running_sum(hparams, "ivon-admm")
+    of the natural parameter (S·m and −S/2) as one vector (docs/guides/privacy.md). The default server sums every
+    client's last reply, hence `every_round`; the running-sum server (`incremental`) takes the changes of the terms
+    (`running_update`), at any participation."""
     server_rho = hparams.rho if hparams.server_rho is None else hparams.server_rho
-    return ClientUpdate((("contribution", "lam"),), scale=server_rho, every_round=True)
+    return _update(hparams, server_rho, "ivon-admm")
 
 
 def pvi_dp_update(hparams: PVIHparams) -> ClientUpdate:
     """Client-level DP's update of IVON-PVI: its site η_k (ρ_s = 0), both halves of the natural parameter."""
-    _refuse_running_sum(hparams, "ivon-pvi")
-    return ClientUpdate((("contribution", "lam"),), scale=0.0, every_round=True)
+    return _update(hparams, 0.0, "ivon-pvi")
 
 
-def _refuse_running_sum(hparams: Hparams | PVIHparams, name: str) -> None:
-    """Client-level DP clips and noises each reply's contribution, which the running-sum server's replies (changes
-    of it) are not; it needs every client each round anyway, where the running sum saves nothing."""
-    if hparams.incremental:
-        raise ValueError(f"{name} with client-level DP needs incremental=false (the server's sum of the replies)")
+def _update(hparams: Hparams | PVIHparams, server_rho: float, name: str) -> ClientUpdate:
+    if not hparams.incremental:
+        return ClientUpdate((("contribution", "lam"),), scale=server_rho, every_round=True)
+    released = functools.partial(running_update, delta=hparams.delta, server_rho=server_rho, name=name)
+    return ClientUpdate((("change", "lam"),), scale=server_rho, running=RunningSum("first", released))
+
+
+def running_update(server, released: Message, new: float, *, delta: float, server_rho: float, name: str):
+    """The running-sum server's update from client-level DP's released sum (`bayes_admm.RunningSums.released`)."""
+    family = DiagonalGaussian(server.natural[0].numel())
+    return bayes_admm.RunningSums(family, delta, server_rho, name).released(server, released, new)
 
 
 def build_pvi(hparams: PVIHparams, context: Context) -> Algorithm:

@@ -52,6 +52,14 @@ class DiagonalGaussian(GaussianFamily):
             raise ValueError("precision must be positive")
         return (precision * mean, -0.5 * precision)
 
+    def with_precision_at_least(self, lam: Natural, floor: float) -> tuple[Natural, float]:
+        """The Euclidean projection of ``λ`` onto the natural parameters whose precisions are at least ``floor``:
+        every ``sᵢ < floor`` (non-positive ones included) set to ``floor``, ``λ₁`` kept (it is unconstrained; so
+        ``mᵢ = λ₁ᵢ / floor`` there); and the fraction of coordinates set."""
+        s = -2.0 * lam[1]
+        low = s < floor
+        return (lam[0], torch.where(low, torch.full_like(lam[1], -0.5 * floor), lam[1])), float(low.double().mean())
+
     def to_moments(self, lam: Natural) -> tuple[Tensor, Tensor]:
         """``(m, s)`` with ``s = −2λ₂`` and ``m = λ₁ / s``."""
         s = self._precision(lam)

@@ -77,7 +77,8 @@ def noised(
     if spec.dp_update(hparams).every_round and rate < 1:
         raise ValueError(
             f"{name} with client-level DP needs participation=1: its server sums every client's last reply, which "
-            "would reuse a reply's share of an old round's noise; use fedavg or fedprox for partial participation"
+            "would reuse a reply's share of an old round's noise; set incremental=true (the running-sum server, "
+            "which releases each round's noised changes), or use fedavg or fedprox"
         )
     sigma = dp.noise_multiplier
     if sigma is None:

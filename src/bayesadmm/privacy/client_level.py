@@ -91,10 +91,11 @@ def privatize(
     stretch = 1.0 if expected is None else len(ids) / expected
     out, norms = {}, []
     for k in ids:
-        delta = _flat(replies[k], keys) - anchor
+        own = _anchor_of(replies[k], update, anchor)
+        delta = _flat(replies[k], keys) - own
         norms.append(float(torch.linalg.vector_norm(delta.double())))
         factor = clip_factor(delta, clip) * stretch
-        out[k] = dict(replies[k]) if factor == 1.0 else _with(replies[k], keys, shapes, anchor + delta * factor)
+        out[k] = dict(replies[k]) if factor == 1.0 else _with(replies[k], keys, shapes, own + delta * factor)
     if noise_multiplier > 0:
         share = gaussian_noise(anchor, noise_multiplier * clip, generator) / (expected or len(ids))
         out = {
@@ -102,6 +103,39 @@ def privatize(
             for k, r in out.items()
         }
     return out, norms
+
+
+def released_sum(
+    replies: Mapping[int, Message],
+    base: Message,
+    update: ClientUpdate,
+    clip: float,
+    noise_multiplier: float,
+    generator: torch.Generator,
+    new: float,
+) -> tuple[Message, list[float]]:
+    """What a running-sum server releases under Poisson sampling (`ClientUpdate.running`), in the reply's layout:
+    Σ_k clip(u_k) + z + `new` · scale · broadcast, z ~ N(0, (noise_multiplier · clip)² I), and the updates' L2 norms
+    (client order). u_k is reply k's change, less scale × broadcast in a client's first reply (`anchor_weight`);
+    `new` the expected number of new clients, so that the sum gains scale × broadcast for each without saying who.
+    With no replies it is the noise and the new clients' terms alone. Its float64 sum (the server's running sum's
+    precision) over the replies in client-id order."""
+    keys = update.broadcast_keys(base)
+    anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
+    total, norms = new * anchor.double(), []
+    for k in sorted(replies):
+        delta = _flat(replies[k], keys).double() - _anchor_of(replies[k], update, anchor).double()
+        norms.append(float(torch.linalg.vector_norm(delta)))
+        total = total + delta * clip_factor(delta, clip)
+    total = total + gaussian_noise(anchor, noise_multiplier * clip, generator).double()
+    return _with({}, keys, [base[b].shape for _, b in keys], total), norms
+
+
+def _anchor_of(reply: Message, update: ClientUpdate, anchor: Tensor) -> Tensor:
+    """What reply's update is measured against: `anchor` (scale × broadcast), or for a running-sum server's reply
+    `anchor` in a client's first reply and 0 after (`ClientUpdate.anchor_weight`)."""
+    weight = update.anchor_weight(reply)
+    return anchor if weight == 1.0 else anchor * weight
 
 
 def noise_reply(
@@ -151,7 +185,7 @@ def private(
     step: Step = (float(noise_multiplier), float(rate))
     poisson = rate < 1 and noise_multiplier > 0  # without noise ε is infinite: the clients are drawn as without DP
     expected = rate * clients if poisson else None  # the public denominator of the noised mean
-    if poisson and update.empty_round is None:
+    if poisson and update.empty_round is None and update.running is None:
         raise ValueError(
             f"{algorithm.name} with client-level DP at participation < 1 needs its ClientUpdate.empty_round (a round "
             "may draw no client); give it one, or run with participation=1"
@@ -174,7 +208,11 @@ def private(
     def server_update(server: PrivateServer, replies: Mapping[int, Message]) -> tuple[PrivateServer, PrivateInfo]:
         generator = generator_of(seed, len(server.steps) + 1, DP_NOISE)
         base = algorithm.broadcast(server.inner)
-        if replies or expected is None:
+        if update.running is not None and noise_multiplier > 0:  # a running sum: the noised sum released as it is
+            new = clients * rate * (1 - rate) ** len(server.steps)  # round t draws K q (1 − q)^(t−1) new clients
+            released, norms = released_sum(replies, base, update, dp.clip, noise_multiplier, generator, new)
+            inner, info = update.running.update(server.inner, released, new)
+        elif replies or expected is None:
             noised, norms = privatize(replies, base, update, dp.clip, noise_multiplier, generator, expected)
             inner, info = algorithm.server_update(server.inner, noised)
         else:  # Poisson sampling drew no client: the noise is released all the same, and the round counts
