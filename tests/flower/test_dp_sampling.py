@@ -19,9 +19,12 @@ from bayesadmm.engine.federation import participants
 from bayesadmm.flower import strategy
 
 FEDAVG = {"lr": 0.01, "epochs": 1, "batch_size": 8}
+# IVON-ADMM's running-sum server: its private rounds release the noised sum of the changes (privacy.client_level)
+IVON_ADMM = {**bayesadmm.algorithms.spec.get("ivon-admm").example, "incremental": True}
 
 
-def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_sample(tmp_path):
+@pytest.mark.parametrize("method, hparams", [("fedavg", FEDAVG), ("ivon-admm", IVON_ADMM)])
+def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_sample(tmp_path, method, hparams):
     """3 clients at q = 0.4, seed 7: rounds 2 and 3 draw no client; the strategy's rounds are the local run's, with
     the same participants, numbers and ε."""
     torch.set_default_dtype(torch.float64)  # restored by tests/conftest.py
@@ -33,8 +36,8 @@ def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_s
         model,
         clients=parts,
         test=test,
-        algorithm="fedavg",
-        hparams=FEDAVG,
+        algorithm=method,
+        hparams=hparams,
         rounds=4,
         seed=7,
         eval_samples=4,
@@ -47,7 +50,7 @@ def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_s
     torch.manual_seed(7)
     model = user_app.make_model()
     s = strategy(
-        "fedavg",
+        method,
         model=model,
         rounds=4,
         seed=7,
@@ -58,7 +61,7 @@ def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_s
         fraction_train=0.4,
         fraction_evaluate=0.0,
         out=tmp_path / "flower",
-        **FEDAVG,
+        **hparams,
     )
     grid = LoopbackGrid(_user_client_app(parts, test), len(parts))
     s.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()))
