@@ -59,7 +59,7 @@ def test_privatize_rebuilds_replies_whose_sum_is_the_noised_sum_of_clipped_updat
         u = torch.cat(
             [replies[k]["contribution.0"] - 0.5 * base["lam.0"], replies[k]["contribution.1"] - 0.5 * base["lam.1"]]
         )
-        assert norms[k] == pytest.approx(u.norm().item())
+        assert norms[k] == (pytest.approx(u.norm().item()), 0.0)  # no precision half
         got = torch.cat(
             [out[k]["contribution.0"] - 0.5 * base["lam.0"], out[k]["contribution.1"] - 0.5 * base["lam.1"]]
         )

@@ -59,7 +59,7 @@ def test_the_released_sum_moves_by_one_clients_clipped_update_at_most():
         without_k, _ = released_sum(kept, base, update, 1.5, 0.7, torch.Generator().manual_seed(5), new=2.5)
         moved = np.concatenate([(with_k[f"change.{i}"] - without_k[f"change.{i}"]).numpy() for i in (0, 1)])
         u = np.concatenate([replies[k]["change.0"].numpy(), replies[k]["change.1"].numpy()]) - (k % 2 == 0) * a
-        assert norms[k] == pytest.approx(np.linalg.norm(u))
+        assert norms[k] == (pytest.approx(np.linalg.norm(u)), pytest.approx(np.linalg.norm(u[DIM:])))
         np.testing.assert_allclose(moved, _clipped(u, 1.5), rtol=1e-12, atol=1e-12)
         assert np.linalg.norm(moved) <= 1.5 * (1 + 1e-12)
     assert set(with_k) == {"change.0", "change.1"}  # no flag: the new clients are counted by their expectation
@@ -106,6 +106,49 @@ def test_the_server_follows_the_closed_form_of_the_released_sums_with_the_expect
     assert count == pytest.approx(K * (1 - (1 - q) ** 3))  # the expected number of clients drawn at least once
 
 
+def test_with_a_precision_clip_the_halves_are_clipped_in_an_ellipsoid_of_the_precision_weighted_mean_change():
+    """(v1, v2) = (u1 + 2 m_g u2, u2), m_g = λ₁ / (−2λ₂) of the broadcast: one client moves the release by its
+    update scaled so that ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1, and the noise is σC on v1's coordinates and σC_p on v2's (the
+    same standard normals as the ball's), mapped back; all computed here in numpy."""
+    update, rng = _update(), np.random.default_rng(2)
+    base = {"lam.0": torch.randn(DIM, dtype=torch.float64), "lam.1": -torch.rand(DIM, dtype=torch.float64) - 1}
+    mix = 2 * base["lam.0"].numpy() / (-2 * base["lam.1"].numpy())
+    a = RHO_S * np.concatenate([base["lam.0"].numpy(), base["lam.1"].numpy()])
+    replies = {k: _reply(rng, first=k == 0, size=[30.0, 0.1, 3.0][k]) for k in range(3)}
+    clip, precision_clip, sigma = 2.0, 5.0, 0.6
+    for k in replies:
+        kept = {j: r for j, r in replies.items() if j != k}
+        args = (base, update, clip, sigma)
+        with_k, norms = released_sum(replies, *args, torch.Generator().manual_seed(9), 1.0, precision_clip)
+        without_k, _ = released_sum(kept, *args, torch.Generator().manual_seed(9), 1.0, precision_clip)
+        moved = np.concatenate([(with_k[f"change.{i}"] - without_k[f"change.{i}"]).numpy() for i in (0, 1)])
+        u = np.concatenate([replies[k]["change.0"].numpy(), replies[k]["change.1"].numpy()]) - (k == 0) * a
+        v1, v2 = u[:DIM] + mix * u[DIM:], u[DIM:]
+        size = np.hypot(np.linalg.norm(v1) / clip, np.linalg.norm(v2) / precision_clip)
+        np.testing.assert_allclose(moved, u * min(1.0, 1 / size), rtol=1e-10, atol=1e-12)
+        assert norms[k] == (pytest.approx(np.linalg.norm(v1)), pytest.approx(np.linalg.norm(v2)))
+    assert [n[0] > clip or n[1] > precision_clip for n in norms] == [True, False, True]
+    noise, _ = released_sum({}, base, update, clip, sigma, torch.Generator().manual_seed(4), 0.0, precision_clip)
+    z = torch.randn(2 * DIM, generator=torch.Generator().manual_seed(4), dtype=torch.float64).numpy()
+    z1, z2 = sigma * clip * z[:DIM], sigma * precision_clip * z[DIM:]
+    np.testing.assert_allclose(noise["change.0"].numpy(), z1 - mix * z2, rtol=1e-12)
+    np.testing.assert_allclose(noise["change.1"].numpy(), z2, rtol=1e-12)
+
+
+def test_a_precision_clip_is_refused_where_the_update_has_no_precision_half(tmp_path):
+    parts, test = _federation()
+    with pytest.raises(ValueError, match="precision_clip bounds the precision half.*fedavg"):
+        bayesadmm.run(
+            nn.Linear(4, 3), parts, test, algorithm="fedavg", rounds=1, out=tmp_path / "a", progress=False,
+            dp=DPSettings(noise_multiplier=1.0, precision_clip=1.0),
+        )  # fmt: skip
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ValueError, match="precision_clip bounds a client's update"):
+        DPSettings(level="example", noise_multiplier=1.0, precision_clip=1.0)
+    assert DPSettings.from_json(DPSettings(noise_multiplier=1.0, precision_clip=3.0).to_json()).precision_clip == 3.0
+    assert "precision_clip" not in DPSettings(noise_multiplier=1.0).to_json()  # records without one are as before
+
+
 def _federation(clients: int = 60, size: int = 8):
     torch.manual_seed(0)
     w = torch.randn(4, 3)
@@ -133,7 +176,7 @@ def test_a_running_sum_run_at_partial_participation_is_private_and_never_diverge
     [δ, ∞) instead of stopping, the run completes, and each round logs the accountant's ε of its (σ, q) history."""
     from bayesadmm.privacy.accountant import epsilon
 
-    result = _run(tmp_path / "dp", method, dp=DPSettings(clip=300.0, noise_multiplier=1.0))
+    result = _run(tmp_path / "dp", method, dp=DPSettings(clip=300.0, noise_multiplier=1.0, precision_clip=300.0))
     assert result.status == "completed"
     assert [line["dp_epsilon"] for line in result.history] == [epsilon([(1.0, 0.1)] * r, 1e-5) for r in (1, 2, 3, 4)]
     assert max(line["server_projected"] for line in result.history) > 0  # the noise did take precisions below δ

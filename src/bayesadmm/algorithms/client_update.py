@@ -47,13 +47,17 @@ class ClientUpdate:
     client took part in (Poisson sampling may draw none), given the one reply whose update entries are the
     broadcast's moved by the noise (the noised sum of no updates, over the expected number of participants); a
     module-level function (it travels to worker processes). None: the method needs participation 1, unless it has
-    `running` (a running-sum server, whose update also serves a round without participants)."""
+    `running` (a running-sum server, whose update also serves a round without participants).
+    `precision_half`: the update is a diagonal Gaussian's natural-parameter change (Δλ₁, Δλ₂), its two keys in that
+    order against the broadcast's λ_g, so that `DPSettings.precision_clip` can bound its halves apart
+    (`privacy.client_level`)."""
 
     pairs: tuple[tuple[str, str], ...]
     scale: float = 1.0
     every_round: bool = False
     empty_round: Callable[[Any, dict[str, Tensor]], tuple[Any, Any]] | None = None
     running: RunningSum | None = None
+    precision_half: bool = False
 
     def anchor_weight(self, reply: Mapping[str, Tensor]) -> float:
         """How many times scale × broadcast the reply's update is measured against: 1, or for a running-sum server's

@@ -236,9 +236,11 @@ def pvi_dp_update(hparams: PVIHparams) -> ClientUpdate:
 
 def _update(hparams: Hparams | PVIHparams, server_rho: float, name: str) -> ClientUpdate:
     if not hparams.incremental:
-        return ClientUpdate((("contribution", "lam"),), scale=server_rho, every_round=True)
+        return ClientUpdate((("contribution", "lam"),), scale=server_rho, every_round=True, precision_half=True)
     released = functools.partial(running_update, delta=hparams.delta, server_rho=server_rho, name=name)
-    return ClientUpdate((("change", "lam"),), scale=server_rho, running=RunningSum("first", released))
+    return ClientUpdate(
+        (("change", "lam"),), scale=server_rho, running=RunningSum("first", released), precision_half=True
+    )
 
 
 def running_update(server, released: Message, new: float, *, delta: float, server_rho: float, name: str):

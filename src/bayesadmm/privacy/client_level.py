@@ -27,6 +27,7 @@ broadcast raises `BudgetExhausted`, and the engine ends the run with status "bud
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -58,13 +59,69 @@ class PrivateInfo(NamedTuple):
     dp_epsilon: float  # ε spent so far (δ of the settings)
     dp_noise_multiplier: float  # σ of this round
     dp_clipped: float  # the fraction of this round's updates that were clipped (0 in a round without participants)
-    dp_median_norm: float  # the median L2 norm of this round's updates (before clipping; 0 without participants)
+    dp_median_norm: float  # the median L2 norm of what `clip` bounds of this round's updates (before clipping; 0
+    # without participants): the whole update, or with a precision_clip its mean half (`Geometry`)
+    dp_median_precision_norm: float  # the median L2 norm of the updates' precision half (0 where they have none)
 
 
 @register
 class PrivateServer(NamedTuple):
     inner: Any  # the method's server state
     steps: tuple[Step, ...]  # the accountant's history: (σ, q) of every noised round so far
+
+
+class Geometry(NamedTuple):
+    """Where a round's updates are clipped and noised. Without `precision_clip`: the L2 ball of radius `clip`, noise
+    σ·clip on every coordinate. With it, for an update with a precision half (`ClientUpdate.precision_half`: a
+    diagonal Gaussian's (u1, u2) = (Δλ₁, Δλ₂) against λ_g = (s_g∘m_g, −s_g/2)), in the coordinates
+    (v1, v2) = (u1 + 2 m_g∘u2, u2): for the change from q_g to q_k, v1 = s_k∘(m_k − m_g), the precision-weighted
+    change of the mean, small where the mean moves little, while u1 = s_k∘m_k − s_g∘m_g also holds m_g∘(s_k − s_g),
+    the precision's change, which would take the mean half's clip. The update is scaled into the ellipsoid
+    ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1 and the sum gets noise σC on v1's coordinates and σC_p on v2's: the Gaussian mechanism
+    of sensitivity 1 and noise multiplier σ in the coordinates (v1/C, v2/C_p), accounted as the one ball is. The
+    map is linear and fixed by the broadcast (public), so the server maps the noised sum back exactly."""
+
+    clip: float
+    precision_clip: float | None
+    half: int  # where the precision half starts in the flat update (0: it has none)
+    mix: Tensor | None  # 2 m_g, with a precision_clip
+
+    @staticmethod
+    def of(update: ClientUpdate, base: Message, keys: list[tuple[str, str]], clip: float, precision_clip: float | None):
+        """The geometry of `update` against the broadcast `base` (`keys`: its (reply, broadcast) key pairs)."""
+        half = base[keys[0][1]].numel() if update.precision_half else 0
+        if precision_clip is None or not half:
+            return Geometry(clip, None, half, None)
+        lam1, lam2 = (base[b].reshape(-1) for _, b in keys)
+        return Geometry(clip, precision_clip, half, -lam1 / lam2)  # 2 m_g = 2 λ₁ / s_g, s_g = −2λ₂
+
+    def norms(self, u: Tensor) -> tuple[float, float]:
+        """The L2 norms of what `clip` bounds of the flat update `u` and of its precision half (0 without one)."""
+        u = u.double()
+        precision = float(torch.linalg.vector_norm(u[self.half :])) if self.half else 0.0
+        if self.mix is None:
+            return float(torch.linalg.vector_norm(u)), precision
+        return float(torch.linalg.vector_norm(u[: self.half] + self.mix.double() * u[self.half :])), precision
+
+    def factor(self, u: Tensor) -> float:
+        """The factor that scales the flat update `u` into the ball or the ellipsoid (1 inside it)."""
+        if self.mix is None:
+            return clip_factor(u, self.clip)
+        assert self.precision_clip is not None  # a mix is made with one
+        mean, precision = self.norms(u)
+        size = math.hypot(mean / self.clip, precision / self.precision_clip)
+        return 1.0 if size <= 1 else 1.0 / size
+
+    def noise(self, like: Tensor, noise_multiplier: float, generator: torch.Generator) -> Tensor:
+        """The noise of the sum in the update's own coordinates (the mechanism's noise mapped back), `like`'s
+        shape and dtype, drawn as `gaussian_noise` draws it."""
+        if self.mix is None:
+            return gaussian_noise(like, noise_multiplier * self.clip, generator)
+        assert self.precision_clip is not None
+        z = gaussian_noise(like, 1.0, generator)
+        v1 = z[: self.half] * (noise_multiplier * self.clip)
+        v2 = z[self.half :] * (noise_multiplier * self.precision_clip)
+        return torch.cat([v1 - self.mix.to(like.dtype) * v2, v2])
 
 
 def privatize(
@@ -75,11 +132,14 @@ def privatize(
     noise_multiplier: float,
     generator: torch.Generator,
     expected: float | None = None,
-) -> tuple[dict[int, Message], list[float]]:
-    """The replies rebuilt from the noised sum of their clipped updates, and the updates' L2 norms (client order).
+    precision_clip: float | None = None,
+) -> tuple[dict[int, Message], list[tuple[float, float]]]:
+    """The replies rebuilt from the noised sum of their clipped updates, and the updates' norms (client order: of
+    what `clip` bounds and of the precision half, `Geometry.norms`).
 
-    Client k's update u_k (`update`'s keys, flattened) is scaled into the ball of radius `clip`; its new reply is
-    base + clipped u_k + z / m, with z ~ N(0, (noise_multiplier · clip)² I) and m the number of replies, so the
+    Client k's update u_k (`update`'s keys, flattened) is scaled into the ball of radius `clip` (with
+    `precision_clip`, the `Geometry`'s ellipsoid); its new reply is base + clipped u_k + z / m, with
+    z ~ N(0, (noise_multiplier · clip)² I) (per half with `precision_clip`) and m the number of replies, so the
     replies' sum is m · base + Σ clipped u_k + z. With `expected` (Poisson sampling's expected number of replies,
     qK) it is base + (m / expected) · clipped u_k + z / expected instead, so that the replies' mean is
     base + (Σ clipped u_k + z) / expected whatever m. A reply whose update is in the ball (and with no noise, at
@@ -87,17 +147,18 @@ def privatize(
     ids = sorted(replies)
     keys = update.keys(replies[ids[0]], base)
     shapes = [base[b].shape for _, b in keys]
+    geometry = Geometry.of(update, base, keys, clip, precision_clip)
     anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
     stretch = 1.0 if expected is None else len(ids) / expected
     out, norms = {}, []
     for k in ids:
         own = _anchor_of(replies[k], update, anchor)
         delta = _flat(replies[k], keys) - own
-        norms.append(float(torch.linalg.vector_norm(delta.double())))
-        factor = clip_factor(delta, clip) * stretch
+        norms.append(geometry.norms(delta))
+        factor = geometry.factor(delta) * stretch
         out[k] = dict(replies[k]) if factor == 1.0 else _with(replies[k], keys, shapes, own + delta * factor)
     if noise_multiplier > 0:
-        share = gaussian_noise(anchor, noise_multiplier * clip, generator) / (expected or len(ids))
+        share = geometry.noise(anchor, noise_multiplier, generator) / (expected or len(ids))
         out = {
             k: _with(r, keys, shapes, torch.cat([r[key].reshape(-1) for key, _ in keys]) + share)
             for k, r in out.items()
@@ -113,22 +174,32 @@ def released_sum(
     noise_multiplier: float,
     generator: torch.Generator,
     new: float,
-) -> tuple[Message, list[float]]:
-    """What a running-sum server releases under Poisson sampling (`ClientUpdate.running`), in the reply's layout:
-    Σ_k clip(u_k) + z + `new` · scale · broadcast, z ~ N(0, (noise_multiplier · clip)² I), and the updates' L2 norms
-    (client order). u_k is reply k's change, less scale × broadcast in a client's first reply (`anchor_weight`);
-    `new` the expected number of new clients, so that the sum gains scale × broadcast for each without saying who.
-    With no replies it is the noise and the new clients' terms alone. Its float64 sum (the server's running sum's
-    precision) over the replies in client-id order."""
+    precision_clip: float | None = None,
+) -> tuple[Message, list[tuple[float, float]]]:
+    """What a running-sum server releases (`ClientUpdate.running`), in the reply's layout: Σ_k clip(u_k) + z +
+    `new` · scale · broadcast, z ~ N(0, (noise_multiplier · clip)² I) (clip and noise per half with `precision_clip`,
+    `Geometry`), and the updates' norms as `privatize` gives them. u_k is reply k's change, less scale × broadcast in
+    a client's first reply (`anchor_weight`); `new` the expected number of new clients, so that the sum gains
+    scale × broadcast for each without saying who. With no replies it is the noise and the new clients' terms
+    alone. Its float64 sum (the server's running sum's precision) over the replies in client-id order."""
     keys = update.broadcast_keys(base)
+    geometry = Geometry.of(update, base, keys, clip, precision_clip)
     anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
     total, norms = new * anchor.double(), []
     for k in sorted(replies):
         delta = _flat(replies[k], keys).double() - _anchor_of(replies[k], update, anchor).double()
-        norms.append(float(torch.linalg.vector_norm(delta)))
-        total = total + delta * clip_factor(delta, clip)
-    total = total + gaussian_noise(anchor, noise_multiplier * clip, generator).double()
+        norms.append(geometry.norms(delta))
+        total = total + delta * geometry.factor(delta)
+    total = total + geometry.noise(anchor, noise_multiplier, generator).double()
     return _with({}, keys, [base[b].shape for _, b in keys], total), norms
+
+
+def _clipped(norms: tuple[float, float], dp: DPSettings) -> bool:
+    """Whether an update of these norms (`Geometry.norms`) lies outside the ball or ellipsoid of `dp`."""
+    bound, precision = norms
+    if dp.precision_clip is None:
+        return bound > dp.clip
+    return math.hypot(bound / dp.clip, precision / dp.precision_clip) > 1
 
 
 def _anchor_of(reply: Message, update: ClientUpdate, anchor: Tensor) -> Tensor:
@@ -185,6 +256,11 @@ def private(
     step: Step = (float(noise_multiplier), float(rate))
     poisson = rate < 1 and noise_multiplier > 0  # without noise ε is infinite: the clients are drawn as without DP
     expected = rate * clients if poisson else None  # the public denominator of the noised mean
+    if dp.precision_clip is not None and not update.precision_half:
+        raise ValueError(
+            f"dp precision_clip bounds the precision half of a Bayesian method's update, which {algorithm.name}'s "
+            "update has none of: leave it unset (one clip, dp_clip)"
+        )
     if poisson and update.empty_round is None and update.running is None:
         raise ValueError(
             f"{algorithm.name} with client-level DP at participation < 1 needs its ClientUpdate.empty_round (a round "
@@ -210,10 +286,14 @@ def private(
         base = algorithm.broadcast(server.inner)
         if update.running is not None and noise_multiplier > 0:  # a running sum: the noised sum released as it is
             new = clients * rate * (1 - rate) ** len(server.steps)  # round t draws K q (1 − q)^(t−1) new clients
-            released, norms = released_sum(replies, base, update, dp.clip, noise_multiplier, generator, new)
+            released, norms = released_sum(
+                replies, base, update, dp.clip, noise_multiplier, generator, new, dp.precision_clip
+            )
             inner, info = update.running.update(server.inner, released, new)
         elif replies or expected is None:
-            noised, norms = privatize(replies, base, update, dp.clip, noise_multiplier, generator, expected)
+            noised, norms = privatize(
+                replies, base, update, dp.clip, noise_multiplier, generator, expected, dp.precision_clip
+            )
             inner, info = algorithm.server_update(server.inner, noised)
         else:  # Poisson sampling drew no client: the noise is released all the same, and the round counts
             assert update.empty_round is not None  # checked above
@@ -224,8 +304,9 @@ def private(
             info,
             epsilon(steps, dp.delta, dp.accountant),
             noise_multiplier,
-            sum(n > dp.clip for n in norms) / max(1, len(norms)),
-            float(torch.tensor(norms).median()) if norms else 0.0,
+            sum(_clipped(n, dp) for n in norms) / max(1, len(norms)),
+            float(torch.tensor([n for n, _ in norms]).median()) if norms else 0.0,
+            float(torch.tensor([p for _, p in norms]).median()) if norms else 0.0,
         )
         return PrivateServer(inner, steps), report
 

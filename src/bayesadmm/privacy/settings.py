@@ -20,6 +20,10 @@ class DPSettings:
     noise of standard deviation `noise_multiplier`·`clip` added to their sum, accounted over rounds and client
     sampling) or "example" (DP-Adam, DP-IVON: per-example clipping and noise in the local training,
     `example_level`; the clip then bounds each example's gradient).
+    `precision_clip`: for a Bayesian method's natural-parameter update (IVON-ADMM, IVON-PVI at level "client"), the
+    bound of its precision half, `clip` then bounding its mean half taken as the precision-weighted change of the
+    mean: the update is clipped into the ellipsoid of these two radii and each half gets noise σ times its radius
+    (`privacy.client_level`); None: one ball of radius `clip` for the whole update.
     `noise_multiplier`: σ; None: calibrated by the accountant so that the run's rounds spend at most `epsilon`.
     `epsilon`: the budget ε (None: none, the run only reports the ε it spends); the run stops before the round that
     would exceed it. `delta`: the δ of (ε, δ)-DP. `accountant`: Opacus's "rdp" (default) or "prv"."""
@@ -30,6 +34,7 @@ class DPSettings:
     epsilon: float | None = None
     delta: float = 1e-5
     accountant: str = "rdp"
+    precision_clip: float | None = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -38,6 +43,14 @@ class DPSettings:
             raise ValueError(f"dp accountant must be one of {', '.join(ACCOUNTANTS)}, got {self.accountant!r}")
         if not _number(self.clip) or not 0 < self.clip < math.inf:
             raise ValueError(f"dp clip must be a finite number > 0 (the L2 bound of an update), got {self.clip!r}")
+        bound = self.precision_clip
+        if bound is not None and not (_number(bound) and 0 < bound < math.inf):
+            raise ValueError(
+                f"dp precision_clip must be a finite number > 0 (the L2 bound of an update's precision half) or None, "
+                f"got {self.precision_clip!r}"
+            )
+        if self.precision_clip is not None and self.level != "client":
+            raise ValueError("dp precision_clip bounds a client's update: it needs level='client'")
         if self.noise_multiplier is not None and not (
             _number(self.noise_multiplier) and 0 <= self.noise_multiplier < math.inf
         ):
@@ -66,6 +79,7 @@ class DPSettings:
             epsilon=record["dp_epsilon"],
             delta=record["delta"],
             accountant=record.get("accountant", "rdp"),
+            precision_clip=record.get("precision_clip"),
         )
 
     def to_json(self) -> dict:
@@ -79,7 +93,7 @@ class DPSettings:
             "dp_epsilon": self.epsilon,
             "delta": self.delta,
             "accountant": self.accountant,
-        }
+        } | ({} if self.precision_clip is None else {"precision_clip": self.precision_clip})
 
 
 def _number(value: object) -> bool:
