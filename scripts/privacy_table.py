@@ -4,6 +4,7 @@ Each row: the run's ε spent and noise multiplier, its status and its test metri
 named), and for a Gaussian posterior the median of its precision over the parameters (from posterior.safetensors)."""
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -26,7 +27,22 @@ EXAMPLE_LEVEL = (
         ("ivon-admm-beta2-example-eps8", "ivon-admm, β₂ = 0.99999", "example", None),
     ]
 )
-TABLES = {"client": ("client level, 10 rounds", CLIENT_LEVEL), "example": ("example level, 10 rounds", EXAMPLE_LEVEL)}
+# fmnist-xdevice (runs/privacy-xdevice): 10⁴ clients, Poisson rate q = 0.01 unless the run's name says another
+XDEVICE = [(f"{m}-eps{e}", m, "client", None) for m in ("fedavg", "ivon-admm") for e in (1, 3, 8)] + [
+    (f"{m}-inf", m, "none", None) for m in ("fedavg", "ivon-admm")
+]
+PARTICIPATION = [
+    (f"{m}-{run}" + ("" if q == 0.01 else f"-p{q}"), f"{m}, q = {q} ({q * 10_000:g} a round)", dp, None)
+    for m in ("fedavg", "ivon-admm")
+    for q in (0.005, 0.01, 0.02, 0.05)
+    for run, dp in (("eps8", "client"), ("inf", "none"))
+]
+TABLES = {
+    "client": ("client level, 10 rounds", CLIENT_LEVEL),
+    "example": ("example level, 10 rounds", EXAMPLE_LEVEL),
+    "xdevice": ("fmnist-xdevice, client level, 50 rounds, q = 0.01", XDEVICE),
+    "participation": ("fmnist-xdevice, client level, 50 rounds, ε = 8 against clients a round", PARTICIPATION),
+}
 
 
 def median_precision(run: Path) -> str:
@@ -52,7 +68,7 @@ def row(root: Path, name: str, method: str, dp: str, at: int | None) -> str | No
         budget = name.rsplit("eps", 1)[-1]
         return f"| {method} | {dp} | budget {budget} | | {status['status']} in round {status['round'] + 1} |" + " |" * 7
     last = lines[-1]
-    spent = "∞" if "dp_epsilon" not in last else f"{last['dp_epsilon']:.3f}"
+    spent = "∞" if last.get("dp_epsilon", math.inf) == math.inf else f"{last['dp_epsilon']:.3f}"
     sigma = f"{last['dp_noise_multiplier']:.3f}" if "dp_noise_multiplier" in last else ""
     state = f"round {last['round']}" if at is not None else f"{status['status']} (round {last['round']})"
     values = " | ".join(f"{last[k]:.3f}" if k in last else "" for k in COLUMNS)
@@ -68,12 +84,18 @@ def client_sizes(root: Path) -> str:
 
 
 def median_norms(root: Path) -> str:
-    """`dp_median_norm` of round 1 of the runs without noise (the *-norms folders): the clips' scale."""
+    """`dp_median_norm` (and `dp_median_precision_norm` where there is one) of round 1 of the runs without noise
+    (the *-norms folders, or *-inf ones run with dp_noise=0): the clips' scale."""
     found = []
-    for run in sorted(root.glob("*-norms")):
+    for run in sorted([*root.glob("*-norms"), *root.glob("*-inf")]):
         first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
-        found.append(f"{run.name.removesuffix('-norms')} {first['dp_median_norm']:.3g}")
-    return "median update norm in round 1 without noise: " + (", ".join(found) or "no *-norms runs")
+        if "dp_median_norm" in first:
+            precision = first.get("dp_median_precision_norm", 0.0)
+            found.append(
+                f"{run.name.removesuffix('-norms').removesuffix('-inf')} {first['dp_median_norm']:.3g}"
+                + (f" (precision half {precision:.3g})" if precision else "")
+            )
+    return "median update norm in round 1 without noise: " + (", ".join(found) or "no such runs")
 
 
 def main(root: Path, levels: list[str]) -> None:

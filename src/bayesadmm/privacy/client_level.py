@@ -17,6 +17,13 @@ on who was drawn): reply k is base + (m / qK) · clipped update + noise / qK, so
 base + (Σ clipped updates + noise) / qK. A round that drew no client still releases the noise (base + noise / qK,
 through the method's `ClientUpdate.empty_round`) and counts for the accountant.
 
+A running-sum server (`ClientUpdate.running`: IVON-ADMM's and IVON-PVI's `incremental=true`) sums its replies,
+the changes of the clients' terms, round after round. Under noise it is given the release itself,
+Σ clip(u_k) + z + N_t · scale · broadcast (`released_sum`), at any participation: u_k a reply's change (in a
+client's first reply, against scale × broadcast), N_t = K q (1 − q)^(t−1) the expected number of new clients (the
+public count that replaces the replies' flags). With `DPSettings.precision_clip` an update with a precision half is
+clipped and noised per half in the coordinates of `Geometry`.
+
 The noise of round t comes from `generator_of(seed, t, DP_NOISE)` alone. With σ = 0 (ε infinite) the clients are
 drawn as without DP and a reply whose update lies in the ball passes unchanged, so a run with σ = 0 and a large clip
 gives the bits of the method's own run.
