@@ -1,6 +1,6 @@
 """Client-level DP of a running-sum server (IVON-ADMM and IVON-PVI with `incremental=true`), at any participation:
 what it releases against a closed form written here in numpy, its sensitivity to one client, the precision's
-projection, the refusal of the summing-every-reply server at partial participation, and whole runs (never below a
+floor, the refusal of the summing-every-reply server at partial participation, and whole runs (never below a
 tight accountant's ε, no divergence however large the noise, σ = 0 the method's own run bit for bit)."""
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def test_the_released_sum_moves_by_one_clients_clipped_update_at_most():
 def test_the_server_follows_the_closed_form_of_the_released_sums_with_the_expected_count_and_the_floor():
     """Three rounds of hand-made replies (new and returning clients, one round without any) through the private
     server: λ_g = ((0, −δ/2) + Σ_t released_t) / (1 + ρ_s Σ_t K q (1 − q)^(t−1)), each release Σ clip(u_k) + z_t +
-    K q (1 − q)^(t−1) ρ_s λ_g, precisions below δ set to δ; computed here in numpy from the replies and the noise."""
+    K q (1 − q)^(t−1) ρ_s λ_g, a coordinate whose precision is below δ at its previous mean and precision δ; computed
+    here in numpy from the replies and the noise."""
     K, q, clip, sigma, seed = 40, 0.1, 3.0, 0.8, 11
     update = _update()
     algorithm = private(
@@ -95,12 +96,13 @@ def test_the_server_follows_the_closed_form_of_the_released_sums_with_the_expect
             change = np.concatenate([replies[k]["change.0"].numpy(), replies[k]["change.1"].numpy()])
             released += _clipped(change - float(replies[k]["first"]) * a, clip)
         total, count = total + released, count + new
+        mean_before = lam[:DIM] / (-2 * lam[DIM:])
         lam = (np.concatenate([np.zeros(DIM), np.full(DIM, -DELTA / 2)]) + total) / (1 + RHO_S * count)
-        low = -2 * lam[DIM:] < DELTA
-        lam[DIM:][low] = -DELTA / 2
+        low = -2 * lam[DIM:] < DELTA  # these coordinates keep their mean, at the prior's precision
+        lam[:DIM][low], lam[DIM:][low] = DELTA * mean_before[low], -DELTA / 2
         server, info = algorithm.server_update(server, replies)
         assert info.server.clients == pytest.approx(count, rel=1e-12)
-        assert info.server.projected == pytest.approx(low.mean())
+        assert info.server.floored == pytest.approx(low.mean())
         got = np.concatenate([x.double().numpy() for x in server.inner.natural])
         np.testing.assert_allclose(got, lam, rtol=1e-6, atol=1e-6)
     assert count == pytest.approx(K * (1 - (1 - q) ** 3))  # the expected number of clients drawn at least once
@@ -172,14 +174,15 @@ def _run(out, method="ivon-admm", participation=0.1, rounds=4, **kwargs):
 
 @pytest.mark.parametrize("method", ["ivon-admm", "ivon-pvi"])
 def test_a_running_sum_run_at_partial_participation_is_private_and_never_diverges(tmp_path, method):
-    """Noise far above the clients' updates (σC = 300 on a linear model): the server projects its precisions onto
-    [δ, ∞) instead of stopping, the run completes, and each round logs the accountant's ε of its (σ, q) history."""
+    """Noise far above the clients' updates (σC = 300 on a linear model): the server floors its precisions at δ
+    (those coordinates at their previous mean) instead of stopping, the run completes, and each round logs the
+    accountant's ε of its (σ, q) history."""
     from bayesadmm.privacy.accountant import epsilon
 
     result = _run(tmp_path / "dp", method, dp=DPSettings(clip=300.0, noise_multiplier=1.0, precision_clip=300.0))
     assert result.status == "completed"
     assert [line["dp_epsilon"] for line in result.history] == [epsilon([(1.0, 0.1)] * r, 1e-5) for r in (1, 2, 3, 4)]
-    assert max(line["server_projected"] for line in result.history) > 0  # the noise did take precisions below δ
+    assert max(line["server_floored"] for line in result.history) > 0  # the noise did take precisions below δ
     assert all(math.isfinite(line["test_nll"]) for line in result.history)
     assert result.history[-1]["server_clients"] == pytest.approx(60 * (1 - 0.9**4))
 

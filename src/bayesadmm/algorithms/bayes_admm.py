@@ -83,7 +83,7 @@ class ReleasedInfo(NamedTuple):
     """A client-level-DP round of the running-sum server (`RunningSums.released`)."""
 
     clients: float  # the clients the sum counts: their expected number (public), so fractional
-    projected: float  # the fraction of the server's precisions the noise took below δ, set to δ
+    floored: float  # the fraction of the server's coordinates the noise took below precision δ (`released`)
 
 
 @register
@@ -193,19 +193,22 @@ class RunningSums:
         """The server update of client-level DP (`privacy.client_level`, `ClientUpdate.running`): the running sum
         moves by the released change (the noised sum of the participants' clipped updates plus ρ_s λ_g for each new
         client, in the reply's layout), the count of clients by `new`, their expected number (public: the flags of
-        first replies would tell who took part), and λ_g is the closed form of that sum, its precision projected
-        onto [δ, ∞) where the noise took it lower (`DiagonalGaussian.with_precision_at_least`; the mean half as
-        released). The projection is post-processing of the released sums, so the guarantee holds; it keeps q_g a
-        valid Gaussian, at least as precise as the prior, where the noise alone would leave none."""
+        first replies would tell who took part), and λ_g is the closed form of that sum, except where the noise took
+        a precision below δ: there q_g keeps its previous mean and takes the prior's precision δ
+        (`DiagonalGaussian.floored`). Its mean there would be λ₁ / s, the noise over a precision that is small by
+        noise. The floor is post-processing of the released sums and of the previous (public) q_g, so the guarantee
+        holds; it keeps q_g a valid Gaussian, at least as precise as the prior, where the noise alone would leave
+        none."""
         change = tuple(x.to(torch.float64) for x in unpack("change", released))
         total, count = nat.add(server.total, change), server.clients + new
         c, b = self.family.prior_terms(self.delta, dtype=torch.float64, device=total[0].device)
         lam64 = nat.scale(nat.add(b, total), 1.0 / (c + self.server_rho * count))
-        lam64, projected = self.family.with_precision_at_least(lam64, self.delta)
-        lam_g = tuple(x.to(old.dtype) for x, old in zip(lam64, server.natural, strict=True))
+        before = _wide(server.natural)
+        lam64, floored = self.family.floored(lam64, self.delta, before[0] / (-2.0 * before[1]))
+        lam_g = tuple(x.to(was.dtype) for x, was in zip(lam64, server.natural, strict=True))
         if not self.family.is_valid(lam_g):
             raise DivergenceError(f"{self.name}: the server's natural parameter is not finite")
-        return RunningServerState(lam_g, total, count, server.round + 1), ReleasedInfo(count, projected)
+        return RunningServerState(lam_g, total, count, server.round + 1), ReleasedInfo(count, floored)
 
     def unlearn(self, server: RunningServerState, client_id: int, state: ClientState) -> RunningServerState:
         """`unlearned_server` on the running sum: client j's term (from its state) leaves it, and the other K − 1

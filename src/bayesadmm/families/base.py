@@ -103,10 +103,10 @@ class GaussianFamily(abc.ABC):
             shape = tuple(theta.shape) if isinstance(theta, Tensor) else type(theta).__name__
             raise ValueError(f"theta must have shape (..., {self.dim}), got {shape}")
 
-    def with_precision_at_least(self, lam: Natural, floor: float) -> tuple[Natural, float]:
-        """``λ`` projected onto the natural parameters whose precisions are at least ``floor``, and the fraction of
-        coordinates that moved (client-level DP of a running-sum server); the diagonal family has it."""
-        raise NotImplementedError(f"the {self.name} family has no projection of its precision")
+    def floored(self, lam: Natural, floor: float, mean: Tensor) -> tuple[Natural, float]:
+        """``λ`` with the coordinates whose precision is below ``floor`` set to N(``mean``, 1/``floor``), and the
+        fraction of coordinates set (client-level DP of a running-sum server); the diagonal family has it."""
+        raise NotImplementedError(f"the {self.name} family has no coordinate-wise floor of its precision")
 
     def is_valid(self, lam: Natural) -> bool:
         """``True`` iff ``validate`` accepts ``lam`` (e.g. to reject a step)."""

@@ -52,13 +52,15 @@ class DiagonalGaussian(GaussianFamily):
             raise ValueError("precision must be positive")
         return (precision * mean, -0.5 * precision)
 
-    def with_precision_at_least(self, lam: Natural, floor: float) -> tuple[Natural, float]:
-        """The Euclidean projection of ``λ`` onto the natural parameters whose precisions are at least ``floor``:
-        every ``sᵢ < floor`` (non-positive ones included) set to ``floor``, ``λ₁`` kept (it is unconstrained; so
-        ``mᵢ = λ₁ᵢ / floor`` there); and the fraction of coordinates set."""
-        s = -2.0 * lam[1]
-        low = s < floor
-        return (lam[0], torch.where(low, torch.full_like(lam[1], -0.5 * floor), lam[1])), float(low.double().mean())
+    def floored(self, lam: Natural, floor: float, mean: Tensor) -> tuple[Natural, float]:
+        """``λ`` with every coordinate whose precision ``sᵢ`` is below ``floor`` (non-positive ones included) set to
+        ``N(meanᵢ, 1/floor)``, and the fraction of coordinates set. Keeping ``λ₁ᵢ`` there instead would put the mean
+        at ``λ₁ᵢ / floor``, far from anything the data said where ``sᵢ`` was small only by noise."""
+        low = -2.0 * lam[1] < floor
+        return (
+            torch.where(low, floor * mean, lam[0]),
+            torch.where(low, torch.full_like(lam[1], -0.5 * floor), lam[1]),
+        ), float(low.double().mean())
 
     def to_moments(self, lam: Natural) -> tuple[Tensor, Tensor]:
         """``(m, s)`` with ``s = −2λ₂`` and ``m = λ₁ / s``."""
