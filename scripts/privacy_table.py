@@ -28,12 +28,14 @@ EXAMPLE_LEVEL = (
     ]
 )
 # fmnist-xdevice (runs/privacy-xdevice): 10⁴ clients, Poisson rate q = 0.01 unless the run's name says another
-XDEVICE = [(f"{m}-eps{e}", m, "client", None) for m in ("fedavg", "ivon-admm") for e in (1, 3, 8)] + [
-    (f"{m}-inf", m, "none", None) for m in ("fedavg", "ivon-admm")
-]
+XDEVICE = (
+    [(f"{m}-eps{e}", m, "client", None) for m in ("fedavg", "ivon-admm") for e in (1, 3, 8)]
+    + [("ivon-admm-oneclip-eps8", "ivon-admm, one clip (450)", "client", None)]
+    + [(f"{m}-inf", m, "none", None) for m in ("fedavg", "ivon-admm")]
+)
 PARTICIPATION = [
     (f"{m}-{run}" + ("" if q == 0.01 else f"-p{q}"), f"{m}, q = {q} ({q * 10_000:g} a round)", dp, None)
-    for m in ("fedavg", "ivon-admm")
+    for m in ("fedavg",)
     for q in (0.005, 0.01, 0.02, 0.05)
     for run, dp in (("eps8", "client"), ("inf", "none"))
 ]
@@ -88,7 +90,8 @@ def median_norms(root: Path) -> str:
     (the *-norms folders, or *-inf ones run with dp_noise=0): the clips' scale."""
     found = []
     for run in sorted([*root.glob("*-norms"), *root.glob("*-inf")]):
-        first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+        lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
+        first = json.loads(lines[0]) if lines else {}
         if "dp_median_norm" in first:
             precision = first.get("dp_median_precision_norm", 0.0)
             found.append(
