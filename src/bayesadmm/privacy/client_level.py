@@ -45,7 +45,7 @@ from bayesadmm.algorithms.base import Algorithm, Message
 from bayesadmm.algorithms.client_update import ClientUpdate
 from bayesadmm.engine.simulate import generator_of
 from bayesadmm.privacy.accountant import Step, epsilon
-from bayesadmm.privacy.mechanism import clip_factor, gaussian_noise
+from bayesadmm.privacy.mechanism import gaussian_noise
 from bayesadmm.privacy.settings import DPSettings
 from bayesadmm.trees import register
 
@@ -110,14 +110,9 @@ class Geometry(NamedTuple):
             return float(torch.linalg.vector_norm(u)), precision
         return float(torch.linalg.vector_norm(u[: self.half] + self.mix.double() * u[self.half :])), precision
 
-    def factor(self, u: Tensor) -> float:
-        """The factor that scales the flat update `u` into the ball or the ellipsoid (1 inside it)."""
-        if self.mix is None:
-            return clip_factor(u, self.clip)
-        assert self.precision_clip is not None  # a mix is made with one
-        mean, precision = self.norms(u)
-        size = math.hypot(mean / self.clip, precision / self.precision_clip)
-        return 1.0 if size <= 1 else 1.0 / size
+    def factor(self, norms: tuple[float, float]) -> float:
+        """The factor that scales an update of these `norms` into the ball or the ellipsoid (1 inside it)."""
+        return clip_scale(norms, self.clip, self.precision_clip)
 
     def noise(self, like: Tensor, noise_multiplier: float, generator: torch.Generator) -> Tensor:
         """The noise of the sum in the update's own coordinates (the mechanism's noise mapped back), `like`'s
@@ -162,7 +157,7 @@ def privatize(
         own = _anchor_of(replies[k], update, anchor)
         delta = _flat(replies[k], keys) - own
         norms.append(geometry.norms(delta))
-        factor = geometry.factor(delta) * stretch
+        factor = geometry.factor(norms[-1]) * stretch
         out[k] = dict(replies[k]) if factor == 1.0 else _with(replies[k], keys, shapes, own + delta * factor)
     if noise_multiplier > 0:
         share = geometry.noise(anchor, noise_multiplier, generator) / (expected or len(ids))
@@ -192,21 +187,24 @@ def released_sum(
     keys = update.broadcast_keys(base)
     geometry = Geometry.of(update, base, keys, clip, precision_clip)
     anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
-    total, norms = new * anchor.double(), []
+    anchor64 = anchor.double()
+    total, norms = new * anchor64, []
     for k in sorted(replies):
-        delta = _flat(replies[k], keys).double() - _anchor_of(replies[k], update, anchor).double()
+        delta = _flat(replies[k], keys).double() - _anchor_of(replies[k], update, anchor64)
         norms.append(geometry.norms(delta))
-        total = total + delta * geometry.factor(delta)
+        total = total + delta * geometry.factor(norms[-1])
     total = total + geometry.noise(anchor, noise_multiplier, generator).double()
     return _with({}, keys, [base[b].shape for _, b in keys], total), norms
 
 
-def _clipped(norms: tuple[float, float], dp: DPSettings) -> bool:
-    """Whether an update of these norms (`Geometry.norms`) lies outside the ball or ellipsoid of `dp`."""
+def clip_scale(norms: tuple[float, float], clip: float, precision_clip: float | None) -> float:
+    """min(1, 1/size) for an update of `norms` (`Geometry.norms`): size = ‖u‖/clip for the ball (`clip_factor`'s
+    factor), √((‖v1‖/clip)² + (‖v2‖/precision_clip)²) for the ellipsoid of a `precision_clip`."""
     bound, precision = norms
-    if dp.precision_clip is None:
-        return bound > dp.clip
-    return math.hypot(bound / dp.clip, precision / dp.precision_clip) > 1
+    if precision_clip is None:
+        return 1.0 if bound <= clip else clip / bound
+    size = math.hypot(bound / clip, precision / precision_clip)
+    return 1.0 if size <= 1 else 1.0 / size
 
 
 def _anchor_of(reply: Message, update: ClientUpdate, anchor: Tensor) -> Tensor:
@@ -311,7 +309,7 @@ def private(
             info,
             epsilon(steps, dp.delta, dp.accountant),
             noise_multiplier,
-            sum(_clipped(n, dp) for n in norms) / max(1, len(norms)),
+            sum(clip_scale(n, dp.clip, dp.precision_clip) < 1 for n in norms) / max(1, len(norms)),
             float(torch.tensor([n for n, _ in norms]).median()) if norms else 0.0,
             float(torch.tensor([p for _, p in norms]).median()) if norms else 0.0,
         )
