@@ -71,3 +71,15 @@ def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_s
     assert [line["participants"] for line in flower] == drawn == [line["participants"] for line in local.history]
     assert_same_metrics(local.history, flower, tol=1e-9)
     assert [line["dp_epsilon"] for line in flower] == [line["dp_epsilon"] for line in local.history]
+
+
+def test_a_run_configs_dp_precision_clip_reaches_the_strategy(tmp_path):
+    """Read as `DPSettings.precision_clip` and recorded in the run's configuration; absent, nothing is recorded."""
+    from bayesadmm.flower import strategy_from_config
+
+    method = {f"ivon-admm.{key.replace('_', '-')}": value for key, value in IVON_ADMM.items()}
+    run_config = {"method": "ivon-admm", **method, "dp": "client", "dp-noise": 1.0, "out": str(tmp_path / "run")}
+    s = strategy_from_config({**run_config, "dp-precision-clip": 5.0}, model=user_app.make_model())
+    assert s.config["dp"]["precision_clip"] == 5.0
+    s = strategy_from_config(run_config, model=user_app.make_model())
+    assert "precision_clip" not in s.config["dp"]

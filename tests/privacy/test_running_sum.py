@@ -206,3 +206,26 @@ def test_the_server_summing_every_reply_refuses_partial_participation_naming_the
             rounds=1, participation=0.5, out=tmp_path / "a", progress=False, dp=DPSettings(noise_multiplier=1.0),
         )  # fmt: skip
     assert not (tmp_path / "a").exists()
+
+
+def test_a_private_running_sum_run_resumed_is_the_one_that_never_stopped(tmp_path):
+    """Stopped after round 2 and resumed: the same expected count of clients, noise, floor and ε as without the
+    stop (the count follows the accountant's history in the checkpoint)."""
+    dp = DPSettings(clip=30.0, noise_multiplier=1.0, precision_clip=30.0)
+    whole = _run(tmp_path / "whole", dp=dp)
+    _run(tmp_path / "run", dp=dp, stop_at=2)
+    resumed = _run(tmp_path / "run", dp=dp, resume=True)
+    strip = lambda h: [{k: v for k, v in line.items() if not k.endswith("seconds")} for line in h]  # noqa: E731
+    assert strip(resumed.history) == strip(whole.history)
+    assert torch.equal(resumed.posterior.mean, whole.posterior.mean)
+
+
+def test_the_command_lines_precision_clip_is_read_and_recorded_only_where_set():
+    from bayesadmm.experiments.config import resolve
+    from bayesadmm.experiments.privacy import dp_settings
+
+    keys = ["method=ivon-admm", "incremental=true", "dp=client", "dp_clip=2", "dp_noise=1"]
+    config, _ = resolve("diabetes-iid5", [*keys, "dp_precision_clip=5"])
+    assert config.to_json()["dp_precision_clip"] == 5.0 and dp_settings(config).precision_clip == 5.0
+    plain, _ = resolve("diabetes-iid5", keys)
+    assert "dp_precision_clip" not in plain.to_json() and dp_settings(plain).precision_clip is None
