@@ -368,6 +368,8 @@ SPEC = register_method(
             # as delta; the FedLap paper's grid for a run that leaves tau_f at its default
             "tau_f": {"around": [0.01, 100], "choices": [1, 0.1, 0.01, 0.001, 0.0001]},
         },
-        example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5},
+        # the toy problems' few memory points need far fewer server steps than the paper's 5000
+        example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5, "server_iterations": 200,
+                 "server_lr": 0.01},
     )
 )
