@@ -21,9 +21,13 @@ from bayesadmm.flower import strategy
 FEDAVG = {"lr": 0.01, "epochs": 1, "batch_size": 8}
 # IVON-ADMM's running-sum server: its private rounds release the noised sum of the changes (privacy.client_level)
 IVON_ADMM = {**bayesadmm.algorithms.spec.get("ivon-admm").example, "incremental": True}
+# and its participants' server: the noised sum of the round's steps over the expected number of participants
+PARTICIPANTS = {**bayesadmm.algorithms.spec.get("ivon-admm").example, "proximal": "participants"}
 
 
-@pytest.mark.parametrize("method, hparams", [("fedavg", FEDAVG), ("ivon-admm", IVON_ADMM)])
+@pytest.mark.parametrize(
+    "method, hparams", [("fedavg", FEDAVG), ("ivon-admm", IVON_ADMM), ("ivon-admm", PARTICIPANTS)]
+)
 def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_sample(tmp_path, method, hparams):
     """3 clients at q = 0.4, seed 7: rounds 2 and 3 draw no client; the strategy's rounds are the local run's, with
     the same participants, numbers and ε."""

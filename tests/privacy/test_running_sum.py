@@ -108,6 +108,43 @@ def test_the_server_follows_the_closed_form_of_the_released_sums_with_the_expect
     assert count == pytest.approx(K * (1 - (1 - q) ** 3))  # the expected number of clients drawn at least once
 
 
+def test_the_participants_server_follows_the_closed_form_of_the_released_steps_over_the_expected_participants():
+    """IVON-ADMM's `proximal="participants"` server under client-level DP, three rounds of hand-made replies (one
+    round without any): each release is R_t = Σ clip(d_k) + z_t, the replies' steps d_k = λ_k − λ_g measured against
+    0, and λ_g = ((0, −δ/2) + Σ η + ρ_s (R_t + Kq λ_g)) / (1 + ρ_s Kq) with the dual sum Σ η moved by γ R_t and Kq
+    the expected number of participants in place of the number drawn; a coordinate whose precision is below δ at its
+    previous mean and precision δ. Computed here in numpy from the replies and the noise."""
+    K, q, clip, sigma, seed, gamma = 40, 0.1, 3.0, 0.8, 12, 0.1
+    hparams = ivon_admm.Hparams(lr=0.01, rho=RHO_S, gamma=gamma, delta=DELTA, proximal="participants")
+    algorithm = private(
+        ivon_admm.make(DIM, rho=RHO_S, gamma=gamma, delta=DELTA, lr=0.01, proximal="participants"),
+        ivon_admm.dp_update(hparams), DPSettings(clip=clip, noise_multiplier=sigma), sigma, q, seed, K,
+    )  # fmt: skip
+    theta0 = torch.linspace(-1, 1, DIM)
+    server = algorithm.init_server(theta0)
+    rng = np.random.default_rng(2)
+    step = lambda size: {f"step.{i}": torch.from_numpy(size * rng.standard_normal(DIM)).float() for i in (0, 1)}  # noqa: E731
+    rounds = [{0: step(50.0), 1: step(0.5), 2: step(2.0)}, {}, {1: step(4.0), 5: step(1.0)}]
+    lam = np.concatenate([DELTA * theta0.double().numpy(), np.full(DIM, -DELTA / 2)])
+    duals, expected = np.zeros(2 * DIM), K * q
+    for t, replies in enumerate(rounds, start=1):
+        released = _noise(seed, t, sigma * clip)
+        for k in sorted(replies):
+            released += _clipped(np.concatenate([replies[k]["step.0"].numpy(), replies[k]["step.1"].numpy()]), clip)
+        duals = duals + gamma * released
+        mean_before = lam[:DIM] / (-2 * lam[DIM:])
+        prior = np.concatenate([np.zeros(DIM), np.full(DIM, -DELTA / 2)])
+        lam_g = np.concatenate([x.double().numpy() for x in server.inner.natural])  # the broadcast λ_g
+        lam = (prior + duals + RHO_S * (released + expected * lam_g)) / (1 + RHO_S * expected)
+        low = -2 * lam[DIM:] < DELTA
+        lam[:DIM][low], lam[DIM:][low] = DELTA * mean_before[low], -DELTA / 2
+        server, info = algorithm.server_update(server, replies)
+        assert info.server.clients == expected and info.server.floored == pytest.approx(low.mean())
+        np.testing.assert_allclose(np.concatenate([x.double().numpy() for x in server.inner.natural]), lam,
+                                   rtol=1e-6, atol=1e-6)  # fmt: skip
+        np.testing.assert_allclose(np.concatenate([x.numpy() for x in server.inner.duals]), duals, rtol=1e-6, atol=1e-6)
+
+
 def test_with_a_precision_clip_the_halves_are_clipped_in_an_ellipsoid_of_the_precision_weighted_mean_change():
     """(v1, v2) = (u1 + 2 m_g u2, u2), m_g = λ₁ / (−2λ₂) of the broadcast: one client moves the release by its
     update scaled so that ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1, and the noise is σC on v1's coordinates and σC_p on v2's (the
@@ -162,17 +199,23 @@ def _federation(clients: int = 60, size: int = 8):
     return parts, (X, (X @ w).argmax(dim=1))
 
 
+# the running sum of IVON-ADMM and IVON-PVI, and IVON-ADMM's participants' server
+SERVERS = {"ivon-admm": {"incremental": True}, "ivon-pvi": {"incremental": True},
+           "ivon-admm[participants]": {"proximal": "participants"}}  # fmt: skip
+
+
 def _run(out, method="ivon-admm", participation=0.1, rounds=4, **kwargs):
     parts, test = _federation()
     torch.manual_seed(0)
-    hparams = {**bayesadmm.algorithms.spec.get(method).example, "incremental": True}
+    name = method.split("[")[0]
+    hparams = {**bayesadmm.algorithms.spec.get(name).example, **SERVERS[method]}
     return bayesadmm.run(
-        nn.Linear(4, 3), parts, test, algorithm=method, hparams=hparams, rounds=rounds, participation=participation,
+        nn.Linear(4, 3), parts, test, algorithm=name, hparams=hparams, rounds=rounds, participation=participation,
         out=out, progress=False, eval_samples=2, **kwargs,
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("method", ["ivon-admm", "ivon-pvi"])
+@pytest.mark.parametrize("method", list(SERVERS))
 def test_a_running_sum_run_at_partial_participation_is_private_and_never_diverges(tmp_path, method):
     """Noise far above the clients' updates (σC = 300 on a linear model): the server floors its precisions at δ
     (those coordinates at their previous mean) instead of stopping, the run completes, and each round logs the
@@ -184,12 +227,15 @@ def test_a_running_sum_run_at_partial_participation_is_private_and_never_diverge
     assert [line["dp_epsilon"] for line in result.history] == [epsilon([(1.0, 0.1)] * r, 1e-5) for r in (1, 2, 3, 4)]
     assert max(line["server_floored"] for line in result.history) > 0  # the noise did take precisions below δ
     assert all(math.isfinite(line["test_nll"]) for line in result.history)
-    assert result.history[-1]["server_clients"] == pytest.approx(60 * (1 - 0.9**4))
+    # the running sum counts the clients drawn at least once, the participants' server the round's expected draw
+    expected = 60 * 0.1 if method.endswith("[participants]") else 60 * (1 - 0.9**4)
+    assert result.history[-1]["server_clients"] == pytest.approx(expected)
 
 
-def test_without_noise_a_running_sum_run_is_the_methods_own_bit_for_bit(tmp_path):
-    plain = _run(tmp_path / "plain")
-    private_run = _run(tmp_path / "dp", dp=DPSettings(clip=1e12, noise_multiplier=0.0))
+@pytest.mark.parametrize("method", ["ivon-admm", "ivon-admm[participants]"])
+def test_without_noise_a_running_sum_run_is_the_methods_own_bit_for_bit(tmp_path, method):
+    plain = _run(tmp_path / "plain", method)
+    private_run = _run(tmp_path / "dp", method, dp=DPSettings(clip=1e12, noise_multiplier=0.0))
     strip = lambda h: [  # noqa: E731
         {k: v for k, v in line.items() if not k.endswith("seconds") and not k.startswith("dp_")} for line in h
     ]
@@ -208,13 +254,14 @@ def test_the_server_summing_every_reply_refuses_partial_participation_naming_the
     assert not (tmp_path / "a").exists()
 
 
-def test_a_private_running_sum_run_resumed_is_the_one_that_never_stopped(tmp_path):
+@pytest.mark.parametrize("method", ["ivon-admm", "ivon-admm[participants]"])
+def test_a_private_running_sum_run_resumed_is_the_one_that_never_stopped(tmp_path, method):
     """Stopped after round 2 and resumed: the same expected count of clients, noise, floor and ε as without the
     stop (the count follows the accountant's history in the checkpoint)."""
     dp = DPSettings(clip=30.0, noise_multiplier=1.0, precision_clip=30.0)
-    whole = _run(tmp_path / "whole", dp=dp)
-    _run(tmp_path / "run", dp=dp, stop_at=2)
-    resumed = _run(tmp_path / "run", dp=dp, resume=True)
+    whole = _run(tmp_path / "whole", method, dp=dp)
+    _run(tmp_path / "run", method, dp=dp, stop_at=2)
+    resumed = _run(tmp_path / "run", method, dp=dp, resume=True)
     strip = lambda h: [{k: v for k, v in line.items() if not k.endswith("seconds")} for line in h]  # noqa: E731
     assert strip(resumed.history) == strip(whole.history)
     assert torch.equal(resumed.posterior.mean, whole.posterior.mean)

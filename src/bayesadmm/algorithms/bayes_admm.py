@@ -30,6 +30,19 @@ float64) and how many clients it holds: a client replies with the change of its 
 recomputed from its state, with the same operations that made it), and whether it is new, so the server's memory is
 two vectors and its work per round follows the participants (for 10⁴–10⁵ clients with a few per round). The sum then
 adds the same terms in another order, so the numbers equal the default's up to rounding, not bit for bit.
+
+Under partial participation both servers hold every client's last λ_k, most of them computed many rounds ago against
+an older q_g: with 1 % of 10⁴ clients a round, the round's participants are a few per cent of the clients the mean
+(1 − α) Mean_k λ_k averages, so q_g moves by that fraction of their progress and its progress over t rounds grows
+like log t. `proximal="participants"` (`RoundProximal`) keeps the server's proximal term over the round's participants
+P only, ρ_s Σ_{k∈P} KL(q_g ‖ q_k), and the duals of every client: the closed form becomes
+
+    λ_g = (b + Σ_k η_k + ρ_s Σ_{k∈P} λ_k) / (c + ρ_s |P|),
+
+the absent clients counted as at consensus (q_k = q_g, no proximal pull), as FedDyn's server averages the round's
+models and subtracts the dual sum of all clients (Acar et al., 2021). With every client in every round it is Eq. 54.
+A client replies with d_k = λ_k − λ_g; the server needs no client's term, only the dual sum, which the natural dual
+step moves by γ Σ_{k∈P} d_k, so its memory is two vectors and its work per round follows the participants.
 """
 
 from __future__ import annotations
@@ -75,6 +88,13 @@ class RunningServerState(NamedTuple):
     natural: Natural  # λ_g
     total: Natural  # Σ_k (η_k + ρ_s λ_k) over the clients that have replied, in float64
     clients: float  # how many clients that is (K of the closed form; under client-level DP its expectation)
+    round: int = 0
+
+
+@register
+class RoundServerState(NamedTuple):
+    natural: Natural  # λ_g
+    duals: Natural  # Σ_k η_k over the clients that have replied, in float64
     round: int = 0
 
 
@@ -221,6 +241,65 @@ class RunningSums:
         return RunningServerState(lam_g, nat.add(nat.sub(server.total, own), shift), server.clients - 1, server.round)
 
 
+class RoundProximal:
+    """The server of `make(proximal="participants")` (module docstring): λ_g from the dual sum and the round's
+    replies d_k = λ_k − λ_g. It holds λ_g and Σ_k η_k; the dual step must be the natural one (η_k moves by γ d_k)."""
+
+    def __init__(self, family: GaussianFamily, delta: float, server_rho: float, gamma: float, name: str):
+        self.family, self.delta, self.server_rho, self.gamma, self.name = family, delta, server_rho, gamma, name
+
+    def init_server(self, theta0: Tensor) -> RoundServerState:
+        lam = self.family.initial_natural(theta0, self.delta)
+        return RoundServerState(lam, nat.zeros_like(_wide(lam)), 0)
+
+    def reply(self, lam_k: Natural, lam_g: Natural) -> Message:
+        """d_k = λ_k − λ_g, the client's step from the broadcast (its dual moved by γ d_k)."""
+        return pack("step", nat.sub(lam_k, lam_g))
+
+    def server_update(self, server: RoundServerState, replies: Mapping[int, Message]):
+        if not replies:
+            raise ValueError(f"{self.name}: server_update needs at least one client's reply")
+        steps = nat.total([_wide(unpack("step", replies[k])) for k in sorted(replies)])
+        lam64, duals = self._closed_form(server, steps, len(replies))
+        lam_g = tuple(x.to(old.dtype) for x, old in zip(lam64, server.natural, strict=True))
+        if not self.family.is_valid(lam_g):
+            raise DivergenceError(f"{self.name}: the server's natural parameter is no longer a valid Gaussian")
+        return RoundServerState(lam_g, duals, server.round + 1), ServerInfo(len(replies))
+
+    def released(self, server: RoundServerState, released: Message, participants: float):
+        """The server update of client-level DP (`privacy.client_level`, `ClientUpdate.running`): the closed form
+        from the released Σ_{k∈P} clip(d_k) + z, with `participants` the expected number of participants (public;
+        the number drawn would tell who took part); where the noise took a precision below δ, q_g keeps its
+        previous mean at precision δ, as `RunningSums.released` does."""
+        steps = tuple(x.to(torch.float64) for x in unpack("step", released))
+        lam64, duals = self._closed_form(server, steps, participants)
+        before = _wide(server.natural)
+        lam64, floored = self.family.floored(lam64, self.delta, before[0] / (-2.0 * before[1]))
+        lam_g = tuple(x.to(was.dtype) for x, was in zip(lam64, server.natural, strict=True))
+        if not self.family.is_valid(lam_g):
+            raise DivergenceError(f"{self.name}: the server's natural parameter is not finite")
+        return RoundServerState(lam_g, duals, server.round + 1), ReleasedInfo(participants, floored)
+
+    def _closed_form(self, server: RoundServerState, steps: Natural, participants: float) -> tuple[Natural, Natural]:
+        """λ_g = (b + Σ_k η_k + ρ_s Σ_P λ_k) / (c + ρ_s |P|) with Σ_P λ_k = Σ_P d_k + |P| λ_g and the dual sum
+        moved by γ Σ_P d_k; both in float64."""
+        duals = nat.add_scaled(server.duals, self.gamma, steps)
+        proximal = nat.add(steps, nat.scale(_wide(server.natural), participants))
+        c, b = self.family.prior_terms(self.delta, dtype=torch.float64, device=steps[0].device)
+        numerator = nat.add(nat.add(b, duals), nat.scale(proximal, self.server_rho))
+        return nat.scale(numerator, 1.0 / (c + self.server_rho * participants)), duals
+
+    def unlearn(self, server: RoundServerState, client_id: int, state: ClientState) -> RoundServerState:
+        """`unlearned_server` for this server: λ_g' = λ_g − η_j / c, and η_j leaves the dual sum."""
+        if state.natural is None:
+            raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
+        lam_g = _without_dual(self.family, self.delta, server.natural, client_id, state.dual)
+        return RoundServerState(lam_g, nat.sub(server.duals, _wide(state.dual)), server.round)
+
+
+PROXIMAL = ("all", "participants")  # the clients the server's proximal term is over (module docstring)
+
+
 def make(
     family: GaussianFamily,
     solver,
@@ -231,6 +310,7 @@ def make(
     dual_step: Callable = natural_dual_step,
     name: str = "bayes-admm",
     incremental: bool = False,
+    proximal: str = "all",
 ) -> Algorithm:
     """BayesADMM over `family` with local `solver` (ExactQuadratic, VON, IVONSolver, ...: a `LocalSolver` of the
     client's `VariationalProblem`, i.e. `solver.solve_problem(problem, loss, generator) -> SolveResult`).
@@ -239,6 +319,8 @@ def make(
     gamma: dual step γ (default ρ). server_rho: ρ_s ≥ 0 in the server problem (default ρ).
     dual_step: Eq. 16 by default; BregmanADMM swaps in the expectation-parameter step.
     incremental: keep the running sum of the clients' terms instead of each client's term (module docstring).
+    proximal: "all" (Eq. 54: the server's proximal term over every client's last q_k) or "participants" (over the
+    round's participants, `RoundProximal`; its server is as small as the running sum's, whatever `incremental`).
     """
     gamma = rho if gamma is None else gamma
     server_rho = rho if server_rho is None else server_rho
@@ -246,6 +328,13 @@ def make(
         raise ValueError(
             f"need finite rho > 0, gamma > 0, server_rho >= 0, delta > 0; got rho={rho}, gamma={gamma}, "
             f"server_rho={server_rho}, delta={delta}"
+        )
+    if proximal not in PROXIMAL:
+        raise ValueError(f"{name}: proximal must be one of {', '.join(PROXIMAL)}, got {proximal!r}")
+    if proximal == "participants" and dual_step is not natural_dual_step:
+        raise ValueError(
+            f"{name}: proximal='participants' keeps the dual sum from the clients' steps, which only the natural "
+            "dual step moves by γ (λ_k − λ_g); use proximal='all'"
         )
 
     def init_server(theta0: Tensor) -> ServerState:
@@ -263,7 +352,10 @@ def make(
 
     def finish(state: ClientState, message: Message, loss, problem: VariationalProblem, result):
         dual = dual_step(family, state.dual, result.natural, problem.lam_g, gamma)
-        reply = (sums.reply if sums is not None else reply_of)(state, dual, result.natural)
+        if rounds is not None:
+            reply = rounds.reply(result.natural, problem.lam_g)
+        else:
+            reply = (sums.reply if sums is not None else reply_of)(state, dual, result.natural)
         return ClientState(dual, result.natural), reply, SolveInfo(result.iterations, result.converged)
 
     def reply_of(state: ClientState, dual: Natural, lam_k: Natural) -> Message:
@@ -290,8 +382,11 @@ def make(
 
     # the same closed form from the running sum, where asked (module docstring)
     sums = RunningSums(family, delta, server_rho, name) if incremental else None
+    rounds = RoundProximal(family, delta, server_rho, gamma, name) if proximal == "participants" else None
     server: tuple[Callable, Callable, Callable] = (init_server, server_update, unlearn)
-    if sums is not None:
+    if rounds is not None:
+        server = (rounds.init_server, rounds.server_update, rounds.unlearn)
+    elif sums is not None:
         server = (sums.init_server, sums.server_update, sums.unlearn)
 
     # Only the natural-parameter dual step keeps η_k = −∇_μ L_k (App. C.1), the client's term of the posterior;

@@ -14,7 +14,17 @@ from typing import Any
 
 from torch import Tensor
 
-__all__ = ["ClientUpdate", "RunningSum"]
+__all__ = ["ClientUpdate", "RunningSum", "new_clients", "participants"]
+
+
+def new_clients(clients: int, rate: float, round_: int) -> float:
+    """The expected number of clients round `round_` (from 1) draws for the first time: K q (1 − q)^(t−1)."""
+    return clients * rate * (1 - rate) ** (round_ - 1)
+
+
+def participants(clients: int, rate: float, round_: int) -> float:
+    """The expected number of participants of a round: K q."""
+    return clients * rate
 
 
 @dataclass(frozen=True)
@@ -28,10 +38,17 @@ class RunningSum:
     their public expectation, never by the flags, which would tell who took part. `update(server_state, released,
     new) -> (server_state, info)`: the method's server update given the released change of its sum (in the reply's
     layout) and the (expected, so fractional) number of new clients; a module-level function or a partial of one
-    (it travels to worker processes)."""
+    (it travels to worker processes).
 
-    first: str
+    A server that takes the sum of the round's updates themselves (IVON-ADMM's `proximal="participants"`: the
+    participants' steps λ_k − λ_g) has `first` None (its updates are the replies, measured against 0: its
+    `ClientUpdate.scale` is 0) and `count` `participants`, the expected number of participants, in place of the new
+    clients'. `count(clients, rate, round)`: that public number, from the federation's size, the sampling rate and
+    the round (from 1)."""
+
+    first: str | None
     update: Callable[[Any, dict[str, Tensor], float], tuple[Any, Any]]
+    count: Callable[[int, float, int], float] = new_clients
 
 
 @dataclass(frozen=True)
@@ -62,7 +79,9 @@ class ClientUpdate:
     def anchor_weight(self, reply: Mapping[str, Tensor]) -> float:
         """How many times scale × broadcast the reply's update is measured against: 1, or for a running-sum server's
         reply 1 in a client's first reply and 0 after (its change is then the update itself)."""
-        return 1.0 if self.running is None else float(reply[self.running.first])
+        if self.running is None or self.running.first is None:
+            return 1.0
+        return float(reply[self.running.first])
 
     def keys(self, reply: Mapping[str, Tensor], message: Mapping[str, Tensor]) -> list[tuple[str, str]]:
         """The (reply key, broadcast key) pairs of the update, in a fixed order; a KeyError naming what is missing."""

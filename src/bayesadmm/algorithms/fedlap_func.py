@@ -369,7 +369,14 @@ SPEC = register_method(
             "tau_f": {"around": [0.01, 100], "choices": [1, 0.1, 0.01, 0.001, 0.0001]},
         },
         # the toy problems' few memory points need far fewer server steps than the paper's 5000
-        example={"lr": 0.05, "epochs": 2, "batch_size": 8, "delta": 1.0, "rho": 0.5, "server_iterations": 200,
-                 "server_lr": 0.01},
+        example={
+            "lr": 0.05,
+            "epochs": 2,
+            "batch_size": 8,
+            "delta": 1.0,
+            "rho": 0.5,
+            "server_iterations": 200,
+            "server_lr": 0.01,
+        },
     )
 )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from bayesadmm.algorithms import bayes_admm
 from bayesadmm.algorithms.base import Algorithm, Message
-from bayesadmm.algorithms.client_update import ClientUpdate, RunningSum
+from bayesadmm.algorithms.client_update import ClientUpdate, RunningSum, participants
 from bayesadmm.algorithms.spec import Context, MethodSpec
 from bayesadmm.algorithms.spec import register as register_method
 from bayesadmm.families import DiagonalGaussian
@@ -89,10 +89,12 @@ def make(
     name: str = "ivon-admm",
     compiled: bool = True,
     incremental: bool = False,
+    proximal: str = "all",
 ) -> Algorithm:
     """IVON-ADMM over `dim` parameters: ρ = `rho`, dual step γ = `gamma`, prior precision δ = `delta`, server
     proximal weight ρ_s = `server_rho` (default ρ); the IVON settings as `make_solver` takes them; `incremental`:
-    the server keeps the running sum of the clients' terms, not each client's (`bayes_admm.make`)."""
+    the server keeps the running sum of the clients' terms, not each client's; `proximal`: the server's proximal
+    term over every client ("all", Eq. 54) or the round's participants ("participants") (`bayes_admm.make`)."""
     solver = make_solver(
         lr=lr, tau=tau, epochs=epochs, batch_size=batch_size, hess_init=hess_init, beta1=beta1, beta2=beta2,
         mc_samples=mc_samples, clip_radius=clip_radius, cosine_rounds=cosine_rounds, restart_at_q_g=restart_at_q_g,
@@ -100,7 +102,7 @@ def make(
     )  # fmt: skip
     return bayes_admm.make(
         DiagonalGaussian(dim), solver, rho=rho, delta=delta, gamma=gamma, server_rho=server_rho, name=name,
-        incremental=incremental,
+        incremental=incremental, proximal=proximal,
     )  # fmt: skip
 
 
@@ -180,14 +182,22 @@ class IVONSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class Hparams(IVONSettings):
-    """IVON-ADMM's hyperparameters (`make`): ρ, γ, δ, `server_rho` ρ_s (None: ρ), IVON's settings and
-    `incremental` (the server's running sum: for many clients, a few per round)."""
+    """IVON-ADMM's hyperparameters (`make`): ρ, γ, δ, `server_rho` ρ_s (None: ρ), IVON's settings,
+    `incremental` (the server's running sum: for many clients, a few per round) and `proximal` ("all", or
+    "participants": the server's proximal term over the round's participants, for a few per cent of the clients a
+    round; `bayes_admm.RoundProximal`)."""
 
     rho: float
     gamma: float
     delta: float
     server_rho: float | None = None
     incremental: bool = False
+    proximal: str = "all"
+
+    def __post_init__(self) -> None:
+        if self.proximal not in bayes_admm.PROXIMAL:
+            choices = ", ".join(bayes_admm.PROXIMAL)
+            raise ValueError(f"ivon-admm: proximal must be one of {choices}, got {self.proximal!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +226,7 @@ def build(hparams: Hparams, context: Context) -> Algorithm:
         delta=hparams.delta,
         server_rho=hparams.server_rho,
         incremental=hparams.incremental,
+        proximal=hparams.proximal,
         **hparams.solver_keywords(context, "ivon-admm"),
     )
 
@@ -224,8 +235,16 @@ def dp_update(hparams: Hparams) -> ClientUpdate:
     """Client-level DP's update: the reply η_k + ρ_s λ_k against ρ_s λ_g, i.e. η_k + ρ_s (λ_k − λ_g), both halves
     of the natural parameter (S·m and −S/2) as one vector (docs/guides/privacy.md). The default server sums every
     client's last reply, hence `every_round`; the running-sum server (`incremental`) takes the changes of the terms
-    (`running_update`), at any participation."""
+    (`running_update`), at any participation; the participants' server (`proximal="participants"`) the sum of the
+    round's steps λ_k − λ_g over the expected number of participants (`round_update`), at any participation."""
     server_rho = hparams.rho if hparams.server_rho is None else hparams.server_rho
+    if hparams.proximal == "participants":
+        released = functools.partial(
+            round_update, delta=hparams.delta, server_rho=server_rho, gamma=hparams.gamma, name="ivon-admm"
+        )
+        return ClientUpdate(
+            (("step", "lam"),), scale=0.0, running=RunningSum(None, released, participants), precision_half=True
+        )
     return _update(hparams, server_rho, "ivon-admm")
 
 
@@ -247,6 +266,14 @@ def running_update(server, released: Message, new: float, *, delta: float, serve
     """The running-sum server's update from client-level DP's released sum (`bayes_admm.RunningSums.released`)."""
     family = DiagonalGaussian(server.natural[0].numel())
     return bayes_admm.RunningSums(family, delta, server_rho, name).released(server, released, new)
+
+
+def round_update(
+    server, released: Message, expected: float, *, delta: float, server_rho: float, gamma: float, name: str
+):
+    """The participants' server update from client-level DP's released sum (`bayes_admm.RoundProximal.released`)."""
+    family = DiagonalGaussian(server.natural[0].numel())
+    return bayes_admm.RoundProximal(family, delta, server_rho, gamma, name).released(server, released, expected)
 
 
 def build_pvi(hparams: PVIHparams, context: Context) -> Algorithm:

@@ -21,8 +21,10 @@ A running-sum server (`ClientUpdate.running`: IVON-ADMM's and IVON-PVI's `increm
 the changes of the clients' terms, round after round. Under noise it is given the release itself,
 Σ clip(u_k) + z + N_t · scale · broadcast (`released_sum`), at any participation: u_k a reply's change (in a
 client's first reply, against scale × broadcast), N_t = K q (1 − q)^(t−1) the expected number of new clients (the
-public count that replaces the replies' flags). With `DPSettings.precision_clip` an update with a precision half is
-clipped and noised per half in the coordinates of `Geometry`.
+public count that replaces the replies' flags). IVON-ADMM's `proximal="participants"` server takes the sum of the
+participants' steps Σ clip(d_k) + z the same way, with the expected number of participants Kq (`RunningSum.count`).
+With `DPSettings.precision_clip` an update with a precision half is clipped and noised per half in the coordinates
+of `Geometry`.
 
 The noise of round t comes from `generator_of(seed, t, DP_NOISE)` alone. With σ = 0 (ε infinite) the clients are
 drawn as without DP and a reply whose update lies in the ball passes unchanged, so a run with σ = 0 and a large clip
@@ -290,7 +292,7 @@ def private(
         generator = generator_of(seed, len(server.steps) + 1, DP_NOISE)
         base = algorithm.broadcast(server.inner)
         if update.running is not None and noise_multiplier > 0:  # a running sum: the noised sum released as it is
-            new = clients * rate * (1 - rate) ** len(server.steps)  # round t draws K q (1 − q)^(t−1) new clients
+            new = update.running.count(clients, rate, len(server.steps) + 1)  # public: new clients, participants
             released, norms = released_sum(
                 replies, base, update, dp.clip, noise_multiplier, generator, new, dp.precision_clip
             )
