@@ -36,7 +36,9 @@ def test_the_presets_are_the_published_and_chosen_values_with_their_types():
     methods = {scenario: values["methods"] for scenario, values in presets().items()}
     assert _typed(methods["fmnist-heterog10"]["ivon-admm"]) == _typed(IVON_FMNIST_HETEROG10)
     assert _typed(methods["cifar10-zenke"]["ivon-admm"]) == _typed(IVON_CIFAR10_ZENKE)
-    assert methods["fmnist-xdevice"]["ivon-admm"]["incremental"] is True  # the server's running sum at 1 % a round
+    # at 1 % a round: the server's proximal term over the round's participants, and IVON's weight noise as heterog100's
+    assert methods["fmnist-xdevice"]["ivon-admm"]["proximal"] == "participants"
+    assert methods["fmnist-xdevice"]["ivon-admm"]["tau"] == 1e-5
     assert _typed(methods["logreg-100k"]["fedavg"]) == _typed({"lr": 1e-2, "epochs": 10, "batch_size": 32})
     assert _typed(methods["mnist-heterog100"]["fedavg"]) == _typed({"lr": 1e-3, "epochs": 10, "batch_size": 32})
     assert methods["diabetes-iid5"]["feddyn"]["alpha"] == 1.0 and methods["fmnist-homog10"]["feddyn"]["alpha"] == 1e-3
