@@ -145,13 +145,14 @@ def test_the_participants_server_follows_the_closed_form_of_the_released_steps_o
         np.testing.assert_allclose(np.concatenate([x.numpy() for x in server.inner.duals]), duals, rtol=1e-6, atol=1e-6)
 
 
-def test_with_a_precision_clip_the_halves_are_clipped_in_an_ellipsoid_of_the_precision_weighted_mean_change():
-    """(v1, v2) = (u1 + 2 m_g u2, u2), m_g = λ₁ / (−2λ₂) of the broadcast: one client moves the release by its
-    update scaled so that ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1, and the noise is σC on v1's coordinates and σC_p on v2's (the
-    same standard normals as the ball's), mapped back; all computed here in numpy."""
+def test_with_a_precision_clip_the_halves_are_clipped_in_an_ellipsoid_of_the_mean_move_and_relative_precision():
+    """(v1, v2) = ((u1 + 2 m_g u2) / s_g, u2 / s_g), s_g = −2λ₂ and m_g = λ₁ / s_g of the broadcast: one client moves
+    the release by its update scaled so that ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1, and the noise is σC on v1's coordinates and
+    σC_p on v2's (the same standard normals as the ball's), mapped back; all computed here in numpy."""
     update, rng = _update(), np.random.default_rng(2)
     base = {"lam.0": torch.randn(DIM, dtype=torch.float64), "lam.1": -torch.rand(DIM, dtype=torch.float64) - 1}
-    mix = 2 * base["lam.0"].numpy() / (-2 * base["lam.1"].numpy())
+    s_g = -2 * base["lam.1"].numpy()
+    mix = 2 * base["lam.0"].numpy() / s_g
     a = RHO_S * np.concatenate([base["lam.0"].numpy(), base["lam.1"].numpy()])
     replies = {k: _reply(rng, first=k == 0, size=[30.0, 0.1, 3.0][k]) for k in range(3)}
     clip, precision_clip, sigma = 2.0, 5.0, 0.6
@@ -162,14 +163,14 @@ def test_with_a_precision_clip_the_halves_are_clipped_in_an_ellipsoid_of_the_pre
         without_k, _ = released_sum(kept, *args, torch.Generator().manual_seed(9), 1.0, precision_clip)
         moved = np.concatenate([(with_k[f"change.{i}"] - without_k[f"change.{i}"]).numpy() for i in (0, 1)])
         u = np.concatenate([replies[k]["change.0"].numpy(), replies[k]["change.1"].numpy()]) - (k == 0) * a
-        v1, v2 = u[:DIM] + mix * u[DIM:], u[DIM:]
+        v1, v2 = (u[:DIM] + mix * u[DIM:]) / s_g, u[DIM:] / s_g
         size = np.hypot(np.linalg.norm(v1) / clip, np.linalg.norm(v2) / precision_clip)
         np.testing.assert_allclose(moved, u * min(1.0, 1 / size), rtol=1e-10, atol=1e-12)
         assert norms[k] == (pytest.approx(np.linalg.norm(v1)), pytest.approx(np.linalg.norm(v2)))
     assert [n[0] > clip or n[1] > precision_clip for n in norms] == [True, False, True]
     noise, _ = released_sum({}, base, update, clip, sigma, torch.Generator().manual_seed(4), 0.0, precision_clip)
     z = torch.randn(2 * DIM, generator=torch.Generator().manual_seed(4), dtype=torch.float64).numpy()
-    z1, z2 = sigma * clip * z[:DIM], sigma * precision_clip * z[DIM:]
+    z1, z2 = sigma * clip * z[:DIM] * s_g, sigma * precision_clip * z[DIM:] * s_g
     np.testing.assert_allclose(noise["change.0"].numpy(), z1 - mix * z2, rtol=1e-12)
     np.testing.assert_allclose(noise["change.1"].numpy(), z2, rtol=1e-12)
 
