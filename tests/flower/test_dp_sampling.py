@@ -25,7 +25,9 @@ IVON_ADMM = {**bayesadmm.algorithms.spec.get("ivon-admm").example, "incremental"
 PARTICIPANTS = {**bayesadmm.algorithms.spec.get("ivon-admm").example, "proximal": "participants"}
 
 
-@pytest.mark.parametrize("method, hparams", [("fedavg", FEDAVG), ("ivon-admm", IVON_ADMM), ("ivon-admm", PARTICIPANTS)])
+@pytest.mark.parametrize(
+    "method, hparams", [("fedavg", FEDAVG), ("ivon-admm", IVON_ADMM), ("ivon-admm", PARTICIPANTS)]
+)
 def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_sample(tmp_path, method, hparams):
     """3 clients at q = 0.4, seed 7: rounds 2 and 3 draw no client; the strategy's rounds are the local run's, with
     the same participants, numbers and ε."""
@@ -75,16 +77,13 @@ def test_a_private_strategy_at_partial_participation_draws_the_engines_poisson_s
     assert [line["dp_epsilon"] for line in flower] == [line["dp_epsilon"] for line in local.history]
 
 
-def test_a_run_configs_dp_precision_clip_and_scale_reach_the_strategy(tmp_path):
-    """Read as `DPSettings.precision_clip` and `precision_scale` and recorded in the run's configuration; absent,
-    nothing is recorded."""
+def test_a_run_configs_dp_precision_clip_reaches_the_strategy(tmp_path):
+    """Read as `DPSettings.precision_clip` and recorded in the run's configuration; absent, nothing is recorded."""
     from bayesadmm.flower import strategy_from_config
 
     method = {f"ivon-admm.{key.replace('_', '-')}": value for key, value in IVON_ADMM.items()}
     run_config = {"method": "ivon-admm", **method, "dp": "client", "dp-noise": 1.0, "out": str(tmp_path / "run")}
-    s = strategy_from_config(
-        {**run_config, "dp-precision-clip": 5.0, "dp-precision-scale": 7.0}, model=user_app.make_model()
-    )
-    assert s.config["dp"]["precision_clip"] == 5.0 and s.config["dp"]["precision_scale"] == 7.0
+    s = strategy_from_config({**run_config, "dp-precision-clip": 5.0}, model=user_app.make_model())
+    assert s.config["dp"]["precision_clip"] == 5.0
     s = strategy_from_config(run_config, model=user_app.make_model())
-    assert "precision_clip" not in s.config["dp"] and "precision_scale" not in s.config["dp"]
+    assert "precision_clip" not in s.config["dp"]

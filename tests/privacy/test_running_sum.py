@@ -145,34 +145,31 @@ def test_the_participants_server_follows_the_closed_form_of_the_released_steps_o
         np.testing.assert_allclose(np.concatenate([x.numpy() for x in server.inner.duals]), duals, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("s_ref", [0.0, 3.0])
-def test_with_a_precision_clip_the_halves_are_clipped_in_an_ellipsoid_of_the_mean_move_and_relative_precision(s_ref):
-    """(v1, v2) = ((u1 + 2 m_g u2) / w, u2 / w), w = s_g + s_ref, s_g = −2λ₂ and m_g = λ₁ / s_g of the broadcast,
-    s_ref the precision_scale: one client moves the release by its update scaled so that ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1,
-    and the noise is σC on v1's coordinates and σC_p on v2's (the same standard normals as the ball's), mapped back;
-    all computed here in numpy."""
+def test_with_a_precision_clip_the_halves_are_clipped_in_an_ellipsoid_of_the_precision_weighted_mean_change():
+    """(v1, v2) = (u1 + 2 m_g u2, u2), m_g = λ₁ / (−2λ₂) of the broadcast: one client moves the release by its
+    update scaled so that ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1, and the noise is σC on v1's coordinates and σC_p on v2's (the
+    same standard normals as the ball's), mapped back; all computed here in numpy."""
     update, rng = _update(), np.random.default_rng(2)
     base = {"lam.0": torch.randn(DIM, dtype=torch.float64), "lam.1": -torch.rand(DIM, dtype=torch.float64) - 1}
-    s_g = -2 * base["lam.1"].numpy()
-    mix, w = 2 * base["lam.0"].numpy() / s_g, s_g + s_ref
+    mix = 2 * base["lam.0"].numpy() / (-2 * base["lam.1"].numpy())
     a = RHO_S * np.concatenate([base["lam.0"].numpy(), base["lam.1"].numpy()])
     replies = {k: _reply(rng, first=k == 0, size=[30.0, 0.1, 3.0][k]) for k in range(3)}
     clip, precision_clip, sigma = 2.0, 5.0, 0.6
     for k in replies:
         kept = {j: r for j, r in replies.items() if j != k}
         args = (base, update, clip, sigma)
-        with_k, norms = released_sum(replies, *args, torch.Generator().manual_seed(9), 1.0, precision_clip, s_ref)
-        without_k, _ = released_sum(kept, *args, torch.Generator().manual_seed(9), 1.0, precision_clip, s_ref)
+        with_k, norms = released_sum(replies, *args, torch.Generator().manual_seed(9), 1.0, precision_clip)
+        without_k, _ = released_sum(kept, *args, torch.Generator().manual_seed(9), 1.0, precision_clip)
         moved = np.concatenate([(with_k[f"change.{i}"] - without_k[f"change.{i}"]).numpy() for i in (0, 1)])
         u = np.concatenate([replies[k]["change.0"].numpy(), replies[k]["change.1"].numpy()]) - (k == 0) * a
-        v1, v2 = (u[:DIM] + mix * u[DIM:]) / w, u[DIM:] / w
+        v1, v2 = u[:DIM] + mix * u[DIM:], u[DIM:]
         size = np.hypot(np.linalg.norm(v1) / clip, np.linalg.norm(v2) / precision_clip)
         np.testing.assert_allclose(moved, u * min(1.0, 1 / size), rtol=1e-10, atol=1e-12)
         assert norms[k] == (pytest.approx(np.linalg.norm(v1)), pytest.approx(np.linalg.norm(v2)))
-    assert [n[0] > clip or n[1] > precision_clip for n in norms][:2] == [True, False]
-    noise, _ = released_sum({}, base, update, clip, sigma, torch.Generator().manual_seed(4), 0.0, precision_clip, s_ref)
+    assert [n[0] > clip or n[1] > precision_clip for n in norms] == [True, False, True]
+    noise, _ = released_sum({}, base, update, clip, sigma, torch.Generator().manual_seed(4), 0.0, precision_clip)
     z = torch.randn(2 * DIM, generator=torch.Generator().manual_seed(4), dtype=torch.float64).numpy()
-    z1, z2 = sigma * clip * z[:DIM] * w, sigma * precision_clip * z[DIM:] * w
+    z1, z2 = sigma * clip * z[:DIM], sigma * precision_clip * z[DIM:]
     np.testing.assert_allclose(noise["change.0"].numpy(), z1 - mix * z2, rtol=1e-12)
     np.testing.assert_allclose(noise["change.1"].numpy(), z2, rtol=1e-12)
 
@@ -189,13 +186,6 @@ def test_a_precision_clip_is_refused_where_the_update_has_no_precision_half(tmp_
         DPSettings(level="example", noise_multiplier=1.0, precision_clip=1.0)
     assert DPSettings.from_json(DPSettings(noise_multiplier=1.0, precision_clip=3.0).to_json()).precision_clip == 3.0
     assert "precision_clip" not in DPSettings(noise_multiplier=1.0).to_json()  # records without one are as before
-    with pytest.raises(ValueError, match="precision_scale sets the coordinates of a precision_clip"):
-        DPSettings(noise_multiplier=1.0, precision_scale=2.0)
-    with pytest.raises(ValueError, match="precision_scale must be a finite number > 0"):
-        DPSettings(noise_multiplier=1.0, precision_clip=1.0, precision_scale=-1.0)
-    record = DPSettings(noise_multiplier=1.0, precision_clip=3.0, precision_scale=2.0).to_json()
-    assert DPSettings.from_json(record).precision_scale == 2.0
-    assert "precision_scale" not in DPSettings(noise_multiplier=1.0, precision_clip=3.0).to_json()
 
 
 def _federation(clients: int = 60, size: int = 8):
@@ -277,7 +267,7 @@ def test_a_private_running_sum_run_resumed_is_the_one_that_never_stopped(tmp_pat
     assert torch.equal(resumed.posterior.mean, whole.posterior.mean)
 
 
-def test_the_command_lines_precision_clip_and_scale_are_read_and_recorded_only_where_set():
+def test_the_command_lines_precision_clip_is_read_and_recorded_only_where_set():
     from bayesadmm.experiments.config import resolve
     from bayesadmm.experiments.privacy import dp_settings
 
@@ -286,6 +276,3 @@ def test_the_command_lines_precision_clip_and_scale_are_read_and_recorded_only_w
     assert config.to_json()["dp_precision_clip"] == 5.0 and dp_settings(config).precision_clip == 5.0
     plain, _ = resolve("diabetes-iid5", keys)
     assert "dp_precision_clip" not in plain.to_json() and dp_settings(plain).precision_clip is None
-    scaled, _ = resolve("diabetes-iid5", [*keys, "dp_precision_clip=5", "dp_precision_scale=100"])
-    assert scaled.to_json()["dp_precision_scale"] == 100.0 and dp_settings(scaled).precision_scale == 100.0
-    assert "dp_precision_scale" not in config.to_json() and dp_settings(config).precision_scale is None

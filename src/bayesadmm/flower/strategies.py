@@ -61,7 +61,7 @@ CONFIG_KEYS = {
     "eval-samples": "eval_samples", "dtype": "dtype", "device": "device", "clients": "clients",
     "checkpoint-every": "checkpoint_every", "compile": "compile",
 }  # fmt: skip
-DP_KEYS = ("dp", "dp-clip", "dp-noise", "dp-epsilon", "dp-delta", "dp-precision-clip", "dp-precision-scale")
+DP_KEYS = ("dp", "dp-clip", "dp-noise", "dp-epsilon", "dp-delta", "dp-precision-clip")
 # every top-level key `strategy_from_config` reads (besides likelihood-KEY and METHOD.KEY)
 READ_KEYS = frozenset({*CONFIG_KEYS, *DP_KEYS, "method", "likelihood"})
 
@@ -193,7 +193,7 @@ def strategy_from_config(
         if clients:
             found["clients"] = clients
     if run_config.get("dp"):
-        clip, noise, epsilon, delta, precision_clip, precision_scale = (_number(run_config, key) for key in DP_KEYS[1:])
+        clip, noise, epsilon, delta, precision_clip = (_number(run_config, key) for key in DP_KEYS[1:])
         found["dp"] = DPSettings(
             level=str(run_config["dp"]),
             clip=1.0 if clip is None else clip,
@@ -201,7 +201,6 @@ def strategy_from_config(
             epsilon=epsilon or None,
             delta=1e-5 if delta is None else delta,
             precision_clip=precision_clip or None,  # 0 or absent: one clip
-            precision_scale=precision_scale or None,
         )
     try:
         return strategy(method, model=model, **{**found, **hparams, **arguments})

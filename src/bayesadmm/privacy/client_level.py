@@ -70,8 +70,7 @@ class PrivateInfo(NamedTuple):
     dp_clipped: float  # the fraction of this round's updates that were clipped (0 in a round without participants)
     dp_median_norm: float  # the median L2 norm of what `clip` bounds of this round's updates (before clipping; 0
     # without participants): the whole update, or with a precision_clip its mean half (`Geometry`)
-    dp_median_precision_norm: float  # the same of the precision half (with a precision_clip, v2 of `Geometry`; 0 where
-    # the updates have none)
+    dp_median_precision_norm: float  # the median L2 norm of the updates' precision half (0 where they have none)
 
 
 @register
@@ -83,57 +82,35 @@ class PrivateServer(NamedTuple):
 class Geometry(NamedTuple):
     """Where a round's updates are clipped and noised. Without `precision_clip`: the L2 ball of radius `clip`, noise
     σ·clip on every coordinate. With it, for an update with a precision half (`ClientUpdate.precision_half`: a
-    diagonal Gaussian's (u1, u2) = (Δλ₁, Δλ₂) against the broadcast λ_g = (s_g∘m_g, −s_g/2)), in the coordinates
-
-        v1 = (u1 + 2 m_g∘u2) / s_g,      v2 = u2 / s_g,
-
-    i.e. for the change from q_g to q_k, v1 = (s_k/s_g)∘(m_k − m_g), the move of the mean (weighted by the ratio of
-    precisions), and v2 = −(s_k − s_g)/(2 s_g), the precision's relative change. Both are free of the precisions'
-    scale. With `DPSettings.precision_scale` s_ref both divisors are s_g + s_ref: relative to s_g where it is large,
-    to s_ref where it is small (from a weak prior, every client's first change would be huge relative to s_g and
-    clipped to nothing, and the server's precision could not grow). In natural coordinates (u1 = s_k∘m_k − s_g∘m_g)
-    the few coordinates of largest precision would take the whole clip, and noise of one scale for all would drown
-    every coordinate of small precision (measured: IVON-ADMM on fmnist-xdevice at ε = 8 stayed at chance). u1 also
-    holds m_g∘(s_k − s_g), the precision's change, which 2 m_g∘u2
-    takes out. The update is scaled into the ellipsoid ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1 and the sum gets noise σC on v1's
-    coordinates and σC_p on v2's: the Gaussian mechanism of sensitivity 1 and noise multiplier σ in the coordinates
-    (v1/C, v2/C_p), accounted as the one ball is. The map is linear and fixed by the broadcast (public), so the server
-    maps the noised sum back exactly: the noise on the precision is σC_p s_g, on the mean about σC (over the number
-    of participants), each coordinate at its own scale."""
+    diagonal Gaussian's (u1, u2) = (Δλ₁, Δλ₂) against λ_g = (s_g∘m_g, −s_g/2)), in the coordinates
+    (v1, v2) = (u1 + 2 m_g∘u2, u2): for the change from q_g to q_k, v1 = s_k∘(m_k − m_g), the precision-weighted
+    change of the mean, small where the mean moves little, while u1 = s_k∘m_k − s_g∘m_g also holds m_g∘(s_k − s_g),
+    the precision's change, which would take the mean half's clip. The update is scaled into the ellipsoid
+    ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1 and the sum gets noise σC on v1's coordinates and σC_p on v2's: the Gaussian mechanism
+    of sensitivity 1 and noise multiplier σ in the coordinates (v1/C, v2/C_p), accounted as the one ball is. The
+    map is linear and fixed by the broadcast (public), so the server maps the noised sum back exactly."""
 
     clip: float
     precision_clip: float | None
     half: int  # where the precision half starts in the flat update (0: it has none)
     mix: Tensor | None  # 2 m_g, with a precision_clip
-    scale: Tensor | None  # s_g, with a precision_clip
 
     @staticmethod
-    def of(
-        update: ClientUpdate,
-        base: Message,
-        keys: list[tuple[str, str]],
-        clip: float,
-        precision_clip: float | None,
-        precision_scale: float = 0.0,
-    ):
-        """The geometry of `update` against the broadcast `base` (`keys`: its (reply, broadcast) key pairs), with
-        `precision_scale` s_ref added to s_g in the divisor (`DPSettings.precision_scale`)."""
+    def of(update: ClientUpdate, base: Message, keys: list[tuple[str, str]], clip: float, precision_clip: float | None):
+        """The geometry of `update` against the broadcast `base` (`keys`: its (reply, broadcast) key pairs)."""
         half = base[keys[0][1]].numel() if update.precision_half else 0
         if precision_clip is None or not half:
-            return Geometry(clip, None, half, None, None)
-        lam1, lam2 = (base[b].reshape(-1).double() for _, b in keys)
-        scale = -2.0 * lam2 + precision_scale  # s_g + s_ref
-        return Geometry(clip, precision_clip, half, -lam1 / lam2, scale)  # 2 m_g = 2 λ₁ / s_g, s_g = −2λ₂
+            return Geometry(clip, None, half, None)
+        lam1, lam2 = (base[b].reshape(-1) for _, b in keys)
+        return Geometry(clip, precision_clip, half, -lam1 / lam2)  # 2 m_g = 2 λ₁ / s_g, s_g = −2λ₂
 
     def norms(self, u: Tensor) -> tuple[float, float]:
-        """The L2 norms of what `clip` bounds of the flat update `u` and of its precision half (with a
-        `precision_clip`, of v1 and v2; without, of u and u2; 0 without a precision half)."""
+        """The L2 norms of what `clip` bounds of the flat update `u` and of its precision half (0 without one)."""
         u = u.double()
-        if self.mix is None or self.scale is None:
-            precision = float(torch.linalg.vector_norm(u[self.half :])) if self.half else 0.0
+        precision = float(torch.linalg.vector_norm(u[self.half :])) if self.half else 0.0
+        if self.mix is None:
             return float(torch.linalg.vector_norm(u)), precision
-        v1 = (u[: self.half] + self.mix * u[self.half :]) / self.scale
-        return float(torch.linalg.vector_norm(v1)), float(torch.linalg.vector_norm(u[self.half :] / self.scale))
+        return float(torch.linalg.vector_norm(u[: self.half] + self.mix.double() * u[self.half :])), precision
 
     def factor(self, norms: tuple[float, float]) -> float:
         """The factor that scales an update of these `norms` into the ball or the ellipsoid (1 inside it)."""
@@ -142,13 +119,13 @@ class Geometry(NamedTuple):
     def noise(self, like: Tensor, noise_multiplier: float, generator: torch.Generator) -> Tensor:
         """The noise of the sum in the update's own coordinates (the mechanism's noise mapped back), `like`'s
         shape and dtype, drawn as `gaussian_noise` draws it."""
-        if self.mix is None or self.scale is None:
+        if self.mix is None:
             return gaussian_noise(like, noise_multiplier * self.clip, generator)
         assert self.precision_clip is not None
-        z = gaussian_noise(like, 1.0, generator).double()
-        u2 = z[self.half :] * (noise_multiplier * self.precision_clip) * self.scale
-        u1 = z[: self.half] * (noise_multiplier * self.clip) * self.scale - self.mix * u2
-        return torch.cat([u1, u2]).to(like.dtype)
+        z = gaussian_noise(like, 1.0, generator)
+        v1 = z[: self.half] * (noise_multiplier * self.clip)
+        v2 = z[self.half :] * (noise_multiplier * self.precision_clip)
+        return torch.cat([v1 - self.mix.to(like.dtype) * v2, v2])
 
 
 def privatize(
@@ -160,7 +137,6 @@ def privatize(
     generator: torch.Generator,
     expected: float | None = None,
     precision_clip: float | None = None,
-    precision_scale: float = 0.0,
 ) -> tuple[dict[int, Message], list[tuple[float, float]]]:
     """The replies rebuilt from the noised sum of their clipped updates, and the updates' norms (client order: of
     what `clip` bounds and of the precision half, `Geometry.norms`).
@@ -175,7 +151,7 @@ def privatize(
     ids = sorted(replies)
     keys = update.keys(replies[ids[0]], base)
     shapes = [base[b].shape for _, b in keys]
-    geometry = Geometry.of(update, base, keys, clip, precision_clip, precision_scale)
+    geometry = Geometry.of(update, base, keys, clip, precision_clip)
     anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
     stretch = 1.0 if expected is None else len(ids) / expected
     out, norms = {}, []
@@ -203,7 +179,6 @@ def released_sum(
     generator: torch.Generator,
     new: float,
     precision_clip: float | None = None,
-    precision_scale: float = 0.0,
 ) -> tuple[Message, list[tuple[float, float]]]:
     """What a running-sum server releases (`ClientUpdate.running`), in the reply's layout: Σ_k clip(u_k) + z +
     `new` · scale · broadcast, z ~ N(0, (noise_multiplier · clip)² I) (clip and noise per half with `precision_clip`,
@@ -212,7 +187,7 @@ def released_sum(
     scale × broadcast for each without saying who. With no replies it is the noise and the new clients' terms
     alone. Its float64 sum (the server's running sum's precision) over the replies in client-id order."""
     keys = update.broadcast_keys(base)
-    geometry = Geometry.of(update, base, keys, clip, precision_clip, precision_scale)
+    geometry = Geometry.of(update, base, keys, clip, precision_clip)
     anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
     anchor64 = anchor.double()
     total, norms = new * anchor64, []
@@ -286,7 +261,6 @@ def private(
     `noise_multiplier`, the `clients` clients sampled at rate `rate` (Poisson below 1) and accounted so with
     δ = `dp.delta`, budget `dp.epsilon`, the noise's stream derived from `seed`."""
     step: Step = (float(noise_multiplier), float(rate))
-    scale = dp.precision_scale or 0.0  # s_ref of the clipping coordinates
     poisson = rate < 1 and noise_multiplier > 0  # without noise ε is infinite: the clients are drawn as without DP
     expected = rate * clients if poisson else None  # the public denominator of the noised mean
     if dp.precision_clip is not None and not update.precision_half:
@@ -320,12 +294,12 @@ def private(
         if update.running is not None and noise_multiplier > 0:  # a running sum: the noised sum released as it is
             new = update.running.count(clients, rate, len(server.steps) + 1)  # public: new clients, participants
             released, norms = released_sum(
-                replies, base, update, dp.clip, noise_multiplier, generator, new, dp.precision_clip, scale
+                replies, base, update, dp.clip, noise_multiplier, generator, new, dp.precision_clip
             )
             inner, info = update.running.update(server.inner, released, new)
         elif replies or expected is None:
             noised, norms = privatize(
-                replies, base, update, dp.clip, noise_multiplier, generator, expected, dp.precision_clip, scale
+                replies, base, update, dp.clip, noise_multiplier, generator, expected, dp.precision_clip
             )
             inner, info = algorithm.server_update(server.inner, noised)
         else:  # Poisson sampling drew no client: the noise is released all the same, and the round counts

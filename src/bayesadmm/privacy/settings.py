@@ -24,9 +24,6 @@ class DPSettings:
     bound of its precision half, `clip` then bounding its mean half taken as the precision-weighted change of the
     mean: the update is clipped into the ellipsoid of these two radii and each half gets noise σ times its radius
     (`privacy.client_level`); None: one ball of radius `clip` for the whole update.
-    `precision_scale`: with a `precision_clip`, the public precision s_ref added to the broadcast's s_g in the
-    clipping coordinates ((u1 + 2 m_g u2), u2) / (s_g + s_ref): the halves are measured relative to s_g where it is
-    large, and to s_ref where it is small (a server starting at a weak prior); None: 0.
     `noise_multiplier`: σ; None: calibrated by the accountant so that the run's rounds spend at most `epsilon`.
     `epsilon`: the budget ε (None: none, the run only reports the ε it spends); the run stops before the round that
     would exceed it. `delta`: the δ of (ε, δ)-DP. `accountant`: Opacus's "rdp" (default) or "prv"."""
@@ -38,7 +35,6 @@ class DPSettings:
     delta: float = 1e-5
     accountant: str = "rdp"
     precision_clip: float | None = None
-    precision_scale: float | None = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -55,11 +51,6 @@ class DPSettings:
             )
         if self.precision_clip is not None and self.level != "client":
             raise ValueError("dp precision_clip bounds a client's update: it needs level='client'")
-        scale = self.precision_scale
-        if scale is not None and not (_number(scale) and 0 < scale < math.inf):
-            raise ValueError(f"dp precision_scale must be a finite number > 0 or None, got {scale!r}")
-        if scale is not None and self.precision_clip is None:
-            raise ValueError("dp precision_scale sets the coordinates of a precision_clip: give a precision_clip too")
         if self.noise_multiplier is not None and not (
             _number(self.noise_multiplier) and 0 <= self.noise_multiplier < math.inf
         ):
@@ -89,7 +80,6 @@ class DPSettings:
             delta=record["delta"],
             accountant=record.get("accountant", "rdp"),
             precision_clip=record.get("precision_clip"),
-            precision_scale=record.get("precision_scale"),
         )
 
     def to_json(self) -> dict:
@@ -103,11 +93,7 @@ class DPSettings:
             "dp_epsilon": self.epsilon,
             "delta": self.delta,
             "accountant": self.accountant,
-        } | {
-            key: value
-            for key, value in (("precision_clip", self.precision_clip), ("precision_scale", self.precision_scale))
-            if value is not None
-        }
+        } | ({} if self.precision_clip is None else {"precision_clip": self.precision_clip})
 
 
 def _number(value: object) -> bool:
