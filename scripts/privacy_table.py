@@ -29,8 +29,8 @@ EXAMPLE_LEVEL = (
 )
 # fmnist-xdevice (runs/privacy-xdevice): 10⁴ clients, Poisson rate q = 0.01 unless the run's name says another
 XDEVICE = (
-    [(f"{m}-eps{e}", m, "client", None) for m in ("fedavg", "ivon-admm") for e in (1, 3, 8)]
-    + [("ivon-admm-oneclip-eps8", "ivon-admm, one clip (450)", "client", None)]
+    [(f"fedavg-eps{e}", "fedavg", "client", None) for e in (1, 3, 8)]
+    + [("ivon-admm-eps8", "ivon-admm", "client", None)]
     + [(f"{m}-inf", m, "none", None) for m in ("fedavg", "ivon-admm")]
 )
 PARTICIPATION = [

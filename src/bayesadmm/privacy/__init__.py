@@ -78,7 +78,8 @@ def noised(
         raise ValueError(
             f"{name} with client-level DP needs participation=1: its server sums every client's last reply, which "
             "would reuse a reply's share of an old round's noise; set incremental=true (the running-sum server, "
-            "which releases each round's noised changes), or use fedavg or fedprox"
+            "which releases each round's noised changes; for ivon-admm also proximal=participants, the round's "
+            "noised steps), or use fedavg or fedprox"
         )
     sigma = dp.noise_multiplier
     if sigma is None:
