@@ -17,6 +17,7 @@ HEADER = (
 )
 # (run folder, what the row calls the method, DP, the round whose metrics the row shows: None for the last)
 CLIENT_LEVEL = [(f"{m}-eps{e}", m, "client", None) for m in ("fedavg", "ivon-admm") for e in (1, 3, 8)] + [
+    *[(f"ivon-admm-participants-eps{e}", "ivon-admm, proximal=participants", "client", None) for e in (1, 3, 8)],
     ("fedavg-inf", "fedavg", "none", None),
     ("ivon-admm-inf", "ivon-admm", "none", None),
 ]
