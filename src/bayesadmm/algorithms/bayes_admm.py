@@ -33,8 +33,8 @@ adds the same terms in another order, so the numbers equal the default's up to r
 
 Under partial participation both servers hold every client's last λ_k, most of them computed many rounds ago against
 an older q_g: with 1 % of 10⁴ clients a round, the round's participants are a few per cent of the clients the mean
-(1 − α) Mean_k λ_k averages, so q_g moves by that fraction of their progress and its progress over t rounds grows
-like log t. `proximal="participants"` (`RoundProximal`) keeps the server's proximal term over the round's participants
+(1 − α) Mean_k λ_k averages, so q_g moves by that fraction of their progress (docs/guides/many-clients.md).
+`proximal="participants"` (`RoundProximal`) keeps the server's proximal term over the round's participants
 P only, ρ_s Σ_{k∈P} KL(q_g ‖ q_k), and the duals of every client: the closed form becomes
 
     λ_g = (b + Σ_k η_k + ρ_s Σ_{k∈P} λ_k) / (c + ρ_s |P|),
