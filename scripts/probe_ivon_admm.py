@@ -114,10 +114,10 @@ def variant_federation(variant: str, built: setup.Built, config):
     if variant == "zero-init":
         return dataclasses.replace(federation, theta0=torch.zeros_like(federation.theta0))
     # the configured hyperparameters as `bayesadmm run` passes them to ivon_admm.make (cosine=true: cosine_rounds);
-    # the variants are of the server that sums every client's last reply (incremental=false)
-    if config.hparams.get("incremental"):
-        raise SystemExit("probe_ivon_admm.py: its variants take incremental=false")
-    hparams = {k: v for k, v in config.hparams.items() if k not in ("cosine", "incremental")}
+    # the variants are of the server that sums every client's last reply (incremental=false, proximal=all)
+    if config.hparams.get("incremental") or config.hparams.get("proximal", "all") != "all":
+        raise SystemExit("probe_ivon_admm.py: its variants take incremental=false and proximal=all")
+    hparams = {k: v for k, v in config.hparams.items() if k not in ("cosine", "incremental", "proximal")}
     if config.hparams.get("cosine"):
         hparams["cosine_rounds"] = config.rounds
     make = algorithm_factory(functools.partial(make_variant, variant), hparams, federation.model,

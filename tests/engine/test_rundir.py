@@ -311,7 +311,10 @@ def test_an_edited_config_json_is_validated_like_a_new_one(tmp_path):
 
 
 def test_hashing_the_data_is_cheap():
-    """FashionMNIST's training set (60000 × 784 float32): hashed once at each start, well under a second."""
+    """FashionMNIST's training set (60000 × 784 float32), hashed once at each start: its two passes (all the data,
+    then each client's) cost about two sha256 passes over the bytes, measured against one on the same machine (a
+    ratio, so that a loaded machine does not fail it)."""
+    import hashlib
     import time
 
     from bayesadmm.clients import TensorClients, fingerprint
@@ -319,9 +322,12 @@ def test_hashing_the_data_is_cheap():
     X, y = torch.rand(60000, 784), torch.randint(0, 10, (60000,))
     source = TensorClients(None, X, y, {k: (k * 6000, (k + 1) * 6000) for k in range(10)})
     start = time.perf_counter()
+    hashlib.sha256(X.numpy().tobytes()).update(y.numpy().tobytes())
+    one_pass = time.perf_counter() - start
+    start = time.perf_counter()
     first = fingerprint(source)
     seconds = time.perf_counter() - start
-    assert first == fingerprint(source) and seconds < 1.0, seconds
+    assert first == fingerprint(source) and seconds < 4 * one_pass + 0.05, (seconds, one_pass)
     X[123, 45] += 1.0
     assert fingerprint(source)["sha256"] != first["sha256"]
 

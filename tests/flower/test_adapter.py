@@ -129,7 +129,7 @@ def test_flowers_run_config_conventions_are_read_beside_the_librarys_own(tmp_pat
     assert own.settings.rounds == 4
     given = {"rho": 0.1, "gamma": 1.0, "delta": 1.0, "lr": 0.02, "batch_size": 16}
     assert own.setup["hparams"].items() >= given.items()
-    assert own.setup["hparams"]["beta1"] == 0.9 and len(own.setup["hparams"]) == 16  # every one, defaults included
+    assert own.setup["hparams"]["beta1"] == 0.9 and len(own.setup["hparams"]) == 17  # every one, defaults included
     with pytest.raises(ValueError, match="num-server-rounds=4 and rounds=3 disagree"):
         flower_run({"scenario": "diabetes-iid5", "num-server-rounds": 4, "rounds": 3})
 
