@@ -171,8 +171,29 @@ def _without_dual(family, delta: float, lam_g: Natural, client_id: int, dual: Na
     return lam
 
 
+PROXIMAL = ("all", "participants")  # the clients the server's proximal term is over (module docstring)
+
+
 def _wide(parts: Natural) -> Natural:
     return tuple(x.to(torch.float64) for x in parts)
+
+
+def _floored(family, delta: float, lam64: Natural, previous: Natural, name: str) -> tuple[Natural, float]:
+    """A client-level-DP server's new λ_g from the float64 closed form `lam64`: where the noise took a precision below
+    δ, the `previous` λ_g's mean at precision δ (`family.floored`), in `previous`'s dtype; and the fraction floored.
+    A DivergenceError where it is not finite."""
+    before = _wide(previous)
+    lam64, floored = family.floored(lam64, delta, before[0] / (-2.0 * before[1]))
+    lam_g = tuple(x.to(was.dtype) for x, was in zip(lam64, previous, strict=True))
+    if not family.is_valid(lam_g):
+        raise DivergenceError(f"{name}: the server's natural parameter is not finite")
+    return lam_g, floored
+
+
+def check_proximal(proximal: str, name: str) -> None:
+    """A ValueError unless `proximal` is one of `PROXIMAL`."""
+    if proximal not in PROXIMAL:
+        raise ValueError(f"{name}: proximal must be one of {', '.join(PROXIMAL)}, got {proximal!r}")
 
 
 class RunningSums:
@@ -223,11 +244,7 @@ class RunningSums:
         total, count = nat.add(server.total, change), server.clients + new
         c, b = self.family.prior_terms(self.delta, dtype=torch.float64, device=total[0].device)
         lam64 = nat.scale(nat.add(b, total), 1.0 / (c + self.server_rho * count))
-        before = _wide(server.natural)
-        lam64, floored = self.family.floored(lam64, self.delta, before[0] / (-2.0 * before[1]))
-        lam_g = tuple(x.to(was.dtype) for x, was in zip(lam64, server.natural, strict=True))
-        if not self.family.is_valid(lam_g):
-            raise DivergenceError(f"{self.name}: the server's natural parameter is not finite")
+        lam_g, floored = _floored(self.family, self.delta, lam64, server.natural, self.name)
         return RunningServerState(lam_g, total, count, server.round + 1), ReleasedInfo(count, floored)
 
     def unlearn(self, server: RunningServerState, client_id: int, state: ClientState) -> RunningServerState:
@@ -273,11 +290,7 @@ class RoundProximal:
         previous mean at precision δ, as `RunningSums.released` does."""
         steps = tuple(x.to(torch.float64) for x in unpack("step", released))
         lam64, duals = self._closed_form(server, steps, participants)
-        before = _wide(server.natural)
-        lam64, floored = self.family.floored(lam64, self.delta, before[0] / (-2.0 * before[1]))
-        lam_g = tuple(x.to(was.dtype) for x, was in zip(lam64, server.natural, strict=True))
-        if not self.family.is_valid(lam_g):
-            raise DivergenceError(f"{self.name}: the server's natural parameter is not finite")
+        lam_g, floored = _floored(self.family, self.delta, lam64, server.natural, self.name)
         return RoundServerState(lam_g, duals, server.round + 1), ReleasedInfo(participants, floored)
 
     def _closed_form(self, server: RoundServerState, steps: Natural, participants: float) -> tuple[Natural, Natural]:
@@ -295,9 +308,6 @@ class RoundProximal:
             raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
         lam_g = _without_dual(self.family, self.delta, server.natural, client_id, state.dual)
         return RoundServerState(lam_g, nat.sub(server.duals, _wide(state.dual)), server.round)
-
-
-PROXIMAL = ("all", "participants")  # the clients the server's proximal term is over (module docstring)
 
 
 def make(
@@ -329,8 +339,7 @@ def make(
             f"need finite rho > 0, gamma > 0, server_rho >= 0, delta > 0; got rho={rho}, gamma={gamma}, "
             f"server_rho={server_rho}, delta={delta}"
         )
-    if proximal not in PROXIMAL:
-        raise ValueError(f"{name}: proximal must be one of {', '.join(PROXIMAL)}, got {proximal!r}")
+    check_proximal(proximal, name)
     if proximal == "participants" and dual_step is not natural_dual_step:
         raise ValueError(
             f"{name}: proximal='participants' keeps the dual sum from the clients' steps, which only the natural "
@@ -352,8 +361,8 @@ def make(
 
     def finish(state: ClientState, message: Message, loss, problem: VariationalProblem, result):
         dual = dual_step(family, state.dual, result.natural, problem.lam_g, gamma)
-        if rounds is not None:
-            reply = rounds.reply(result.natural, problem.lam_g)
+        if round_server is not None:
+            reply = round_server.reply(result.natural, problem.lam_g)
         else:
             reply = (sums.reply if sums is not None else reply_of)(state, dual, result.natural)
         return ClientState(dual, result.natural), reply, SolveInfo(result.iterations, result.converged)
@@ -382,10 +391,10 @@ def make(
 
     # the same closed form from the running sum, where asked (module docstring)
     sums = RunningSums(family, delta, server_rho, name) if incremental else None
-    rounds = RoundProximal(family, delta, server_rho, gamma, name) if proximal == "participants" else None
+    round_server = RoundProximal(family, delta, server_rho, gamma, name) if proximal == "participants" else None
     server: tuple[Callable, Callable, Callable] = (init_server, server_update, unlearn)
-    if rounds is not None:
-        server = (rounds.init_server, rounds.server_update, rounds.unlearn)
+    if round_server is not None:
+        server = (round_server.init_server, round_server.server_update, round_server.unlearn)
     elif sums is not None:
         server = (sums.init_server, sums.server_update, sums.unlearn)
 

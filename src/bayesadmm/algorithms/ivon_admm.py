@@ -195,9 +195,7 @@ class Hparams(IVONSettings):
     proximal: str = "all"
 
     def __post_init__(self) -> None:
-        if self.proximal not in bayes_admm.PROXIMAL:
-            choices = ", ".join(bayes_admm.PROXIMAL)
-            raise ValueError(f"ivon-admm: proximal must be one of {choices}, got {self.proximal!r}")
+        bayes_admm.check_proximal(self.proximal, "ivon-admm")
 
 
 @dataclass(frozen=True, kw_only=True)
