@@ -246,7 +246,7 @@ def test_without_noise_a_running_sum_run_is_the_methods_own_bit_for_bit(tmp_path
 def test_the_server_summing_every_reply_refuses_partial_participation_naming_the_running_sum(tmp_path):
     parts, test = _federation()
     example = bayesadmm.algorithms.spec.get("ivon-admm").example
-    with pytest.raises(ValueError, match="participation=1.*incremental=true"):
+    with pytest.raises(ValueError, match="participation=1.*incremental=true.*proximal=participants"):
         bayesadmm.run(
             nn.Linear(4, 3), parts, test, algorithm="ivon-admm", hparams=example,
             rounds=1, participation=0.5, out=tmp_path / "a", progress=False, dp=DPSettings(noise_multiplier=1.0),
