@@ -118,3 +118,21 @@ def test_a_bad_run_directory_is_exit_2(tmp_path, capsys, data_dir):
 def test_debug_shows_the_traceback(tmp_path, data_dir):
     with pytest.raises(ValueError, match="cannot give 1000 clients"):
         cli.main(["run", "fmnist-heterog10", "clients=1000", f"--data-dir={data_dir}", "--debug", "--quiet"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["run", "no-such-scenario", "--quiet", "seed=1", "--overwrite"],
+        ["sweep", "no-such-scenario", "--out", "OUT", "seed=0:3", "--quiet"],
+        ["tune", "no-such-scenario", "--out", "OUT", "method=fedavg", "--trials", "2"],
+    ],
+)
+def test_options_may_come_among_the_key_value_arguments(tmp_path, capsys, args):
+    """`bayesadmm sweep @NAME --out DIR seed=0:3 --quiet` reads seed=0:3 as an axis (argparse alone stops at it with
+    "unrecognized arguments"); each command here stops at its scenario, after its arguments were read."""
+    out = tmp_path / "out"
+    code = cli.main([str(out) if a == "OUT" else a for a in args])
+    err = capsys.readouterr().err
+    assert code == 2 and "no-such-scenario" in err and "unrecognized arguments" not in err
+    assert not out.exists()

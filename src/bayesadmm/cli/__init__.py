@@ -48,8 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.set_defaults(run_parser=run.add_parser(commands))
     flower.add_parser(commands)
     parser.set_defaults(resume_parser=run.add_resume_parser(commands))
-    sweep.add_parser(commands)
-    tune.add_parser(commands)
+    parser.set_defaults(sweep_parser=sweep.add_parser(commands))
+    parser.set_defaults(tune_parser=tune.add_parser(commands))
     compare.add_parser(commands)
     predict.add_parser(commands)
     precompile.add_parser(commands)
@@ -61,8 +61,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    if argv[:1] in (["run"], ["resume"]):
-        # options may come anywhere among the KEY=VALUE overrides, which plain parse_args does not allow
+    if argv[:1] in (["run"], ["resume"], ["sweep"], ["tune"]):
+        # options may come anywhere among the KEY=VALUE(S) arguments, which plain parse_args does not allow
         args = parser.get_default(f"{argv[0]}_parser").parse_intermixed_args(argv[1:])
         args.command = argv[0]
     else:
