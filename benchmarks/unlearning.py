@@ -11,6 +11,21 @@ first with `bayesadmm.unlearn`, and evaluates the three posteriors on the test s
 predictive) and on client J's own training data, with the KL divergences between them. It prints a Markdown table
 and writes the numbers to OUT/<scenario>-c<J>-s<seed>.json. `--set` adds the scenario's settings to both runs (e.g.
 `--set data_fraction=0.01 epochs=1` for a quick check that the script runs; tests/test_benchmarks.py runs it so).
+
+With `--repair R R ...` (and `--seeds`) it measures unlearning against retraining with training after the removal:
+
+    OMP_NUM_THREADS=1 python benchmarks/unlearning.py --repair 0 2 5 10 --seeds 0 1 2 \
+        --methods ivon-admm ivon-admm:gamma=0.02 fedlap-cov fedep [--rounds 50]
+
+for each method (METHOD or METHOD:KEY=VALUE,KEY=VALUE: a variant of its preset) and seed, (a) the run retrained
+without client J (the reference), (b) the original run continued without J, its term kept where the method keeps
+one, and (c) `bayesadmm.unlearn(..., out=DIR)` then `resume`, each R rounds after the original's last (both run
+directories are written with rounds + max(R) rounds, so a schedule over the rounds spans them all). At each R it
+scores test accuracy and NLL at the posterior mean (and the 32-draw predictive), client J's training NLL, and a
+loss-threshold membership inference: the AUC of separating J's training examples from unseen test examples of the same
+classes (as many per class) by their NLL at the mean (0.5: indistinguishable). Every point is kept in
+OUT/<scenario>-c<J>-repair.json as it is measured, so a second call goes on where one stopped; the table is the mean
+± std over the seeds.
 """
 
 from __future__ import annotations
@@ -18,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -25,7 +41,8 @@ import torch
 
 import bayesadmm
 from bayesadmm.experiments.build import build, run
-from bayesadmm.experiments.config import resolve
+from bayesadmm.experiments.config import load, resolve
+from bayesadmm.posterior.unlearned_run import write_run
 
 KEPT = "unlearned, the original kept where invalid (diagnostic)"
 KL_NOTE = "KL(q‖q_retrained) and KL(q‖q_original): q_retrained is the run without the client"
@@ -120,6 +137,170 @@ def compare(method: str, args) -> dict:
     return row
 
 
+# --- unlearning, then repair rounds, against retraining (--repair) ----------------------------------------------------
+
+VARIANTS = ("retrained", "continued", "unlearned")  # (a), (b), (c)
+
+
+def membership_auc(member_nll: torch.Tensor, other_nll: torch.Tensor) -> float:
+    """The AUC of the loss-threshold attack: P(a member's NLL < an unseen example's), ties counted half (the
+    Mann-Whitney statistic over the pooled ranks)."""
+    pooled = torch.cat([member_nll, other_nll]).double()
+    order = pooled.argsort()
+    ranks = torch.empty_like(pooled)
+    ranks[order] = torch.arange(1, len(pooled) + 1, dtype=pooled.dtype)
+    for value in pooled.unique()[torch.unique(pooled, return_counts=True)[1] > 1]:  # ties: their mean rank
+        ranks[pooled == value] = ranks[pooled == value].mean()
+    n, m = len(member_nll), len(other_nll)
+    member_ranks = float(ranks[:n].sum())
+    return 1.0 - (member_ranks - n * (n + 1) / 2) / (n * m)  # lower NLL = member, so 1 − U/(nm)
+
+
+def matched_unseen(forgotten, X_test, y_test, seed: int):
+    """Client J's training examples and as many unseen test examples of each of its classes (a seeded draw), both cut
+    to the class counts they share, so that the attack cannot tell them apart by class."""
+    generator = torch.Generator().manual_seed(seed)
+    members, others = [], []
+    for label in forgotten.y.unique():
+        mine = (forgotten.y == label).nonzero().flatten()
+        unseen = (y_test == label).nonzero().flatten()
+        unseen = unseen[torch.randperm(len(unseen), generator=generator)]
+        n = min(len(mine), len(unseen))
+        members.append(mine[:n])
+        others.append(unseen[:n])
+    members, others = torch.cat(members), torch.cat(others)
+    return (forgotten.X[members], forgotten.y[members]), (X_test[others], y_test[others])
+
+
+def example_nll(result, X, y) -> torch.Tensor:
+    """Each example's NLL at the posterior mean."""
+    with torch.inference_mode():
+        logits = result.model.forward(result.posterior.mean, X)
+    return torch.nn.functional.cross_entropy(logits.double(), y, reduction="none")
+
+
+def score(result, data, seed: int) -> dict:
+    """The numbers of one posterior: test metrics, client J's training NLL, the membership AUC."""
+    (X_test, y_test), forgotten, (members, others) = data
+    return {
+        "round": result.round,
+        "test": metrics(result, result.posterior, X_test, y_test, seed),
+        "client_nll": metrics(result, result.posterior, forgotten.X, forgotten.y, seed)["nll"],
+        "membership_auc": membership_auc(example_nll(result, *members), example_nll(result, *others)),
+    }
+
+
+def at_round(run_dir: Path, round_: int):
+    """The run in `run_dir` resumed to `round_` (nothing trained where its checkpoint is there), read back."""
+    if bayesadmm.load(run_dir).round < round_:
+        config = load(run_dir)
+        config = type(config)(**{**config.to_json(), "out": str(run_dir), "stop_at": round_})
+        result = run(config, resume=True, progress=False)
+        if result.round != round_:
+            sys.exit(f"{run_dir}: the resume ended {result.status} at round {result.round} ({result.message})")
+    result = bayesadmm.load(run_dir)
+    if result.round != round_:
+        sys.exit(f"{run_dir} is at round {result.round}, past {round_}: remove it to measure round {round_} again")
+    return result
+
+
+def variant(spec: str) -> tuple[str, list[str]]:
+    """METHOD or METHOD:KEY=VALUE,KEY=VALUE as the method and its overrides."""
+    method, _, settings = spec.partition(":")
+    return method, [item for item in settings.split(",") if item]
+
+
+def repair(spec: str, seed: int, args, points: dict) -> None:
+    """Fill `points[spec][seed]` (variant → R → numbers) for one method and seed, saving after each point."""
+    method, overrides = variant(spec)
+    settings = [f"rounds={args.rounds}", f"seed={seed}", *overrides, *args.set]
+    folder = args.runs / f"{spec.replace(':', '-').replace(',', '-').replace('=', '')}-s{seed}"
+    original, built = train(args.scenario, method, settings, folder / "all")
+    retrained, _ = train(args.scenario, method, [*settings, f"exclude_client={args.client}"], folder / "retrained")
+    forgotten = built.federation.clients(args.client)
+    test = (built.federation.eval_X, built.federation.eval_y)
+    data = (test, forgotten, matched_unseen(forgotten, *test, seed))
+    mine = points.setdefault(spec, {}).setdefault(str(seed), {})
+    last = args.rounds + max(args.repair)
+    if "retrained" not in mine:
+        mine["retrained"] = {"0": score(retrained, data, seed)}
+        args.save(points)
+    for name in ("continued", "unlearned"):
+        run_dir = folder / name
+        if not run_dir.exists():
+            try:
+                if name == "unlearned":
+                    bayesadmm.unlearn(original, args.client, out=run_dir, rounds=last)
+                else:  # the client leaves; the server keeps whatever it holds of it
+                    left = dataclasses.replace(original, unlearned=(args.client,), message="client left")
+                    write_run(left, run_dir, last)
+            except bayesadmm.UnlearningError as refusal:
+                mine[name] = {"refused": str(refusal)}
+                args.save(points)
+                continue
+        for R in sorted(args.repair):
+            if str(R) not in mine.setdefault(name, {}):
+                mine[name][str(R)] = score(at_round(run_dir, args.rounds + R), data, seed)
+                args.save(points)
+
+
+def _mean_std(values: list[float], scale: float, digits: int) -> str:
+    mean = statistics.fmean(values) * scale
+    spread = f" ± {statistics.stdev(values) * scale:.{digits}f}" if len(values) > 1 else ""
+    return f"{mean:.{digits}f}{spread}"
+
+
+def repair_table(points: dict, args) -> str:
+    """Markdown: per method, (a) then (b) and (c) at each R; the mean ± std over the seeds of test accuracy and NLL,
+    client J's NLL minus (a)'s and the membership AUC."""
+    lines = [
+        f"| method | posterior | R | seeds | test acc (%) | test NLL | client {args.client} NLL − (a)'s | membership AUC |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    labels = {"retrained": "(a) retrained", "continued": "(b) continued", "unlearned": "(c) unlearned"}
+    for spec, seeds in points.items():
+        for name in VARIANTS:
+            refused = [s[name]["refused"] for s in seeds.values() if "refused" in s.get(name, {})]
+            if refused:
+                lines.append(f"| {spec} | {labels[name]} | | {len(refused)} | refused: {refused[0]} | | | |")
+            for R in [0] if name == "retrained" else sorted(args.repair):
+                rows = [(s[name][str(R)], s["retrained"]["0"]) for s in seeds.values() if str(R) in s.get(name, {})]
+                if not rows:
+                    continue
+                cells = [
+                    _mean_std([row["test"]["acc"] for row, _ in rows], 100, 1),
+                    _mean_std([row["test"]["nll"] for row, _ in rows], 1, 3),
+                    _mean_std([row["client_nll"] - ref["client_nll"] for row, ref in rows], 1, 3),
+                    _mean_std([row["membership_auc"] for row, _ in rows], 1, 3),
+                ]
+                r = "" if name == "retrained" else str(R)
+                lines.append(f"| {spec} | {labels[name]} | {r} | {len(rows)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def repair_main(args) -> None:
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{args.scenario}-c{args.client}-repair.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    settings = {"scenario": args.scenario, "client": args.client, "rounds": args.rounds, "set": args.set}
+    if saved and saved["settings"] != settings:
+        sys.exit(f"{path} holds points of other settings {saved['settings']}; give another --out")
+    points = saved.get("points", {})
+
+    def save(points: dict) -> None:
+        text = json.dumps({"settings": settings, "points": points}, indent=1) + "\n"
+        path.with_suffix(".tmp").write_text(text)
+        path.with_suffix(".tmp").replace(path)
+
+    args.save = save
+    for seed in args.seeds:
+        for spec in args.methods:
+            repair(spec, seed, args, points)
+            print(f"{spec} seed {seed}: done", flush=True)
+    print(repair_table({spec: points[spec] for spec in args.methods if spec in points}, args))
+    print(f"\nnumbers in {path}")
+
+
 def table(results: dict, args) -> str:
     """The Markdown table of `results` (method → posterior → numbers)."""
     lines = [
@@ -153,7 +334,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/results/unlearning"))
     parser.add_argument("--train-only", action="store_true", help="train (or resume) the runs, compare nothing")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings of both runs")
+    parser.add_argument("--repair", nargs="+", type=int, metavar="R", help="unlearning then R rounds (module doc)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="the seeds of --repair")
     args = parser.parse_args()
+    if args.repair:
+        if min(args.repair) < 0:
+            parser.error("--repair takes rounds R >= 0")
+        args.runs = args.runs / "repair"
+        return repair_main(args)
     if args.train_only:  # e.g. one process per method, then one without this flag to compare
         for method in args.methods:
             for extra in ([], [f"exclude_client={args.client}"]):

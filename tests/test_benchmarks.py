@@ -24,12 +24,14 @@ TIMEOUT = 300  # seconds a smoke may run (the slowest take about a minute on a b
 @dataclass(frozen=True)
 class Smoke:
     """How a file runs at its smallest: its command line after the file ("{tmp}" stands for the test's temporary
-    folder), whether it takes over ~10 s (`slow`), needs the real FashionMNIST (`fmnist`) or modules of an extra."""
+    folder), whether it takes over ~10 s (`slow`), needs the real FashionMNIST (`fmnist`) or modules of an extra;
+    `also`: the command lines of its other modes, run after `args`."""
 
     args: str
     slow: bool = False
     fmnist: bool = False
     needs: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
 
 
 # The cheapest path through scripts/results_tables.py that does not rewrite docs/results: the tables and pages found.
@@ -78,6 +80,10 @@ SMOKES: dict[str, Smoke] = {
         "--methods ivon-admm --rounds 1 --runs {tmp}/runs --out {tmp}/out --set data_fraction=0.01 epochs=1",
         slow=True,
         fmnist=True,
+        also=(
+            "--repair 0 1 --methods fedep ivon-admm:gamma=0.01 --rounds 1 --runs {tmp}/runs --out {tmp}/out "
+            "--set data_fraction=0.01 epochs=1",
+        ),
     ),
     "benchmarks/peers/compare.py": Smoke(
         "--method ivon-admm --repeats 1 --epochs 1 --set data_fraction=0.01",
@@ -148,18 +154,34 @@ def test_runs_at_its_smallest(name, entry, tmp_path, data_dir):
         pytest.importorskip(module, reason=f"{name} needs {module} (an extra)")
     if name == "scripts/privacy_table.py":
         _privacy_runs(tmp_path / "privacy", data_dir)
-    args = [arg.replace("{tmp}", str(tmp_path)) for arg in shlex.split(entry.args)]
-    command = [sys.executable, *args] if args[0] == "-c" else [sys.executable, name, *args]
     source = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     # eager kernels: compiling them costs more than these runs (benchmarks that time compiling set it themselves)
     env = dict(os.environ, PYTHONPATH=source, BAYESADMM_COMPILE="0", BAYESADMM_WORKERS="1")
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert done.returncode == 0, f"{name} exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
+    for line in (entry.args, *entry.also):
+        args = [arg.replace("{tmp}", str(tmp_path)) for arg in shlex.split(line)]
+        command = [sys.executable, *args] if args[0] == "-c" else [sys.executable, name, *args]
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        assert done.returncode == 0, f"{name} {line} exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
     if name == "scripts/fingerprint.py":  # a failed run is recorded in the file, not in the exit status
         runs = json.loads((tmp_path / "fingerprints.json").read_text())["runs"]
         assert runs and not any("error" in run for run in runs.values()), runs
     if name == "scripts/privacy_table.py":
         assert "| fedavg | client |" in done.stdout and "| fedavg | none |" in done.stdout, done.stdout
+    if name == "benchmarks/unlearning.py":  # the repair table: (a), then (b) and (c) at R = 0 and 1
+        assert done.stdout.count("| fedep | (c) unlearned |") == 2, done.stdout
+
+
+def test_the_membership_auc_is_the_mann_whitney_statistic():
+    """benchmarks/unlearning.py's loss-threshold attack: P(member NLL < unseen NLL) + ½ P(tie), against the pairs
+    counted directly."""
+    import runpy
+
+    auc = runpy.run_path(str(ROOT / "benchmarks/unlearning.py"))["membership_auc"]
+    members = torch.tensor([0.1, 0.5, 0.5, 2.0])
+    unseen = torch.tensor([0.5, 1.0, 3.0])
+    pairs = [(m < u) + 0.5 * (m == u) for m in members.tolist() for u in unseen.tolist()]
+    assert auc(members, unseen) == pytest.approx(sum(pairs) / len(pairs), abs=1e-15)
+    assert auc(torch.zeros(3), torch.zeros(5)) == 0.5
 
 
 @pytest.mark.parametrize("name", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.sh")))
