@@ -254,7 +254,8 @@ def repair_table(points: dict, args) -> str:
     """Markdown: per method, (a) then (b) and (c) at each R; the mean ± std over the seeds of test accuracy and NLL,
     client J's NLL minus (a)'s and the membership AUC."""
     lines = [
-        f"| method | posterior | R | seeds | test acc (%) | test NLL | client {args.client} NLL − (a)'s | membership AUC |",
+        f"| method | posterior | R | seeds | test acc (%) | test NLL | client {args.client} NLL − (a)'s "
+        "| membership AUC |",
         "|---|---|---|---|---|---|---|---|",
     ]
     labels = {"retrained": "(a) retrained", "continued": "(b) continued", "unlearned": "(c) unlearned"}
