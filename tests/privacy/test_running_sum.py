@@ -276,3 +276,71 @@ def test_the_command_lines_precision_clip_is_read_and_recorded_only_where_set():
     assert config.to_json()["dp_precision_clip"] == 5.0 and dp_settings(config).precision_clip == 5.0
     plain, _ = resolve("diabetes-iid5", keys)
     assert "dp_precision_clip" not in plain.to_json() and dp_settings(plain).precision_clip is None
+    per_tensor, _ = resolve("diabetes-iid5", [*keys, "dp_precision_clip=5", "dp_precision_per_tensor=true"])
+    assert per_tensor.to_json()["dp_precision_per_tensor"] is True and dp_settings(per_tensor).precision_per_tensor
+    assert "dp_precision_per_tensor" not in plain.to_json() and not dp_settings(plain).precision_per_tensor
+
+
+def test_per_tensor_the_release_is_the_change_of_the_mean_in_the_servers_units_and_one_precision_per_tensor():
+    """`precision_per_tensor` over tensors of 2 and 3 weights: client k's precision half is released as its
+    tensors' means w_k (v1 = u1 + 2 m_g u2 kept), clipped with a = v1 / s_g in ‖a‖²/C² + ‖w‖²/C_p² ≤ 1; the noise
+    is σC s_g on v1's coordinates and one σC_p per tensor on v2 (the first draws of each half), mapped back; so the
+    release moves by at most C, C_p in (a, w) when one client is added or removed. All computed here in numpy."""
+    update, rng = _update(), np.random.default_rng(3)
+    segments = (2, 3)
+    base = {"lam.0": torch.randn(DIM, dtype=torch.float64), "lam.1": -torch.rand(DIM, dtype=torch.float64) - 1}
+    s_g = -2 * base["lam.1"].numpy()
+    mix = 2 * base["lam.0"].numpy() / s_g
+    anchor = RHO_S * np.concatenate([base["lam.0"].numpy(), base["lam.1"].numpy()])
+    replies = {k: _reply(rng, first=k == 0, size=[30.0, 0.1, 3.0][k]) for k in range(3)}
+    clip, precision_clip, sigma = 2.0, 0.5, 0.6
+
+    def spread(w):
+        return np.repeat(w, segments)
+
+    for k in replies:
+        kept = {j: r for j, r in replies.items() if j != k}
+        args = (base, update, clip, sigma)
+        with_k, norms = released_sum(replies, *args, torch.Generator().manual_seed(9), 1.0, precision_clip, segments)
+        without_k, _ = released_sum(kept, *args, torch.Generator().manual_seed(9), 1.0, precision_clip, segments)
+        moved = np.concatenate([(with_k[f"change.{i}"] - without_k[f"change.{i}"]).numpy() for i in (0, 1)])
+        u = np.concatenate([replies[k]["change.0"].numpy(), replies[k]["change.1"].numpy()]) - (k == 0) * anchor
+        v1 = u[:DIM] + mix * u[DIM:]
+        w = np.array([u[DIM : DIM + 2].mean(), u[DIM + 2 :].mean()])
+        a = v1 / s_g
+        size = np.hypot(np.linalg.norm(a) / clip, np.linalg.norm(w) / precision_clip)
+        released = np.concatenate([v1 - mix * spread(w), spread(w)]) * min(1.0, 1 / size)
+        np.testing.assert_allclose(moved, released, rtol=1e-10, atol=1e-12)
+        assert norms[k] == (pytest.approx(np.linalg.norm(a)), pytest.approx(np.linalg.norm(w)))
+        moved_a = (moved[:DIM] + mix * moved[DIM:]) / s_g
+        moved_w = moved[DIM:][[0, 2]]
+        assert np.hypot(np.linalg.norm(moved_a) / clip, np.linalg.norm(moved_w) / precision_clip) <= 1 + 1e-12
+    assert [n[0] > clip or n[1] > precision_clip for n in norms] == [True, False, True]
+    noise, _ = released_sum(
+        {}, base, update, clip, sigma, torch.Generator().manual_seed(4), 0.0, precision_clip, segments
+    )
+    z = torch.randn(2 * DIM, generator=torch.Generator().manual_seed(4), dtype=torch.float64).numpy()
+    z1, z2 = sigma * clip * s_g * z[:DIM], spread(sigma * precision_clip * z[DIM : DIM + 2])
+    np.testing.assert_allclose(noise["change.0"].numpy(), z1 - mix * z2, rtol=1e-12)
+    np.testing.assert_allclose(noise["change.1"].numpy(), z2, rtol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["ivon-admm", "ivon-admm[participants]"])
+def test_per_tensor_a_run_keeps_one_precision_per_tensor_and_records_the_setting(tmp_path, method):
+    """nn.Linear(4, 3): a weight tensor of 12 and a bias of 3. From the uniform prior, every round's released
+    precision change is one number per tensor, so the server's posterior has one precision per tensor; the run
+    completes with the accountant's ε and its record keeps the setting (a resume rebuilds the same mechanism)."""
+    from bayesadmm.privacy.accountant import epsilon
+
+    dp = DPSettings(clip=1.0, noise_multiplier=0.05, precision_clip=30.0, precision_per_tensor=True)
+    result = _run(tmp_path / "dp", method, dp=dp)
+    assert result.status == "completed"
+    assert [line["dp_epsilon"] for line in result.history] == [epsilon([(0.05, 0.1)] * r, 1e-5) for r in (1, 2, 3, 4)]
+    assert result.history[-1]["server_floored"] == 0
+    precision = -2 * result.server.inner.natural[1]
+    weight, bias = precision[:12], precision[12:]
+    assert len(set(weight.tolist())) == 1 and len(set(bias.tolist())) == 1 and weight[0] != bias[0]
+    assert DPSettings.from_json(dp.to_json()) == dp
+    assert "precision_per_tensor" not in DPSettings(noise_multiplier=1.0, precision_clip=3.0).to_json()
+    with pytest.raises(ValueError, match="precision_per_tensor .* give precision_clip"):
+        DPSettings(noise_multiplier=1.0, precision_per_tensor=True)
