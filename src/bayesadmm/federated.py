@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -139,7 +138,7 @@ def assemble(
     chosen = noised(make, method, record, spec.dp, participation=participation, sizes=client_sizes, rounds=rounds)
     private = private_factory(
         make, method, record, chosen, participation=participation, sizes=client_sizes, rounds=rounds,
-        seed=settings.seed, segments=tuple(math.prod(shape) for _, shape in model.layout),
+        seed=settings.seed,
     )  # fmt: skip
     return Assembled(private, chosen)
 

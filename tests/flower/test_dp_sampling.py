@@ -86,8 +86,4 @@ def test_a_run_configs_dp_precision_clip_reaches_the_strategy(tmp_path):
     s = strategy_from_config({**run_config, "dp-precision-clip": 5.0}, model=user_app.make_model())
     assert s.config["dp"]["precision_clip"] == 5.0
     s = strategy_from_config(run_config, model=user_app.make_model())
-    assert "precision_clip" not in s.config["dp"] and "precision_per_tensor" not in s.config["dp"]
-    per_tensor = {**run_config, "dp-precision-clip": 5.0, "dp-precision-per-tensor": True}
-    assert strategy_from_config(per_tensor, model=user_app.make_model()).config["dp"]["precision_per_tensor"] is True
-    with pytest.raises(ValueError, match="precision_per_tensor must be true or false"):
-        strategy_from_config({**per_tensor, "dp-precision-per-tensor": "yes"}, model=user_app.make_model())
+    assert "precision_clip" not in s.config["dp"]

@@ -75,7 +75,6 @@ class RunConfig:
     dp_epsilon: float = 0.0  # the privacy budget ε (0: none)
     dp_delta: float = 1e-5  # the δ of (ε, δ)-DP
     dp_precision_clip: float = 0.0  # the L2 bound of a Bayesian update's precision half (0: one clip, dp_clip)
-    dp_precision_per_tensor: bool = False  # release that half as one number per parameter tensor
     hparams: dict = field(default_factory=dict)
     likelihood_params: dict = field(default_factory=dict)  # the likelihood's settings, e.g. {"noise": 0.5}
 

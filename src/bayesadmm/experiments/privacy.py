@@ -9,8 +9,6 @@ into the `privacy.DPSettings` they describe:
     dp_delta    the δ of (ε, δ)-DP
     dp_precision_clip  the L2 bound of the precision half of IVON-ADMM's and IVON-PVI's update (dp_clip then bounds
                 its mean half, `DPSettings.precision_clip`); 0: none, one clip for the whole update
-    dp_precision_per_tensor  true: that half released as one number per parameter tensor and the mean half as the
-                change of the mean in the server's units (`DPSettings.precision_per_tensor`)
 """
 
 from __future__ import annotations
@@ -24,7 +22,6 @@ __all__ = ["DP_DEFAULTS", "dp_settings", "dp_problems"]
 # the keys' defaults, which config.json leaves out (a run without dp records none of them)
 DP_DEFAULTS: dict[str, Any] = {
     "dp": "", "dp_clip": 1.0, "dp_noise": -1.0, "dp_epsilon": 0.0, "dp_delta": 1e-5, "dp_precision_clip": 0.0,
-    "dp_precision_per_tensor": False,
 }  # fmt: skip
 
 
@@ -39,7 +36,6 @@ def dp_settings(config: Any) -> DPSettings | None:
         epsilon=config.dp_epsilon or None,
         delta=config.dp_delta,
         precision_clip=config.dp_precision_clip or None,
-        precision_per_tensor=config.dp_precision_per_tensor,
     )
 
 
@@ -48,6 +44,6 @@ def dp_problems(config: Any) -> list[str]:
     try:
         dp_settings(config)
     except ValueError as exc:
-        keys = "dp, dp_clip, dp_noise: -1 calibrates it, dp_epsilon: 0 for no budget, dp_delta, dp_precision_clip, dp_precision_per_tensor"
+        keys = "dp, dp_clip, dp_noise: -1 calibrates it, dp_epsilon: 0 for no budget, dp_delta, dp_precision_clip"
         return [f"{exc} (keys {keys})"]
     return []

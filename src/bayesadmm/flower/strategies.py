@@ -10,10 +10,9 @@ run-config conventions:
                         as in `strategy`
     likelihood          classification (default), gaussian or poisson, as `bayesadmm run` names them; a setting of
                         it as likelihood-KEY (``likelihood-noise = 0.5``)
-    dp, dp-clip, dp-noise, dp-epsilon, dp-delta, dp-precision-clip, dp-precision-per-tensor
-                        differential privacy (`bayesadmm.DPSettings`: dp = "client" or "example", "" for none;
-                        dp-noise 0 with a dp-epsilon: calibrated to spend it; dp-precision-clip 0 or absent: one
-                        clip; dp-precision-per-tensor true: that half released per parameter tensor)
+    dp, dp-clip, dp-noise, dp-epsilon, dp-delta, dp-precision-clip   differential privacy (`bayesadmm.DPSettings`:
+                        dp = "client" or "example", "" for none; dp-noise 0 with a dp-epsilon: calibrated to spend
+                        it; dp-precision-clip 0 or absent: one clip)
 
 Any other key is refused, named with where it goes (``lr`` of method fedavg: ``fedavg.lr``) or the key it is nearest
 to, unless your app names it as its own (``app_keys=``: a batch size, a data path, which your app reads itself).
@@ -62,9 +61,7 @@ CONFIG_KEYS = {
     "eval-samples": "eval_samples", "dtype": "dtype", "device": "device", "clients": "clients",
     "checkpoint-every": "checkpoint_every", "compile": "compile",
 }  # fmt: skip
-DP_KEYS = (
-    "dp", "dp-clip", "dp-noise", "dp-epsilon", "dp-delta", "dp-precision-clip", "dp-precision-per-tensor",
-)  # fmt: skip
+DP_KEYS = ("dp", "dp-clip", "dp-noise", "dp-epsilon", "dp-delta", "dp-precision-clip")
 # every top-level key `strategy_from_config` reads (besides likelihood-KEY and METHOD.KEY)
 READ_KEYS = frozenset({*CONFIG_KEYS, *DP_KEYS, "method", "likelihood"})
 
@@ -196,8 +193,7 @@ def strategy_from_config(
         if clients:
             found["clients"] = clients
     if run_config.get("dp"):
-        clip, noise, epsilon, delta, precision_clip = (_number(run_config, key) for key in DP_KEYS[1:6])
-        per_tensor = run_config.get("dp-precision-per-tensor", False)
+        clip, noise, epsilon, delta, precision_clip = (_number(run_config, key) for key in DP_KEYS[1:])
         found["dp"] = DPSettings(
             level=str(run_config["dp"]),
             clip=1.0 if clip is None else clip,
@@ -205,7 +201,6 @@ def strategy_from_config(
             epsilon=epsilon or None,
             delta=1e-5 if delta is None else delta,
             precision_clip=precision_clip or None,  # 0 or absent: one clip
-            precision_per_tensor=per_tensor,  # DPSettings refuses what is not a bool
         )
     try:
         return strategy(method, model=model, **{**found, **hparams, **arguments})

@@ -98,13 +98,11 @@ def private_factory(
     sizes: Mapping[int, int],
     rounds: int,
     seed: int,
-    segments: tuple[int, ...] | None = None,
 ) -> Callable[[], Algorithm]:
     """The zero-argument factory of `make`'s algorithm with the DP of `dp` (picklable where `make` is): `spec` is
     the method's `MethodSpec` (its `dp_update` says what a reply's update is; None for an algorithm given as an
     object or factory, which has none), `hparams` its hyperparameters, `sizes` the clients' sizes (client id → N_k).
-    `segments`: the sizes of the model's parameter tensors (`DPSettings.precision_per_tensor`). The noise multiplier
-    is `dp`'s, or calibrated to its budget (`noised`). A ValueError naming the fix where the
+    The noise multiplier is `dp`'s, or calibrated to its budget (`noised`). A ValueError naming the fix where the
     method cannot be private in the way asked."""
     dp = noised(make, spec, hparams, dp, participation=participation, sizes=sizes, rounds=rounds)
     sigma = dp.noise_multiplier
@@ -114,9 +112,8 @@ def private_factory(
         return functools.partial(_build_example, make, dp, sigma, dict(sizes))
     update = spec.dp_update(hparams)
     rate = sampling_rate(participation)
-    private(make(), update, dp, sigma, rate, seed, len(sizes), segments)  # refuses what it cannot do (e.g. q < 1
-    # without an empty round)
-    return functools.partial(_build, make, update, dp, sigma, rate, seed, len(sizes), segments)
+    private(make(), update, dp, sigma, rate, seed, len(sizes))  # refuses a method without an empty round at q < 1
+    return functools.partial(_build, make, update, dp, sigma, rate, seed, len(sizes))
 
 
 def _build_example(make: Callable[[], Algorithm], dp: DPSettings, sigma: float, sizes: dict[int, int]) -> Algorithm:
@@ -131,6 +128,5 @@ def _build(
     rate: float,
     seed: int,
     clients: int,
-    segments: tuple[int, ...] | None,
 ) -> Algorithm:
-    return private(make(), update, dp, sigma, rate, seed, clients, segments)
+    return private(make(), update, dp, sigma, rate, seed, clients)

@@ -88,63 +88,25 @@ class Geometry(NamedTuple):
     the precision's change, which would take the mean half's clip. The update is scaled into the ellipsoid
     ‖v1‖²/C² + ‖v2‖²/C_p² ≤ 1 and the sum gets noise σC on v1's coordinates and σC_p on v2's: the Gaussian mechanism
     of sensitivity 1 and noise multiplier σ in the coordinates (v1/C, v2/C_p), accounted as the one ball is. The
-    map is linear and fixed by the broadcast (public), so the server maps the noised sum back exactly.
-
-    With `segments` (`DPSettings.precision_per_tensor`: the sizes of the model's parameter tensors, in the flat
-    vector's order) an update is released in fewer, better-scaled coordinates: (a, w) with a = v1/s_g = (s_k/s_g)∘(m_k
-    − m_g), the change of the mean in the server's units (FedAvg's θ_k − θ_g where s_k = s_g), and w the mean of v2
-    over each tensor, one number per tensor. The precision half of the update is first replaced by its tensors'
-    means (`project`), a function of the client's update and the public broadcast, so the release stays the Gaussian
-    mechanism of sensitivity 1 in (a/C, w/C_p); the noise is σC on each coordinate of a and σC_p on each tensor's w,
-    spread over its coordinates. The server's precision then moves by one number per tensor each round: from a
-    uniform prior it stays uniform within each tensor, a posterior with one precision per tensor."""
+    map is linear and fixed by the broadcast (public), so the server maps the noised sum back exactly."""
 
     clip: float
     precision_clip: float | None
     half: int  # where the precision half starts in the flat update (0: it has none)
     mix: Tensor | None  # 2 m_g, with a precision_clip
-    precision: Tensor | None = None  # s_g, with segments
-    segments: tuple[int, ...] | None = None  # the parameter tensors' sizes, for the per-tensor release
 
     @staticmethod
-    def of(
-        update: ClientUpdate,
-        base: Message,
-        keys: list[tuple[str, str]],
-        clip: float,
-        precision_clip: float | None,
-        segments: tuple[int, ...] | None = None,
-    ):
+    def of(update: ClientUpdate, base: Message, keys: list[tuple[str, str]], clip: float, precision_clip: float | None):
         """The geometry of `update` against the broadcast `base` (`keys`: its (reply, broadcast) key pairs)."""
         half = base[keys[0][1]].numel() if update.precision_half else 0
         if precision_clip is None or not half:
             return Geometry(clip, None, half, None)
         lam1, lam2 = (base[b].reshape(-1) for _, b in keys)
-        if segments is None:
-            return Geometry(clip, precision_clip, half, -lam1 / lam2)  # 2 m_g = 2 λ₁ / s_g, s_g = −2λ₂
-        if sum(segments) != half:
-            raise ValueError(f"the parameter tensors' sizes {segments} do not add up to the update's {half} weights")
-        return Geometry(clip, precision_clip, half, -lam1 / lam2, -2 * lam2, tuple(segments))
-
-    def project(self, u: Tensor) -> Tensor:
-        """The update as it is released: `u` itself, or with `segments` its precision half replaced by each
-        tensor's mean (v1 kept)."""
-        if self.segments is None:
-            return u
-        assert self.mix is not None
-        u1, u2 = u[: self.half], u[self.half :]
-        spread = self._spread(self._means(u2))
-        return torch.cat([u1 + self.mix.to(u.dtype) * (u2 - spread), spread])
+        return Geometry(clip, precision_clip, half, -lam1 / lam2)  # 2 m_g = 2 λ₁ / s_g, s_g = −2λ₂
 
     def norms(self, u: Tensor) -> tuple[float, float]:
-        """The L2 norms of what `clip` bounds of the flat update `u` and of its precision half (0 without one);
-        with `segments`, of a and of w."""
+        """The L2 norms of what `clip` bounds of the flat update `u` and of its precision half (0 without one)."""
         u = u.double()
-        if self.segments is not None:
-            assert self.mix is not None and self.precision is not None
-            u1, u2 = u[: self.half], u[self.half :]
-            a = (u1 + self.mix.double() * u2) / self.precision.double()
-            return float(torch.linalg.vector_norm(a)), float(torch.linalg.vector_norm(self._means(u2)))
         precision = float(torch.linalg.vector_norm(u[self.half :])) if self.half else 0.0
         if self.mix is None:
             return float(torch.linalg.vector_norm(u)), precision
@@ -161,22 +123,9 @@ class Geometry(NamedTuple):
             return gaussian_noise(like, noise_multiplier * self.clip, generator)
         assert self.precision_clip is not None
         z = gaussian_noise(like, 1.0, generator)
-        if self.segments is not None:  # a: the first half's draws; w: the first len(segments) of the second's
-            assert self.precision is not None
-            v1 = z[: self.half] * (noise_multiplier * self.clip) * self.precision.to(like.dtype)
-            v2 = self._spread(z[self.half : self.half + len(self.segments)] * (noise_multiplier * self.precision_clip))
-        else:
-            v1 = z[: self.half] * (noise_multiplier * self.clip)
-            v2 = z[self.half :] * (noise_multiplier * self.precision_clip)
+        v1 = z[: self.half] * (noise_multiplier * self.clip)
+        v2 = z[self.half :] * (noise_multiplier * self.precision_clip)
         return torch.cat([v1 - self.mix.to(like.dtype) * v2, v2])
-
-    def _means(self, u2: Tensor) -> Tensor:
-        assert self.segments is not None
-        return torch.stack([part.mean() for part in u2.split(self.segments)])
-
-    def _spread(self, w: Tensor) -> Tensor:
-        assert self.segments is not None
-        return torch.repeat_interleave(w, torch.tensor(self.segments, device=w.device))
 
 
 def privatize(
@@ -188,7 +137,6 @@ def privatize(
     generator: torch.Generator,
     expected: float | None = None,
     precision_clip: float | None = None,
-    segments: tuple[int, ...] | None = None,
 ) -> tuple[dict[int, Message], list[tuple[float, float]]]:
     """The replies rebuilt from the noised sum of their clipped updates, and the updates' norms (client order: of
     what `clip` bounds and of the precision half, `Geometry.norms`).
@@ -199,24 +147,20 @@ def privatize(
     replies' sum is m · base + Σ clipped u_k + z. With `expected` (Poisson sampling's expected number of replies,
     qK) it is base + (m / expected) · clipped u_k + z / expected instead, so that the replies' mean is
     base + (Σ clipped u_k + z) / expected whatever m. A reply whose update is in the ball (and with no noise, at
-    `expected` None) is passed as it is, bit for bit. `segments`: the per-tensor release (`Geometry`)."""
+    `expected` None) is passed as it is, bit for bit."""
     ids = sorted(replies)
     keys = update.keys(replies[ids[0]], base)
     shapes = [base[b].shape for _, b in keys]
-    geometry = Geometry.of(update, base, keys, clip, precision_clip, segments)
+    geometry = Geometry.of(update, base, keys, clip, precision_clip)
     anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
     stretch = 1.0 if expected is None else len(ids) / expected
     out, norms = {}, []
     for k in ids:
         own = _anchor_of(replies[k], update, anchor)
         delta = _flat(replies[k], keys) - own
-        released = geometry.project(delta)
-        norms.append(geometry.norms(released))
+        norms.append(geometry.norms(delta))
         factor = geometry.factor(norms[-1]) * stretch
-        if factor == 1.0 and released is delta:
-            out[k] = dict(replies[k])
-        else:
-            out[k] = _with(replies[k], keys, shapes, own + released * factor)
+        out[k] = dict(replies[k]) if factor == 1.0 else _with(replies[k], keys, shapes, own + delta * factor)
     if noise_multiplier > 0:
         share = geometry.noise(anchor, noise_multiplier, generator) / (expected or len(ids))
         out = {
@@ -235,22 +179,20 @@ def released_sum(
     generator: torch.Generator,
     new: float,
     precision_clip: float | None = None,
-    segments: tuple[int, ...] | None = None,
 ) -> tuple[Message, list[tuple[float, float]]]:
     """What a running-sum server releases (`ClientUpdate.running`), in the reply's layout: Σ_k clip(u_k) + z +
     `new` · scale · broadcast, z ~ N(0, (noise_multiplier · clip)² I) (clip and noise per half with `precision_clip`,
     `Geometry`), and the updates' norms as `privatize` gives them. u_k is reply k's change, less scale × broadcast in
     a client's first reply (`anchor_weight`); `new` the expected number of new clients, so that the sum gains
     scale × broadcast for each without saying who. With no replies it is the noise and the new clients' terms
-    alone. Its float64 sum (the server's running sum's precision) over the replies in client-id order. `segments`:
-    the per-tensor release (`Geometry`)."""
+    alone. Its float64 sum (the server's running sum's precision) over the replies in client-id order."""
     keys = update.broadcast_keys(base)
-    geometry = Geometry.of(update, base, keys, clip, precision_clip, segments)
+    geometry = Geometry.of(update, base, keys, clip, precision_clip)
     anchor = torch.cat([(update.scale * base[b]).reshape(-1) for _, b in keys])
     anchor64 = anchor.double()
     total, norms = new * anchor64, []
     for k in sorted(replies):
-        delta = geometry.project(_flat(replies[k], keys).double() - _anchor_of(replies[k], update, anchor64))
+        delta = _flat(replies[k], keys).double() - _anchor_of(replies[k], update, anchor64)
         norms.append(geometry.norms(delta))
         total = total + delta * geometry.factor(norms[-1])
     total = total + geometry.noise(anchor, noise_multiplier, generator).double()
@@ -314,12 +256,10 @@ def private(
     rate: float,
     seed: int,
     clients: int,
-    segments: tuple[int, ...] | None = None,
 ) -> Algorithm:
     """`algorithm` with client-level DP (module docstring): updates clipped to `dp.clip`, noise multiplier
     `noise_multiplier`, the `clients` clients sampled at rate `rate` (Poisson below 1) and accounted so with
-    δ = `dp.delta`, budget `dp.epsilon`, the noise's stream derived from `seed`. `segments`: the sizes of the
-    model's parameter tensors (flat order), which `dp.precision_per_tensor` releases the precision half over."""
+    δ = `dp.delta`, budget `dp.epsilon`, the noise's stream derived from `seed`."""
     step: Step = (float(noise_multiplier), float(rate))
     poisson = rate < 1 and noise_multiplier > 0  # without noise ε is infinite: the clients are drawn as without DP
     expected = rate * clients if poisson else None  # the public denominator of the noised mean
@@ -328,9 +268,6 @@ def private(
             f"dp precision_clip bounds the precision half of a Bayesian method's update, which {algorithm.name}'s "
             "update has none of: leave it unset (one clip, dp_clip)"
         )
-    if dp.precision_per_tensor and segments is None:
-        raise ValueError("dp precision_per_tensor needs the sizes of the model's parameter tensors (segments=)")
-    segments = tuple(segments) if dp.precision_per_tensor and segments is not None else None
     if poisson and update.empty_round is None and update.running is None:
         raise ValueError(
             f"{algorithm.name} with client-level DP at participation < 1 needs its ClientUpdate.empty_round (a round "
@@ -357,12 +294,12 @@ def private(
         if update.running is not None and noise_multiplier > 0:  # a running sum: the noised sum released as it is
             new = update.running.count(clients, rate, len(server.steps) + 1)  # public: new clients, participants
             released, norms = released_sum(
-                replies, base, update, dp.clip, noise_multiplier, generator, new, dp.precision_clip, segments
+                replies, base, update, dp.clip, noise_multiplier, generator, new, dp.precision_clip
             )
             inner, info = update.running.update(server.inner, released, new)
         elif replies or expected is None:
             noised, norms = privatize(
-                replies, base, update, dp.clip, noise_multiplier, generator, expected, dp.precision_clip, segments
+                replies, base, update, dp.clip, noise_multiplier, generator, expected, dp.precision_clip
             )
             inner, info = algorithm.server_update(server.inner, noised)
         else:  # Poisson sampling drew no client: the noise is released all the same, and the round counts

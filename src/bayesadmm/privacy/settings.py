@@ -24,9 +24,6 @@ class DPSettings:
     bound of its precision half, `clip` then bounding its mean half taken as the precision-weighted change of the
     mean: the update is clipped into the ellipsoid of these two radii and each half gets noise σ times its radius
     (`privacy.client_level`); None: one ball of radius `clip` for the whole update.
-    `precision_per_tensor` (with `precision_clip`): the update released as the change of the mean in the server's
-    units, bounded by `clip`, and one number per parameter tensor, the mean change of its precision, bounded by
-    `precision_clip` (`client_level.Geometry`): the server's posterior then has one precision per tensor.
     `noise_multiplier`: σ; None: calibrated by the accountant so that the run's rounds spend at most `epsilon`.
     `epsilon`: the budget ε (None: none, the run only reports the ε it spends); the run stops before the round that
     would exceed it. `delta`: the δ of (ε, δ)-DP. `accountant`: Opacus's "rdp" (default) or "prv"."""
@@ -38,7 +35,6 @@ class DPSettings:
     delta: float = 1e-5
     accountant: str = "rdp"
     precision_clip: float | None = None
-    precision_per_tensor: bool = False
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -55,13 +51,6 @@ class DPSettings:
             )
         if self.precision_clip is not None and self.level != "client":
             raise ValueError("dp precision_clip bounds a client's update: it needs level='client'")
-        if not isinstance(self.precision_per_tensor, bool):
-            raise ValueError(f"dp precision_per_tensor must be true or false, got {self.precision_per_tensor!r}")
-        if self.precision_per_tensor and self.precision_clip is None:
-            raise ValueError(
-                "dp precision_per_tensor releases the precision half per tensor, bounded by precision_clip: give "
-                "precision_clip (the L2 bound of the tensors' mean precision changes)"
-            )
         if self.noise_multiplier is not None and not (
             _number(self.noise_multiplier) and 0 <= self.noise_multiplier < math.inf
         ):
@@ -91,7 +80,6 @@ class DPSettings:
             delta=record["delta"],
             accountant=record.get("accountant", "rdp"),
             precision_clip=record.get("precision_clip"),
-            precision_per_tensor=record.get("precision_per_tensor", False),
         )
 
     def to_json(self) -> dict:
@@ -105,9 +93,7 @@ class DPSettings:
             "dp_epsilon": self.epsilon,
             "delta": self.delta,
             "accountant": self.accountant,
-        } | ({} if self.precision_clip is None else {"precision_clip": self.precision_clip}) | (
-            {"precision_per_tensor": True} if self.precision_per_tensor else {}
-        )
+        } | ({} if self.precision_clip is None else {"precision_clip": self.precision_clip})
 
 
 def _number(value: object) -> bool:
