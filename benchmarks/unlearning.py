@@ -234,8 +234,8 @@ def repair(spec: str, seed: int, args, points: dict) -> None:
                 else:  # the client leaves; the server keeps whatever it holds of it
                     left = dataclasses.replace(original, unlearned=(args.client,), message="client left")
                     write_run(left, run_dir, last)
-            except bayesadmm.UnlearningError as refusal:
-                mine[name] = {"refused": str(refusal)}
+            except bayesadmm.UnlearningError as refusal:  # the method's answer, with what explains it
+                mine[name] = {"refused": str(refusal), "dual_share_of_precision": dual_share(original, args.client)}
                 args.save(points)
                 continue
         for R in sorted(args.repair):
@@ -261,9 +261,17 @@ def repair_table(points: dict, args) -> str:
     labels = {"retrained": "(a) retrained", "continued": "(b) continued", "unlearned": "(c) unlearned"}
     for spec, seeds in points.items():
         for name in VARIANTS:
-            refused = [s[name]["refused"] for s in seeds.values() if "refused" in s.get(name, {})]
+            refused = [s[name] for s in seeds.values() if "refused" in s.get(name, {})]
             if refused:
-                lines.append(f"| {spec} | {labels[name]} | | {len(refused)} | refused: {refused[0]} | | | |")
+                share = [r["dual_share_of_precision"] for r in refused if r.get("dual_share_of_precision")]
+                why = ""
+                if share:
+                    duals = _mean_std([x["all_clients"] for x in share], 100, 1)
+                    invalid = _mean_std([x["weights_left_invalid"] for x in share], 100, 3)
+                    why = f" (the duals' median share of the precision {duals} %; weights left invalid {invalid} %)"
+                lines.append(
+                    f"| {spec} | {labels[name]} | | {len(refused)} | refused: {refused[0]['refused']}{why} | | | |"
+                )
             for R in [0] if name == "retrained" else sorted(args.repair):
                 rows = [(s[name][str(R)], s["retrained"]["0"]) for s in seeds.values() if str(R) in s.get(name, {})]
                 if not rows:
