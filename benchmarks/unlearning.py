@@ -25,7 +25,7 @@ scores test accuracy and NLL at the posterior mean (and the 32-draw predictive),
 loss-threshold membership inference: the AUC of separating J's training examples from unseen test examples of the same
 classes (as many per class) by their NLL at the mean (0.5: indistinguishable). Every point is kept in
 OUT/<scenario>-c<J>-repair.json as it is measured, so a second call goes on where one stopped; the table is the mean
-± std over the seeds.
+± std over the seeds (`--table-only`: the table of the points saved, nothing trained).
 """
 
 from __future__ import annotations
@@ -302,7 +302,7 @@ def repair_main(args) -> None:
         path.with_suffix(".tmp").replace(path)
 
     args.save = save
-    for seed in args.seeds:
+    for seed in [] if args.table_only else args.seeds:
         for spec in args.methods:
             repair(spec, seed, args, points)
             print(f"{spec} seed {seed}: done", flush=True)
@@ -345,6 +345,7 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="settings of both runs")
     parser.add_argument("--repair", nargs="+", type=int, metavar="R", help="unlearning then R rounds (module doc)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="the seeds of --repair")
+    parser.add_argument("--table-only", action="store_true", help="with --repair: print the table of the points saved")
     args = parser.parse_args()
     if args.repair:
         if min(args.repair) < 0:

@@ -83,6 +83,7 @@ SMOKES: dict[str, Smoke] = {
         also=(
             "--repair 0 1 --methods fedep ivon-admm:gamma=0.01 --rounds 1 --runs {tmp}/runs --out {tmp}/out "
             "--set data_fraction=0.01 epochs=1",
+            "--repair 0 1 --table-only --methods fedep --rounds 1 --out {tmp}/out --set data_fraction=0.01 epochs=1",
         ),
     ),
     "benchmarks/peers/compare.py": Smoke(
