@@ -25,9 +25,11 @@ from bayesadmm.evaluation.personal_reports import personal_report
 from bayesadmm.evaluation.reports import compare
 
 RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
-SCENARIOS = ("fmnist-heterog10", "fmnist-homog10", "fmnist-heterog100", "mnist-heterog100")
-# the papers' rounds where they are not 10, 25, 50 (Table 2: 25, 50, 100)
-PAPER_ROUNDS = {"mnist-heterog100": [25, 50, 100]}
+SCENARIOS = (
+    "fmnist-heterog10", "fmnist-homog10", "fmnist-heterog100", "mnist-heterog100", "mnist-homog10", "mnist-heterog10",
+)  # fmt: skip
+# the papers' rounds where they are not 10, 25, 50 (Table 2: 25, 50, 100; the FedLap paper's homogeneous rows: 10, 20)
+PAPER_ROUNDS = {"mnist-heterog100": [25, 50, 100], "mnist-homog10": [10, 20]}
 # the selections on the validation split end early (stop_at): their tables stop there
 SELECTION_ROUNDS = {"select-ivon-lr": [5, 10], "select-fedlap-func-tau": [5, 10], "select-fedlap-func": [10, 25]}
 # tables of shortened runs (rounds=20: docs/results/personal.md, uncertainty.md), beside no published numbers
