@@ -15,7 +15,7 @@ and writes the numbers to OUT/<scenario>-c<J>-s<seed>.json. `--set` adds the sce
 With `--repair R R ...` (and `--seeds`) it measures unlearning against retraining with training after the removal:
 
     OMP_NUM_THREADS=1 python benchmarks/unlearning.py --repair 0 2 5 10 --seeds 0 1 2 \
-        --methods ivon-admm ivon-admm:gamma=0.02 fedlap-cov fedep [--rounds 50]
+        --methods ivon-admm ivon-admm:gamma=0.005 fedlap-cov fedep [--rounds 50]
 
 for each method (METHOD or METHOD:KEY=VALUE,KEY=VALUE: a variant of its preset) and seed, (a) the run retrained
 without client J (the reference), (b) the original run continued without J, its term kept where the method keeps
