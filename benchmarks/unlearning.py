@@ -20,7 +20,9 @@ With `--repair R R ...` (and `--seeds`) it measures unlearning against retrainin
 for each method (METHOD or METHOD:KEY=VALUE,KEY=VALUE: a variant of its preset) and seed, (a) the run retrained
 without client J (the reference), (b) the original run continued without J, its term kept where the method keeps
 one, and (c) `bayesadmm.unlearn(..., out=DIR)` then `resume`, each R rounds after the original's last (both run
-directories are written with rounds + max(R) rounds, so a schedule over the rounds spans them all). At each R it
+directories are written with rounds + max(R) rounds, so a schedule over the rounds spans them all); where the method
+refuses (c) because the removal leaves some weights without a positive precision, (c) again with
+`keep_invalid=True` (those weights keep the original's value until the repair rounds move them). At each R it
 scores test accuracy and NLL at the posterior mean (and the 32-draw predictive), client J's training NLL, and a
 loss-threshold membership inference: the AUC of separating J's training examples from unseen test examples of the same
 classes (as many per class) by their NLL at the mean (0.5: indistinguishable). Every point is kept in
@@ -44,7 +46,7 @@ from bayesadmm.experiments.build import build, run
 from bayesadmm.experiments.config import load, resolve
 from bayesadmm.posterior.unlearned_run import write_run
 
-KEPT = "unlearned, the original kept where invalid (diagnostic)"
+KEPT = "unlearned with keep_invalid=True"
 KL_NOTE = "KL(q‖q_retrained) and KL(q‖q_original): q_retrained is the run without the client"
 
 
@@ -98,18 +100,6 @@ def dual_share(result, client: int) -> dict[str, float] | None:
     }
 
 
-def kept_where_invalid(result, client: int):
-    """A diagnostic, not the library's answer, for a diagonal BayesADMM run whose unlearning is refused: λ_g − η_j
-    (c = 1) with the original λ_g kept on the weights where that leaves no positive precision; None for others."""
-    state = result.client_states([client])[client]
-    if not (hasattr(state, "dual") and len(state.dual) == 2):
-        return None
-    lam = tuple(a - b for a, b in zip(result.server.natural, state.dual, strict=True))
-    invalid = lam[1] >= 0  # precision −2λ₂ ≤ 0
-    lam = tuple(torch.where(invalid, old, new) for old, new in zip(result.server.natural, lam, strict=True))
-    return dataclasses.replace(result, server=result.server._replace(natural=lam))
-
-
 def compare(method: str, args) -> dict:
     """Train both runs of `method`, unlearn the client and evaluate the three posteriors."""
     full, built = train(args.scenario, method, common(args), run_dir(args, method, False))
@@ -121,7 +111,9 @@ def compare(method: str, args) -> dict:
         unlearned = bayesadmm.unlearn(full, args.client)
     except bayesadmm.UnlearningError as refusal:  # recorded as the method's answer
         unlearned, row["refused"] = None, str(refusal)
-    kept = kept_where_invalid(full, args.client) if unlearned is None else None
+    kept = None  # where the method refuses a removal that leaves some weights invalid: that removal, asked for
+    if unlearned is None and "keep_invalid=True" in row["refused"]:
+        kept = bayesadmm.unlearn(full, args.client, keep_invalid=True)
     forgotten = built.federation.clients(args.client)
     X_test, y_test = built.federation.eval_X, built.federation.eval_y
     posteriors = (("original", full), ("unlearned", unlearned), (KEPT, kept), ("retrained", retrained))
@@ -139,7 +131,7 @@ def compare(method: str, args) -> dict:
 
 # --- unlearning, then repair rounds, against retraining (--repair) ----------------------------------------------------
 
-VARIANTS = ("retrained", "continued", "unlearned")  # (a), (b), (c)
+VARIANTS = ("retrained", "continued", "unlearned", "kept")  # (a), (b), (c), and (c) with keep_invalid=True
 
 
 def membership_auc(member_nll: torch.Tensor, other_nll: torch.Tensor) -> float:
@@ -225,12 +217,14 @@ def repair(spec: str, seed: int, args, points: dict) -> None:
     if "retrained" not in mine:
         mine["retrained"] = {"0": score(retrained, data, seed)}
         args.save(points)
-    for name in ("continued", "unlearned"):
-        run_dir = folder / name
+    for name in VARIANTS[1:]:
+        if name == "kept" and "refused" not in mine.get("unlearned", {}):
+            continue  # keep_invalid=True only changes a removal the method refuses by default
+        run_dir = folder / ("unlearned-kept" if name == "kept" else name)
         if not run_dir.exists():
             try:
-                if name == "unlearned":
-                    bayesadmm.unlearn(original, args.client, out=run_dir, rounds=last)
+                if name in ("unlearned", "kept"):
+                    bayesadmm.unlearn(original, args.client, out=run_dir, rounds=last, keep_invalid=name == "kept")
                 else:  # the client leaves; the server keeps whatever it holds of it
                     left = dataclasses.replace(original, unlearned=(args.client,), message="client left")
                     write_run(left, run_dir, last)
@@ -258,7 +252,12 @@ def repair_table(points: dict, args) -> str:
         "| membership AUC |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    labels = {"retrained": "(a) retrained", "continued": "(b) continued", "unlearned": "(c) unlearned"}
+    labels = {
+        "retrained": "(a) retrained",
+        "continued": "(b) continued",
+        "unlearned": "(c) unlearned",
+        "kept": "(c) unlearned, keep_invalid",
+    }
     for spec, seeds in points.items():
         for name in VARIANTS:
             refused = [s[name] for s in seeds.values() if "refused" in s.get(name, {})]

@@ -13,7 +13,7 @@ from torch import nn
 import bayesadmm
 from bayesadmm.algorithms import bayes_admm
 from bayesadmm.engine.rundir import RunDirError, load_state
-from bayesadmm.families import FullGaussian
+from bayesadmm.families import DiagonalGaussian, FullGaussian
 from bayesadmm.problems.losses import QuadraticLoss
 from bayesadmm.solvers.von import ExactQuadratic, VariationalSolver
 
@@ -241,6 +241,44 @@ def test_a_run_written_without_the_client_resumes_to_the_exact_posterior_of_the_
     assert torch.equal(resumed.posterior.precision, zero.posterior.precision)
     np.testing.assert_allclose(zero.posterior.mean.numpy(), mean, atol=1e-10, rtol=0)
     assert files(tmp_path / "all") == original
+
+
+def diagonal_data() -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """`data()` with one non-zero input per row: XᵀX is diagonal, so the exact posterior is in the diagonal family."""
+    return {k: (X * nn.functional.one_hot(torch.arange(len(X)) % D, D).to(DT), y) for k, (X, y) in data().items()}
+
+
+def test_a_removal_left_invalid_on_a_weight_is_refused_naming_it_or_kept_there_when_asked(tmp_path):
+    """Diagonal BayesADMM at its fixed point, its server made weaker on the first weight than client GONE's dual (as
+    far from a fixed point on a network): `unlearn` refuses naming 1 of 3 weights and `keep_invalid=True`; with it,
+    that weight keeps the original's value, the others lose the dual (c = 1), the message and the directory's status
+    say so, and repair rounds reach the closed-form posterior of the other clients' data (numpy)."""
+    clients = diagonal_data()
+    rest = {k: c for k, c in clients.items() if k != GONE}
+    mean, precision = exact_numpy(rest)
+    diagonal = bayes_admm.make(DiagonalGaussian(D), ExactLinearGaussian(), rho=0.5, delta=DELTA)
+    result = run(clients, tmp_path / "all", algorithm=diagonal)
+    dual = result.client_states([GONE])[GONE].dual
+    s = -2 * result.server.natural[1]
+    m = result.server.natural[0] / s
+    s[0] = -dual[1][0]  # half the dual's precision u_j (η_j = (v_j, −½u_j))
+    weak = dataclasses.replace(result, server=result.server._replace(natural=(s * m, -0.5 * s)))
+    with pytest.raises(bayesadmm.UnlearningError, match=f"leaves 1 of {D} weights without a positive .*keep_invalid"):
+        bayesadmm.unlearn(weak, GONE)
+    with pytest.raises(TypeError, match="keep_invalid must be True or False"):
+        bayesadmm.unlearn(weak, GONE, keep_invalid="yes")
+
+    out = tmp_path / "without"
+    kept = bayesadmm.unlearn(weak, GONE, keep_invalid=True, out=out, rounds=ROUNDS + 200)
+    assert f"the original's value kept on 1 of {D} weights" in kept.message
+    assert f"kept on 1 of {D} weights" in json.loads((out / "status.json").read_text())["message"]
+    natural = kept.posterior.natural
+    assert natural[0][0] == s[0] * m[0] and natural[1][0] == -0.5 * s[0]
+    assert torch.equal(natural[0][1:], (s * m - dual[0])[1:]) and torch.equal(natural[1][1:], (-0.5 * s - dual[1])[1:])
+    repaired = run(rest, out, algorithm=diagonal, rounds=ROUNDS + 200, resume=True)
+    np.testing.assert_allclose(repaired.posterior.mean.numpy(), mean, atol=1e-10, rtol=0)
+    np.testing.assert_allclose(repaired.posterior.precision.numpy(), np.diag(precision), atol=1e-10, rtol=0)
+    assert np.count_nonzero(precision - np.diag(np.diag(precision))) == 0  # the exact posterior is diagonal
 
 
 def test_writing_a_run_without_the_client_is_refused_before_anything_is_written(tmp_path):

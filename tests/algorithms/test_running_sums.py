@@ -99,7 +99,7 @@ def test_the_server_state_and_work_do_not_grow_with_the_clients_that_did_not_rep
     assert seconds[100_000] < 3 * seconds[0] + 0.05
 
 
-def test_unlearning_from_the_running_sum_is_the_default_servers():
+def test_unlearning_from_the_running_sum_gives_the_default_servers_posterior():
     family = DiagonalGaussian(8)
     servers, states = {}, {}
     for incremental in (False, True):
@@ -111,9 +111,11 @@ def test_unlearning_from_the_running_sum_is_the_default_servers():
     default, running = servers[False], servers[True]
     for a, b in zip(default.natural, running.natural, strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
-    # the default server's records of the other clients, moved by the shift, sum to the running total
-    for part, total in zip(zip(*default.replies.values(), strict=True), running.total, strict=True):
-        assert torch.allclose(torch.stack(part).double().sum(0), total, rtol=1e-5, atol=1e-5)
+    # the running total holds the other clients' terms as they sent them (their next replies are changes from those):
+    # the default server's records of them before the shift it gives them, ρ_s (λ_g' − λ_g) each
+    shift = [RHO * (a.double() - b.double()) for a, b in zip(default.natural, server.natural, strict=True)]
+    for part, total, moved in zip(zip(*default.replies.values(), strict=True), running.total, shift, strict=True):
+        assert torch.allclose(torch.stack(part).double().sum(0) - 3 * moved, total, rtol=1e-5, atol=1e-5)
     assert running.clients == 3 and sorted(default.replies) == [0, 1, 3]
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bayesadmm.algorithms import bayes_admm, bregman_admm, fedep, fedlap, fedlap_cov, fedsep, pvi
-from bayesadmm.algorithms.base import Algorithm
+from bayesadmm.algorithms.base import Algorithm, PartlyInvalidRemoval
 from bayesadmm.engine.simulate import generator_for, run_rounds
 from bayesadmm.families import DiagonalGaussian, FullGaussian, IsotropicGaussian
 from bayesadmm.problems.losses import QuadraticLoss
@@ -107,6 +107,9 @@ EXACT = {
                         quadratic, 100),
     "bayes-admm diagonal": (lambda ids: bayes_admm.make(DiagonalGaussian(D), ExactQuadratic(), rho=0.5, delta=DELTA),
                             True, quadratic, 100),
+    "bayes-admm diagonal running sum": (
+        lambda ids: bayes_admm.make(DiagonalGaussian(D), ExactQuadratic(), rho=0.5, delta=DELTA, incremental=True),
+        True, quadratic, 100),
     "pvi full": (lambda ids: pvi.make(FullGaussian(D), ExactQuadratic(), delta=DELTA, damping=0.5), False, quadratic,
                  80),
     "pvi diagonal": (lambda ids: pvi.make(DiagonalGaussian(D), ExactQuadratic(), delta=DELTA), True, quadratic, 80),
@@ -153,6 +156,48 @@ def test_isotropic_bayes_admm_continues_to_the_fixed_point_without_the_client():
     others = {k: s for k, s in states.items() if k != GONE}
     continued, _ = proceed(alg, unlearned, others, without(local), 150, 151)
     assert torch.allclose(alg.posterior(continued).mean, exact(without(data))[0], atol=1e-10)
+
+
+def weaker_on_first_weight(lam, dual):
+    """λ_g with its first weight's precision cut to half of the dual's u_j (η_j = (v_j, −½u_j)), its mean kept: a
+    server state far from a fixed point, where removing the dual leaves that weight no positive precision."""
+    mean, precision = lam[0] / (-2 * lam[1]), -2 * lam[1].clone()
+    precision[0] = -dual[1][0]  # ½ u_j
+    return (precision * mean, -0.5 * precision)
+
+
+@pytest.mark.parametrize("server", ["default", "incremental", "participants"])
+def test_a_removal_left_invalid_on_some_weights_keeps_the_original_there_and_repair_rounds_reach_the_posterior(
+    server,
+):
+    """Diagonal BayesADMM at its fixed point with a server state made weaker on one weight than client j's dual:
+    the hook answers `PartlyInvalidRemoval` naming 1 of D weights, holding the state with λ_g kept on that weight
+    and λ_g − η_j (c = 1) on the others; training on from it without client j reaches the closed-form posterior of
+    the other clients' data. The full family, whose precision is one matrix, refuses outright."""
+    data = clients(True)
+    local = quadratic(data)
+    options = {"default": {}, "incremental": {"incremental": True}, "participants": {"proximal": "participants"}}
+    alg = bayes_admm.make(DiagonalGaussian(D), ExactQuadratic(), rho=0.5, delta=DELTA, **options[server])
+    fixed, states = run_rounds(alg, local, torch.zeros(D, dtype=DT), 100)
+    dual = states[GONE].dual
+    weak = weaker_on_first_weight(fixed.natural, dual)
+    with pytest.raises(PartlyInvalidRemoval, match=f"client {GONE}'s dual leaves 1 of {D} weights") as answer:
+        alg.unlearn(fixed._replace(natural=weak), GONE, states[GONE])
+    assert (answer.value.coordinates, answer.value.total) == (1, D)
+    kept = answer.value.kept.natural
+    for half in (0, 1):
+        assert kept[half][0] == weak[half][0]  # the original's value, the client's term included
+        assert torch.equal(kept[half][1:], weak[half][1:] - dual[half][1:])
+    others = {k: s for k, s in states.items() if k != GONE}
+    repaired, _ = proceed(alg, answer.value.kept, others, without(local), 200, 101)
+    assert_exact(alg.posterior(repaired), *exact(without(data)))
+
+    full = bayes_admm.make(FullGaussian(D), ExactQuadratic(), rho=0.5, delta=DELTA)
+    fixed, states = run_rounds(full, local, torch.zeros(D, dtype=DT), 2)
+    weak = (fixed.natural[0], fixed.natural[1] * 1e-6)
+    with pytest.raises(ValueError, match=f"removing client {GONE}'s dual leaves no valid Gaussian") as answer:
+        full.unlearn(fixed._replace(natural=weak), GONE, states[GONE])
+    assert not isinstance(answer.value, PartlyInvalidRemoval)
 
 
 @dataclass(frozen=True)

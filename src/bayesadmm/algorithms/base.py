@@ -59,7 +59,8 @@ class Algorithm(NamedTuple):
     # (BayesADMM: q_k); None where the method keeps no client posterior (`bayesadmm.personal` then fine-tunes)
     personal: Callable[[Any, Any], Any] | None = None
     # unlearn(server_state, client_id, client_state) -> the server state without client_id's term in the server's
-    # sum; None where the server is no sum of client terms (`bayesadmm.unlearn` then refuses)
+    # sum (a ValueError where it cannot be removed; `PartlyInvalidRemoval` where it can except on some coordinates);
+    # None where the server is no sum of client terms (`bayesadmm.unlearn` then refuses)
     unlearn: Callable[[Any, int, Any], Any] | None = None
     # how the engine draws a round's clients at participation < 1 (`engine.federation.participants`): "fixed" (a
     # fixed-size subset) or "poisson" (each client independently: client-level DP's sampling, which its accountant
@@ -85,6 +86,18 @@ class Algorithm(NamedTuple):
         return cls(
             name, init_server, init_client, broadcast, client_update, server_update, posterior, local, personal, unlearn
         )
+
+
+class PartlyInvalidRemoval(ValueError):
+    """An `Algorithm.unlearn` hook's answer where removing the client's term leaves `coordinates` of the server's
+    `total` without a valid Gaussian (a diagonal posterior's weights whose precision the term outweighs, as can
+    happen far from a fixed point). `kept` is the server state with the term removed everywhere else and the
+    original's value kept on those coordinates: `bayesadmm.unlearn` refuses the removal unless asked for it
+    (`keep_invalid=True`), since those coordinates still hold the client's term until training moves them."""
+
+    def __init__(self, message: str, kept: Any, coordinates: int, total: int):
+        super().__init__(message)
+        self.kept, self.coordinates, self.total = kept, coordinates, total
 
 
 class LocalStep(NamedTuple):

@@ -59,6 +59,7 @@ from bayesadmm.algorithms.base import (
     DivergenceError,
     LocalStep,
     Message,
+    PartlyInvalidRemoval,
     ServerInfo,
     SolveInfo,
     merge_replies,
@@ -153,22 +154,42 @@ def unlearned_server(family, delta: float, server_rho: float, server: ServerStat
     states are kept."""
     if client_id not in server.replies:
         raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
-    lam_g = _without_dual(family, delta, server.natural, client_id, dual)
+    lam_g, kept = _without_dual(family, delta, server.natural, client_id, dual)
     shift = nat.scale(nat.sub(lam_g, server.natural), server_rho)
     replies = {k: nat.add(r, shift) for k, r in server.replies.items() if k != client_id}
-    return ServerState(lam_g, replies, server.round)
+    return _removed(ServerState(lam_g, replies, server.round), client_id, kept, lam_g)
 
 
-def _without_dual(family, delta: float, lam_g: Natural, client_id: int, dual: Natural) -> Natural:
-    """λ_g − η_j / c, checked to be a valid Gaussian (`unlearned_server`)."""
+def _without_dual(family, delta: float, lam_g: Natural, client_id: int, dual: Natural) -> tuple[Natural, int]:
+    """λ_g − η_j / c (`unlearned_server`) and 0 where that is a valid Gaussian. Where it is not, a diagonal family's
+    coordinates left without a positive precision keep λ_g's value (`kept_where_invalid`), and their number is
+    returned for `_removed` to report; the other families refuse (a ValueError)."""
     c, _ = family.prior_terms(delta, dtype=lam_g[0].dtype, device=lam_g[0].device)
     lam = nat.add_scaled(lam_g, -1.0 / c, dual)
-    if not family.is_valid(lam):
+    if family.is_valid(lam):
+        return lam, 0
+    try:
+        return family.kept_where_invalid(lam, lam_g)
+    except NotImplementedError:
         raise ValueError(
             f"removing client {client_id}'s dual leaves no valid Gaussian (its term outweighs the rest of the "
             "posterior, as can happen far from a fixed point): retrain without the client"
+        ) from None
+
+
+def _removed(state, client_id: int, kept: int, lam_g: Natural):
+    """The unlearned server `state`, or a `PartlyInvalidRemoval` holding it where `kept` coordinates keep the
+    original's value."""
+    if kept:
+        total = lam_g[0].numel()
+        raise PartlyInvalidRemoval(
+            f"removing client {client_id}'s dual leaves {kept} of {total} weights without a positive precision (its "
+            "term outweighs the rest of the posterior there, as can happen far from a fixed point)",
+            state,
+            kept,
+            total,
         )
-    return lam
+    return state
 
 
 PROXIMAL = ("all", "participants")  # the clients the server's proximal term is over (module docstring)
@@ -248,14 +269,15 @@ class RunningSums:
         return RunningServerState(lam_g, total, count, server.round + 1), ReleasedInfo(count, floored)
 
     def unlearn(self, server: RunningServerState, client_id: int, state: ClientState) -> RunningServerState:
-        """`unlearned_server` on the running sum: client j's term (from its state) leaves it, and the other K − 1
-        terms move by ρ_s (λ_g' − λ_g) each, as the default server's records do."""
+        """`unlearned_server` on the running sum: λ_g' = λ_g − η_j / c, and client j's term (from its state) leaves
+        the sum. The other terms stay as their clients last sent them: a client's next reply is the change from its
+        own record of its term, so a shift of its term here (the default server moves its records by ρ_s (λ_g' −
+        λ_g)) would stay in the sum for good and pull every later λ_g off the fixed point without client j."""
         if state.natural is None:
             raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
-        lam_g = _without_dual(self.family, self.delta, server.natural, client_id, state.dual)
-        shift = nat.scale(_wide(nat.sub(lam_g, server.natural)), self.server_rho * (server.clients - 1))
-        own = _wide(client_contribution(state.natural, state.dual, self.server_rho))
-        return RunningServerState(lam_g, nat.add(nat.sub(server.total, own), shift), server.clients - 1, server.round)
+        lam_g, kept = _without_dual(self.family, self.delta, server.natural, client_id, state.dual)
+        total = nat.sub(server.total, _wide(client_contribution(state.natural, state.dual, self.server_rho)))
+        return _removed(RunningServerState(lam_g, total, server.clients - 1, server.round), client_id, kept, lam_g)
 
 
 class RoundProximal:
@@ -306,8 +328,9 @@ class RoundProximal:
         """`unlearned_server` for this server: λ_g' = λ_g − η_j / c, and η_j leaves the dual sum."""
         if state.natural is None:
             raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
-        lam_g = _without_dual(self.family, self.delta, server.natural, client_id, state.dual)
-        return RoundServerState(lam_g, nat.sub(server.duals, _wide(state.dual)), server.round)
+        lam_g, kept = _without_dual(self.family, self.delta, server.natural, client_id, state.dual)
+        unlearned = RoundServerState(lam_g, nat.sub(server.duals, _wide(state.dual)), server.round)
+        return _removed(unlearned, client_id, kept, lam_g)
 
 
 def make(

@@ -108,6 +108,12 @@ class GaussianFamily(abc.ABC):
         fraction of coordinates set (client-level DP of a running-sum server); the diagonal family has it."""
         raise NotImplementedError(f"the {self.name} family has no coordinate-wise floor of its precision")
 
+    def kept_where_invalid(self, lam: Natural, original: Natural) -> tuple[Natural, int]:
+        """``lam`` with ``original``'s value on every coordinate where ``lam`` has no positive, finite precision, and
+        how many coordinates that is (`bayesadmm.unlearn(..., keep_invalid=True)`); the diagonal family has it: in
+        the others the precision is one number or one matrix, and no part of it can be kept apart."""
+        raise NotImplementedError(f"the {self.name} family has no coordinate-wise validity to keep")
+
     def is_valid(self, lam: Natural) -> bool:
         """``True`` iff ``validate`` accepts ``lam`` (e.g. to reject a step)."""
         try:

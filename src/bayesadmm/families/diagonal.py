@@ -62,6 +62,14 @@ class DiagonalGaussian(GaussianFamily):
             torch.where(low, torch.full_like(lam[1], -0.5 * floor), lam[1]),
         ), float(low.double().mean())
 
+    def kept_where_invalid(self, lam: Natural, original: Natural) -> tuple[Natural, int]:
+        """``lam`` with ``original``'s ``(λ₁ᵢ, λ₂ᵢ)`` on every coordinate whose precision ``−2λ₂ᵢ`` is not positive or
+        either half not finite, and how many coordinates were kept."""
+        self._check_params(lam, "natural parameter")
+        bad = ~((-2.0 * lam[1] > 0) & torch.isfinite(lam[0]) & torch.isfinite(lam[1]))
+        kept = tuple(torch.where(bad, old, new) for old, new in zip(original, lam, strict=True))
+        return (kept[0], kept[1]), int(bad.sum())
+
     def to_moments(self, lam: Natural) -> tuple[Tensor, Tensor]:
         """``(m, s)`` with ``s = −2λ₂`` and ``m = λ₁ / s``."""
         s = self._precision(lam)

@@ -35,6 +35,7 @@ from typing import Any
 
 from torch import nn
 
+from bayesadmm.algorithms.base import PartlyInvalidRemoval
 from bayesadmm.engine.federation import Result, StaleResult
 from bayesadmm.engine.rundir import RunDirError
 from bayesadmm.likelihoods import Likelihood
@@ -60,6 +61,7 @@ def unlearn(
     likelihood: Likelihood | None = None,
     out: str | PathLike | None = None,
     rounds: int | None = None,
+    keep_invalid: bool = False,
 ) -> Result:
     """The run's `Result` with client `client_id`'s term removed from its server state, by the method's
     `Algorithm.unlearn` hook and the client's state in the run's last checkpoint (`Result.client_states`).
@@ -73,6 +75,12 @@ def unlearn(
     run directory has moved on since (resumed or run again: its checkpoint is of another round). A run directory is
     read with `bayesadmm.load(run_dir, model=model, likelihood=likelihood)` (a run of `bayesadmm.run` needs them).
 
+    Far from a fixed point a client's term can outweigh the rest of a diagonal posterior on a few weights (IVON-ADMM on
+    a network), where removing it leaves no positive precision: refused by default, naming how many. With
+    `keep_invalid=True` those weights keep the original's value (the client's term included) and the term is removed
+    everywhere else; `message` says how many were kept. Meant to be followed by repair rounds (`out=`, `rounds=`),
+    which move those weights with the rest; a family whose precision is one number or one matrix still refuses.
+
     `out=DIR` also writes the unlearned run as a run directory that a resume continues without the clients removed
     (module docstring), of `rounds` rounds (default: the run's own; more rounds train on, "repair rounds"; a schedule
     over the rounds, as IVON's `cosine`, then spans the new number), and returns the Result of DIR: `run_dir` DIR,
@@ -82,6 +90,8 @@ def unlearn(
     federation that drew each client)."""
     result = _as_result(result_or_run_dir, model, likelihood)
     client_id = _check(result, client_id)
+    if not isinstance(keep_invalid, bool):
+        raise TypeError(f"keep_invalid must be True or False, got {keep_invalid!r}")
     if rounds is not None and out is None:
         raise UnlearningError("rounds= is the number of rounds of the run written to out=: give out= too")
     try:
@@ -96,13 +106,22 @@ def unlearn(
         raise UnlearningError(f"client {client_id} is not a client of the run in {result.run_dir} ({exc})") from None
     hook = result.algorithm.unlearn
     assert hook is not None  # (_check refused a method without it)
+    kept = ""
     try:
         server = hook(result.server, client_id, state)
+    except PartlyInvalidRemoval as exc:
+        if not keep_invalid:
+            raise UnlearningError(
+                f"{result.algorithm.name}: {exc}: retrain without the client, or unlearn with keep_invalid=True (those "
+                "weights keep the original's value, the client's term included, until repair rounds move them: out=, "
+                "rounds=)"
+            ) from None
+        server, kept = exc.kept, f" (the original's value kept on {exc.coordinates} of {exc.total} weights: {exc})"
     except ValueError as exc:
         raise UnlearningError(f"{result.algorithm.name}: {exc}") from None
     removed = (*result.unlearned, client_id)
     clients = f"client{'s' if len(removed) > 1 else ''} {', '.join(map(str, removed))}"
-    message = f"{clients} unlearned from round {result.round} of {result.run_dir}"
+    message = f"{clients} unlearned from round {result.round} of {result.run_dir}{kept}"
     unlearned = dataclasses.replace(result, server=server, message=message, unlearned=removed)
     if target is None:
         return unlearned
