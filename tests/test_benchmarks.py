@@ -76,14 +76,15 @@ SMOKES: dict[str, Smoke] = {
         slow=True,
         fmnist=True,
     ),
-    "benchmarks/unlearning.py": Smoke(
+    "benchmarks/unlearning.py": Smoke(  # one process per run: the repair's runs and resumes would each start workers
         "--methods ivon-admm --rounds 1 --runs {tmp}/runs --out {tmp}/out --set data_fraction=0.01 epochs=1",
         slow=True,
         fmnist=True,
         also=(
             "--repair 0 1 --methods fedep ivon-admm:gamma=0.01 --rounds 1 --runs {tmp}/runs --out {tmp}/out "
-            "--set data_fraction=0.01 epochs=1",
-            "--repair 0 1 --table-only --methods fedep --rounds 1 --out {tmp}/out --set data_fraction=0.01 epochs=1",
+            "--set data_fraction=0.01 epochs=1 workers=1",
+            "--repair 0 1 --table-only --methods fedep --rounds 1 --out {tmp}/out "
+            "--set data_fraction=0.01 epochs=1 workers=1",
         ),
     ),
     "benchmarks/peers/compare.py": Smoke(

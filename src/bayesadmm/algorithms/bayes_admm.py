@@ -151,7 +151,9 @@ def unlearned_server(family, delta: float, server_rho: float, server: ServerStat
     that does not hold it, and can leave no valid Gaussian. The other clients' records move with λ_g
     (λ_k → λ_k + λ_g' − λ_g, duals kept), so at a fixed point λ_g' is what the server update gives from them (away
     from one it gives λ_g' − ρ_s(λ_j − λ_g)/(c + ρ_s(K − 1)), until their next replies replace them); their client
-    states are kept."""
+    states are kept. Where λ_g' is no valid Gaussian on some weights of a diagonal family (η_j's precision above
+    λ_g's there), those weights keep λ_g's value and the state is handed back inside a `PartlyInvalidRemoval`
+    (`_without_dual`, `bayesadmm.unlearn(..., keep_invalid=True)`)."""
     if client_id not in server.replies:
         raise ValueError(f"client {client_id} never replied to the server: it has no term to remove")
     lam_g, kept = _without_dual(family, delta, server.natural, client_id, dual)
