@@ -305,9 +305,9 @@ def test_writing_a_run_without_the_client_is_refused_before_anything_is_written(
 
 
 def test_a_scenario_run_without_a_client_resumes_on_the_command_line(tmp_path, capsys):
-    """`bayesadmm run diabetes-iid5` → `unlearn(dir, 2, out=)` → `bayesadmm resume`: rounds 3 and 4 train the four
-    other clients (config.json's exclude_client), from the checkpoint of round 2; a second client is refused (a
-    scenario leaves out one)."""
+    """`bayesadmm run diabetes-iid5` → `bayesadmm unlearn DIR 2 --out ... --rounds 4` → `bayesadmm resume`: rounds 3
+    and 4 train the four other clients (config.json's exclude_client), from the checkpoint of round 2; the command's
+    refusals are one line and exit 2, and a second client is refused (a scenario leaves out one)."""
     pytest.importorskip("sklearn")
     from bayesadmm.cli import main
 
@@ -315,8 +315,21 @@ def test_a_scenario_run_without_a_client_resumes_on_the_command_line(tmp_path, c
     args = ["method=ivon-admm", "rounds=2", "epochs=1", "eval_samples=2", "workers=1", "--quiet"]
     assert main(["run", "diabetes-iid5", f"out={source}", *args]) == 0
     original = files(source)
-    written = bayesadmm.unlearn(source, 2, out=out, rounds=4)
-    assert written.run_dir == out and written.unlearned == (2,)
+    capsys.readouterr()
+    for bad, message in (
+        (["7"], "client 7 is not a client of the run"),
+        (["2", "--rounds", "1"], "rounds= must be an int of at least the unlearned round 2"),
+        (["2", "--out", str(source)], "run's own directory"),
+    ):
+        where = [] if "--out" in bad else ["--out", str(out)]
+        assert main(["unlearn", str(source), *bad, *where]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("bayesadmm: ") and message in err and err.count("\n") == 1, err
+        assert not out.exists()
+    assert main(["unlearn", str(source), "2", "--out", str(out), "--rounds", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert f"client 2 unlearned from round 2 of {source}" in printed and f"bayesadmm resume {out}" in printed
+    assert bayesadmm.load(out).unlearned == (2,)
     config = json.loads((out / "config.json").read_text())
     assert (config["exclude_client"], config["unlearned"], config["rounds"], config["out"]) == (2, [2], 4, str(out))
     assert sorted(load_state(out / "checkpoint.pt")["clients"]) == [0, 1, 3, 4]

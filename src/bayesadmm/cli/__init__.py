@@ -1,8 +1,8 @@
 """The `bayesadmm` command. It parses and dispatches; the work lives in the modules it calls.
 
 One module per subcommand group, each with the subcommand's parser (`add_parser`) and its handler (`command`):
-`run` (run, resume), `predict`, `sweep`, `tune`, `compare`, `flower` (demo, resume), `precompile`, `paper`. They
-import the library's modules only when their command runs.
+`run` (run, resume), `predict`, `unlearn`, `sweep`, `tune`, `compare`, `flower` (demo, resume), `precompile`,
+`paper`, `methods`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from bayesadmm.cli import compare, flower, methods, paper, precompile, predict, run, sweep, tune
+from bayesadmm.cli import compare, flower, methods, paper, precompile, predict, run, sweep, tune, unlearn
 
 DESCRIPTION = "The `bayesadmm` command. It parses and dispatches; the work lives in the modules it calls."
 
@@ -26,6 +26,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "precompile": precompile.command,
     "paper": paper.command,
     "predict": predict.command,
+    "unlearn": unlearn.command,
     "methods": methods.command,
 }
 
@@ -52,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.set_defaults(tune_parser=tune.add_parser(commands))
     compare.add_parser(commands)
     predict.add_parser(commands)
+    unlearn.add_parser(commands)
     precompile.add_parser(commands)
     methods.add_parser(commands)
     paper.add_parser(commands)
