@@ -93,7 +93,10 @@ class PartlyInvalidRemoval(ValueError):
     `total` without a valid Gaussian (a diagonal posterior's weights whose precision the term outweighs, as can
     happen far from a fixed point). `kept` is the server state with the term removed everywhere else and the
     original's value kept on those coordinates: `bayesadmm.unlearn` refuses the removal unless asked for it
-    (`keep_invalid=True`), since those coordinates still hold the client's term until training moves them."""
+    (`keep_invalid=True`), since those coordinates still hold the client's term until training moves them. A hook
+    answers it only where training on does move them: BayesADMM's servers compute λ_g from the clients' terms each
+    round, so the kept values are gone after a round without the client; PVI's and FedEP's servers add up site changes,
+    where a kept value would stay for good, and refuse."""
 
     def __init__(self, message: str, kept: Any, coordinates: int, total: int):
         super().__init__(message)
