@@ -8,9 +8,11 @@
 A method whose server's posterior is a sum of per-client terms removes client j's term as its own mathematics defines it
 (`Algorithm.unlearn`, written in each method's module): BayesADMM in every family, IVON-ADMM and IVON-PVI subtract the
 client's dual η_j (`bayes_admm.unlearned_server`; BregmanADMM's dual step keeps no such term), PVI and FedEP divide out
-its site, FedLap and FedLap-Cov replace its site by the uniform one. For a conjugate model whose family holds the exact
-posterior, once training has converged, the result is the posterior of the other clients' data; otherwise it is the
-method's own approximation, a state from which training without the client can continue. Every other method refuses,
+its site, FedLap and FedLap-Cov replace its site by the uniform one (where BayesADMM's removal would leave a few
+weights of a diagonal posterior without a positive precision, `keep_invalid=True` keeps the original there and
+removes the rest). For a conjugate model whose family holds the exact posterior, once training has converged, the
+result is the posterior of the other clients' data; otherwise it is the method's own approximation, a state from
+which training without the client can continue. Every other method refuses,
 and so does a run with client-level differential privacy (its server state is built from noised sums, which hold no
 client's term); a run with example-level DP unlearns as the method does (its server sums the clients' private
 replies exactly).
@@ -116,7 +118,10 @@ def unlearn(
                 "weights keep the original's value, the client's term included, until repair rounds move them: out=, "
                 "rounds=)"
             ) from None
-        server, kept = exc.kept, f" (the original's value kept on {exc.coordinates} of {exc.total} weights: {exc})"
+        server = exc.kept
+        kept = (
+            f" (the original's value kept on {exc.coordinates} of {exc.total} weights, which its removal left invalid)"
+        )
     except ValueError as exc:
         raise UnlearningError(f"{result.algorithm.name}: {exc}") from None
     removed = (*result.unlearned, client_id)
