@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ import torch
 from conftest import needs_fmnist
 
 ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "src/bayesadmm/experiments/scenarios"
 TIMEOUT = 300  # seconds a smoke may run (the slowest take about a minute on a busy 2-core machine)
 
 
@@ -76,15 +78,14 @@ SMOKES: dict[str, Smoke] = {
         slow=True,
         fmnist=True,
     ),
-    "benchmarks/unlearning.py": Smoke(  # one process per run: the repair's runs and resumes would each start workers
+    "benchmarks/unlearning.py": Smoke(
         "--methods ivon-admm --rounds 1 --runs {tmp}/runs --out {tmp}/out --set data_fraction=0.01 epochs=1",
         slow=True,
         fmnist=True,
         also=(
             "--repair 0 1 --methods fedep ivon-admm:gamma=0.01 --rounds 1 --runs {tmp}/runs --out {tmp}/out "
-            "--set data_fraction=0.01 epochs=1 workers=1",
-            "--repair 0 1 --table-only --methods fedep --rounds 1 --out {tmp}/out "
-            "--set data_fraction=0.01 epochs=1 workers=1",
+            "--set data_fraction=0.01 epochs=1",
+            "--repair 0 1 --table-only --methods fedep --rounds 1 --out {tmp}/out --set data_fraction=0.01 epochs=1",
         ),
     ),
     "benchmarks/peers/compare.py": Smoke(
@@ -106,6 +107,11 @@ SMOKES: dict[str, Smoke] = {
         "keep-momentum fmnist-heterog10 {tmp}/probe rounds=2 stop_at=1 epochs=1 data_fraction=0.01", fmnist=True
     ),
     "scripts/results_tables.py": Smoke("-c " + shlex.quote(RESULTS_TABLES)),
+    "scripts/tune_presets.py": Smoke(  # AMA has no preset on fmnist-heterog10: one trial, written into a copy
+        "fmnist-heterog10 --methods ama --trials 1 --set lr=0.001 epochs=1 batch_size=32 rho=0.01 delta=0.01 "
+        "data_fraction=0.01 rounds=1 --space lr=around:0.5:2 --out {tmp}/presets --write {tmp}/fmnist-heterog10.json",
+        fmnist=True,
+    ),
 }
 
 # Modules that are no command of their own: the files that import them run them.
@@ -156,6 +162,8 @@ def test_runs_at_its_smallest(name, entry, tmp_path, data_dir):
         pytest.importorskip(module, reason=f"{name} needs {module} (an extra)")
     if name == "scripts/privacy_table.py":
         _privacy_runs(tmp_path / "privacy", data_dir)
+    if name == "scripts/tune_presets.py":
+        shutil.copy(SCENARIOS / "fmnist-heterog10.json", tmp_path)
     source = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     # eager kernels: compiling them costs more than these runs (benchmarks that time compiling set it themselves)
     env = dict(os.environ, PYTHONPATH=source, BAYESADMM_COMPILE="0", BAYESADMM_WORKERS="1")
@@ -169,6 +177,11 @@ def test_runs_at_its_smallest(name, entry, tmp_path, data_dir):
         assert runs and not any("error" in run for run in runs.values()), runs
     if name == "scripts/privacy_table.py":
         assert "| fedavg | client |" in done.stdout and "| fedavg | none |" in done.stdout, done.stdout
+    if name == "scripts/tune_presets.py":  # the chosen lr, the given values, nothing of the trials' schedule
+        preset = json.loads((tmp_path / "fmnist-heterog10.json").read_text())["methods"]["ama"]
+        assert set(preset["preset"]) == {"lr", "epochs", "batch_size", "rho", "delta"}, preset
+        assert preset["source"].startswith("tuned on the validation split: `bayesadmm tune fmnist-heterog10"), preset
+        assert "ama: val_acc" in done.stdout, done.stdout
     if name == "benchmarks/unlearning.py":  # the repair table: (a), then (b) and (c) at R = 0 and 1
         assert done.stdout.count("| fedep | (c) unlearned |") == 2, done.stdout
 
