@@ -1,12 +1,12 @@
 """Tune the presets a method lacks on a shipped scenario, on its validation split, and write them into the scenario.
 
     python scripts/tune_presets.py fmnist-heterog100 [--methods fedlap fedep ...] [--trials 8] \
-        [--set rounds=20 ...] [--space NAME=SPEC ...] [--out runs/presets] [--write [FILE.json]]
+        [--set stop_at=15 ...] [--space NAME=SPEC ...] [--out runs/presets] [--write [FILE.json]]
 
 For each registered method without a preset for SCENARIO (or each one named), `bayesadmm tune` (`experiments.tune`)
 centred on the method's preset for the nearest scenario that has one (`DONORS`: a FashionMNIST scenario takes
-fmnist-heterog10's) and on `--set`'s values, which also go to every trial (`--set rounds=20` tunes on 20-round
-trials; the preset is then used at the scenario's own rounds). A method with no donor preset needs its values in
+fmnist-heterog10's) and on `--set`'s values, which also go to every trial (`--set stop_at=15` scores each trial
+after the first 15 rounds of the scenario's schedule, as the baselines of fmnist-heterog10 were tuned). A method with no donor preset needs its values in
 `--set`, and one with no declared search space (AMA, BayesADMM-iso) its `--space`; without them its tune is refused,
 naming what is missing, and the next method goes on. Each tune's folder
 (OUT/SCENARIO/METHOD) keeps its study, so the same command goes on after a kill. It prints one line per method: the
