@@ -27,7 +27,8 @@ scores test accuracy and NLL at the posterior mean (and the 32-draw predictive),
 loss-threshold membership inference: the AUC of separating J's training examples from unseen test examples of the same
 classes (as many per class) by their NLL at the mean (0.5: indistinguishable). Every point is kept in
 OUT/<scenario>-c<J>-repair.json as it is measured, so a second call goes on where one stopped; the table is the mean
-± std over the seeds (`--table-only`: the table of the points saved, nothing trained).
+± std over the seeds (`--table-only`: the table of the points saved, nothing trained). A seed whose training run does
+not complete (it diverged) is recorded with its status and shown in a row of its own, and not trained again.
 """
 
 from __future__ import annotations
@@ -50,13 +51,18 @@ KEPT = "unlearned with keep_invalid=True"
 KL_NOTE = "KL(q‖q_retrained) and KL(q‖q_original): q_retrained is the run without the client"
 
 
+class Ended(Exception):
+    """A run that did not complete (it diverged or failed), with what its status says."""
+
+
 def train(scenario: str, method: str, overrides: list[str], out: Path):
-    """The run of `scenario` with `method` and `overrides`, resumed (or read back) from `out` where it exists."""
+    """The run of `scenario` with `method` and `overrides`, resumed (or read back) from `out` where it exists; `Ended`
+    where it does not complete."""
     config, _ = resolve(scenario, [f"method={method}", f"out={out}", *overrides])
     built = build(config)
     result = run(config, resume=(out / "checkpoint.pt").exists(), progress=False, built=built)
     if result.status != "completed":
-        sys.exit(f"{out}: the run ended {result.status} ({result.message})")
+        raise Ended(f"{out.name} run {result.status}: {result.message}")
     return result, built
 
 
@@ -207,12 +213,19 @@ def repair(spec: str, seed: int, args, points: dict) -> None:
     method, overrides = variant(spec)
     settings = [f"rounds={args.rounds}", f"seed={seed}", *overrides, *args.set]
     folder = args.runs / f"{spec.replace(':', '-').replace(',', '-').replace('=', '')}-s{seed}"
-    original, built = train(args.scenario, method, settings, folder / "all")
-    retrained, _ = train(args.scenario, method, [*settings, f"exclude_client={args.client}"], folder / "retrained")
+    mine = points.setdefault(spec, {}).setdefault(str(seed), {})
+    if "ended" in mine:
+        return  # a training run of this seed did not complete: recorded, not tried again
+    try:
+        original, built = train(args.scenario, method, settings, folder / "all")
+        retrained, _ = train(args.scenario, method, [*settings, f"exclude_client={args.client}"], folder / "retrained")
+    except Ended as ended:  # the method's answer at these settings and this seed, kept in the table
+        mine["ended"] = str(ended)
+        args.save(points)
+        return
     forgotten = built.federation.clients(args.client)
     test = (built.federation.eval_X, built.federation.eval_y)
     data = (test, forgotten, matched_unseen(forgotten, *test, seed))
-    mine = points.setdefault(spec, {}).setdefault(str(seed), {})
     last = args.rounds + max(args.repair)
     if "retrained" not in mine:
         mine["retrained"] = {"0": score(retrained, data, seed)}
@@ -259,6 +272,9 @@ def repair_table(points: dict, args) -> str:
         "kept": "(c) unlearned, keep_invalid",
     }
     for spec, seeds in points.items():
+        for seed, point in seeds.items():
+            if "ended" in point:
+                lines.append(f"| {spec} | seed {seed} | | | training {point['ended']} | | | |")
         for name in VARIANTS:
             refused = [s[name] for s in seeds.values() if "refused" in s.get(name, {})]
             if refused:
@@ -351,12 +367,15 @@ def main() -> None:
             parser.error("--repair takes rounds R >= 0")
         args.runs = args.runs / "repair"
         return repair_main(args)
-    if args.train_only:  # e.g. one process per method, then one without this flag to compare
-        for method in args.methods:
-            for extra in ([], [f"exclude_client={args.client}"]):
-                train(args.scenario, method, [*common(args), *extra], run_dir(args, method, bool(extra)))
-        return
-    results = {method: compare(method, args) for method in args.methods}
+    try:
+        if args.train_only:  # e.g. one process per method, then one without this flag to compare
+            for method in args.methods:
+                for extra in ([], [f"exclude_client={args.client}"]):
+                    train(args.scenario, method, [*common(args), *extra], run_dir(args, method, bool(extra)))
+            return
+        results = {method: compare(method, args) for method in args.methods}
+    except Ended as ended:
+        sys.exit(str(ended))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.scenario}-c{args.client}-s{args.seed}.json"
     settings = {k: v for k, v in vars(args).items() if k not in ("runs", "out")}

@@ -199,6 +199,34 @@ def test_the_membership_auc_is_the_mann_whitney_statistic():
     assert auc(torch.zeros(3), torch.zeros(5)) == 0.5
 
 
+def test_a_training_run_that_does_not_complete_is_recorded_for_its_seed_and_shown():
+    """benchmarks/unlearning.py --repair: a seed whose original run diverges is kept in the points as "ended" (not
+    tried again), and the table says so in a row of its own."""
+    import argparse
+    import runpy
+
+    module = runpy.run_path(str(ROOT / "benchmarks/unlearning.py"))
+    repair, Ended = module["repair"], module["Ended"]
+    calls = []
+
+    def diverged(*args):
+        calls.append(args)
+        raise Ended("all run diverged: round 9: IVON diverged on this client")
+
+    repair.__globals__["train"] = diverged
+    saved = []
+    args = argparse.Namespace(
+        scenario="fmnist-heterog10", rounds=50, set=[], runs=Path("unused"), client=3, repair=[0, 2], save=saved.append
+    )
+    points: dict = {}
+    repair("ivon-admm:gamma=0.005", 2, args, points)
+    repair("ivon-admm:gamma=0.005", 2, args, points)  # recorded: not trained again
+    assert points == {"ivon-admm:gamma=0.005": {"2": {"ended": "all run diverged: round 9: IVON diverged on this client"}}}
+    assert len(calls) == 1 and len(saved) == 1
+    table = module["repair_table"](points, args)
+    assert "| ivon-admm:gamma=0.005 | seed 2 | | | training all run diverged: round 9" in table, table
+
+
 @pytest.mark.parametrize("name", sorted(str(p.relative_to(ROOT)) for p in (ROOT / "scripts").glob("*.sh")))
 def test_shell_script_syntax(name):
     done = subprocess.run(["bash", "-n", name], cwd=ROOT, capture_output=True, text=True)
