@@ -21,6 +21,7 @@ import time
 import torch
 
 from bayesadmm import rng
+from bayesadmm.optim.kernels import compile_enabled
 
 D = 178_110
 _GAMMA = 0x9E3779B97F4A7C15 - (1 << 64)
@@ -55,11 +56,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     key = rng.block_key(torch.tensor(12345), 0)
-    library = torch.compile(lambda k: rng.counter_normal(k, D, torch.float32, "cpu"), dynamic=True, fullgraph=True)
+    # compiled as the library's kernels are, unless BAYESADMM_COMPILE=0 (the smoke test: compiling took ~100 s)
+    how = "compiled" if compile_enabled() else "eager"
+    compiled = (lambda f: torch.compile(f, dynamic=True, fullgraph=True)) if compile_enabled() else (lambda f: f)
+    library = compiled(lambda k: rng.counter_normal(k, D, torch.float32, "cpu"))
     offset = torch.tensor(0)
-    previous = torch.compile(lambda k: splitmix64_normal(k, offset, D), dynamic=True, fullgraph=True)
-    draws = {"rng.counter_normal (32-bit hashes), compiled": library,
-             "SplitMix64 per pair + library Box-Muller, compiled": previous,
+    previous = compiled(lambda k: splitmix64_normal(k, offset, D))
+    draws = {f"rng.counter_normal (32-bit hashes), {how}": library,
+             f"SplitMix64 per pair + library Box-Muller, {how}": previous,
              "torch.randn (mt19937), eager": lambda k: torch.randn(D)}
     times: dict[str, list[float]] = {name: [] for name in draws}
     for f in draws.values():     # warm-up, compilation
@@ -71,7 +75,7 @@ def main() -> None:
             for _ in range(args.calls):
                 f(key)
             times[name].append((time.perf_counter() - start) / args.calls)
-    reference = times["rng.counter_normal (32-bit hashes), compiled"]
+    reference = times[f"rng.counter_normal (32-bit hashes), {how}"]
     print(f"{D} normals, float32, torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
           f"{args.calls} calls x {args.repeats} repeats, alternating (median)")
     print("| draw | ms per call | ratio to rng.counter_normal |")

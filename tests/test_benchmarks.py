@@ -65,8 +65,8 @@ SMOKES: dict[str, Smoke] = {
         "--rounds 2 --repetitions 1 --modes simulation", slow=True, needs=("flwr", "sklearn")
     ),
     "benchmarks/flower_scale.py": Smoke("--clients 20 --participants 2", slow=True, fmnist=True, needs=FLOWER),
-    "benchmarks/ivon_step.py": Smoke("--steps 2 --repeats 1 --threads 1", slow=True),
-    "benchmarks/noise.py": Smoke("--calls 1 --repeats 1", slow=True),
+    "benchmarks/ivon_step.py": Smoke("--steps 2 --repeats 1 --threads 1"),
+    "benchmarks/noise.py": Smoke("--calls 1 --repeats 1"),  # eager here (BAYESADMM_COMPILE=0): compiling took ~100 s
     "benchmarks/overheads.py": Smoke("--calls 1 --repeats 1 --no-aot"),
     "benchmarks/profile_round.py": Smoke("4 fedavg 1 fmnist-heterog10 data_fraction=0.01", fmnist=True),
     "benchmarks/round_cohorts.py": Smoke("--clients 20 --participants 4 --repeats 2 --sizes 1 2", fmnist=True),
