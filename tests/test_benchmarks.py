@@ -83,9 +83,10 @@ SMOKES: dict[str, Smoke] = {
         slow=True,
         fmnist=True,
         also=(
-            "--repair 0 1 --methods fedep ivon-admm:gamma=0.01 --rounds 1 --runs {tmp}/runs --out {tmp}/out "
+            "--repair 0 1 --methods fedep:alpha=0.02 --rounds 1 --runs {tmp}/runs --out {tmp}/out "
             "--set data_fraction=0.01 epochs=1",
-            "--repair 0 1 --table-only --methods fedep --rounds 1 --out {tmp}/out --set data_fraction=0.01 epochs=1",
+            "--repair 0 1 --table-only --methods fedep:alpha=0.02 --rounds 1 --out {tmp}/out "
+            "--set data_fraction=0.01 epochs=1",
         ),
     ),
     "benchmarks/peers/compare.py": Smoke(
@@ -183,7 +184,7 @@ def test_runs_at_its_smallest(name, entry, tmp_path, data_dir):
         assert preset["source"].startswith("tuned on the validation split: `bayesadmm tune fmnist-heterog10"), preset
         assert "ama: val_acc" in done.stdout, done.stdout
     if name == "benchmarks/unlearning.py":  # the repair table: (a), then (b) and (c) at R = 0 and 1
-        assert done.stdout.count("| fedep | (c) unlearned |") == 2, done.stdout
+        assert done.stdout.count("| fedep:alpha=0.02 | (c) unlearned |") == 2, done.stdout
 
 
 def test_the_membership_auc_is_the_mann_whitney_statistic():
