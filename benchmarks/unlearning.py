@@ -269,7 +269,7 @@ def repair_table(points: dict, args) -> str:
         "retrained": "(a) retrained",
         "continued": "(b) continued",
         "unlearned": "(c) unlearned",
-        "kept": "(c) unlearned, keep_invalid",
+        "kept": "(c) unlearned, keep_invalid=True",
     }
     for spec, seeds in points.items():
         for seed, point in seeds.items():
@@ -287,8 +287,16 @@ def repair_table(points: dict, args) -> str:
                 lines.append(
                     f"| {spec} | {labels[name]} | | {len(refused)} | refused: {refused[0]['refused']}{why} | | | |"
                 )
+            # keep_invalid=True is the plain removal where nothing is left invalid: its row takes (c) on those seeds
+            measured = {seed: s.get(name, {}) for seed, s in seeds.items()}
+            if name == "kept" and any(measured.values()):
+                measured = {seed: s.get("kept") or s.get("unlearned", {}) for seed, s in seeds.items()}
             for R in [0] if name == "retrained" else sorted(args.repair):
-                rows = [(s[name][str(R)], s["retrained"]["0"]) for s in seeds.values() if str(R) in s.get(name, {})]
+                rows = [
+                    (measured[seed][str(R)], s["retrained"]["0"])
+                    for seed, s in seeds.items()
+                    if str(R) in measured[seed]
+                ]
                 if not rows:
                     continue
                 cells = [
